@@ -1,0 +1,51 @@
+// zp/planner/estimate.hpp: the per-device memory estimate for one model and strategy (what
+// `zero-plan estimate` prints), and whether it fits a given machine. Not the search over
+// strategies (fit.hpp) and not the step-time simulation.
+//
+// Example usage:
+//   auto m = zp::models::load_model("gpt2-xl");
+//   zp::planner::Strategy s; s.stage = 2; s.dp = 8;
+//   auto hw = zp::planner::load_hardware("v100-32g");
+//   zp::planner::Estimate e = zp::planner::estimate(m, s, &hw);
+//   if (e.fits == false) for (auto& why : e.shortfalls) fmt::print("{}\n", why);
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/hardware.hpp"
+#include "zp/planner/memory.hpp"
+#include "zp/planner/strategy.hpp"
+
+namespace zp::planner {
+
+struct Estimate {
+  models::ModelSpec model;
+  models::ParamInventory params;
+  Strategy strategy;                  // with seq resolved to a length
+  PerDevice per_device;               // one rank
+  std::optional<Hardware> hardware;
+  std::optional<bool> fits;           // unknown without hardware
+  std::vector<std::string> shortfalls;  // "gpu: needs 45.2 GiB, has 31.75 GiB"
+};
+
+// Resolves defaults that depend on the model (seq 0 -> the model's context length) and
+// checks the strategy against the model (seq within the model's positions).
+Strategy resolve_for_model(Strategy s, const models::ModelSpec& m);
+
+Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw);
+
+// Checks a per-device prediction against a machine: the gpu tier against one GPU, the cpu
+// and nvme tiers times the ranks on a node against the node's memory and drives.
+std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const Hardware& hw);
+
+// {"schema":"zero-plan/estimate/v1","model":{...},"strategy":{...},"per_device":{...},
+//  "fits":true|false|null, ...} (DESIGN.md).
+nlohmann::json to_json(const Estimate& e);
+nlohmann::json model_json(const models::ModelSpec& m, const models::ParamInventory& inv);
+
+}  // namespace zp::planner

@@ -1,0 +1,68 @@
+// zp/planner/model_states.hpp: bytes of the model states (16-bit params, grads, fp32 master,
+// optimizer moments) per device under ZeRO stages 0-3 and ZeRO-Offload/Infinity placement,
+// and the ZeRO paper's table. Activations, buffers and fragmentation are not here (graph
+// planner); these are the "model states" of the ZeRO paper sec. 3.1.
+//
+// Example usage:
+//   Strategy s; s.stage = 2; s.dp = 64;
+//   PerDevice d = model_state_bytes(7'500'000'000, s);   // paper: 16.6 GB on the gpu tier
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zp/planner/memory.hpp"
+#include "zp/planner/strategy.hpp"
+
+namespace zp::planner {
+
+// Bytes each parameter costs in each state, before partitioning.
+struct BytesPerParam {
+  uint64_t params = 0;     // working copy used by forward/backward: 2 (fp16/bf16) or 4 (fp32)
+  uint64_t grads = 0;      // same dtype as the working params
+  uint64_t master = 0;     // fp32 master copy: 4 with mixed precision, else 0
+  uint64_t optimizer = 0;  // Adam: 8 (momentum + variance, fp32); SGD: 4 (momentum)
+  uint64_t k() const { return master + optimizer; }  // the ZeRO paper's K
+};
+
+// Mixed-precision Adam: 2 + 2 + 12 (ZeRO paper sec. 3.1: "K = 12"); fp32 Adam: 4 + 4 + 8.
+BytesPerParam bytes_per_param(Precision p, OptimizerKind o);
+
+// Per-device bytes of each state, all on one device, for `n` parameters at a stage and dp.
+Breakdown stage_bytes(uint64_t n, int stage, uint64_t dp, const BytesPerParam& b);
+
+// Per-device bytes of each model state for `n_params` parameters, stage and dp of `s`:
+//   stage 0:  (2 + 2 + K) * Psi
+//   stage 1:  2*Psi + 2*Psi + K*Psi/Nd           (P_os)
+//   stage 2:  2*Psi + (2 + K)*Psi/Nd             (P_os+g)
+//   stage 3:  (2 + 2 + K)*Psi/Nd                 (P_os+g+p)          ZeRO paper, fig. 1
+// with Psi/Nd taken as ceil(Psi/Nd) whole elements (each rank's padded partition).
+// Offload moves categories off the gpu tier as DeepSpeed does:
+//   offload_optimizer=cpu|nvme: master and moments go to that tier (4 + 8 bytes per owned
+//     element even when training in fp32); each rank's gradient partition lives on the cpu
+//     in fp32 (4 bytes per owned element), and with stage >= 2 no gradient stays on the gpu
+//     beyond the reduce buckets (ZeRO-Offload paper sec. 4.1; seed 002).
+//   offload_param=cpu|nvme (stage 3): the 16-bit parameter partition goes to that tier
+//     (ZeRO-Infinity paper sec. 5; seed 003).
+PerDevice model_state_bytes(uint64_t n_params, const Strategy& s);
+
+// The ZeRO paper's table (sec. 5, table 1 and seed 004), extended with stage 0.
+struct TableRow {
+  uint64_t params = 0;
+  uint64_t dp = 0;
+  int stage = 0;
+  uint64_t bytes_per_device = 0;
+};
+// Rows for every (params, dp, stage 0..3) with K bytes of optimizer state per parameter and
+// 2 + 2 bytes of fp16 params and grads.
+std::vector<TableRow> zero_table(const std::vector<uint64_t>& params,
+                                 const std::vector<uint64_t>& dps, uint64_t k);
+
+// The paper's printed rounding of a GB (1e9 bytes) value: values of 100 GB and more are
+// truncated to whole GB (4187.5 prints as 4187, 513.5 as 513); smaller values are rounded
+// half-up to at most 3 significant figures and at most 2 decimals (41.25 -> 41.3,
+// 0.46875 -> 0.47), trailing zeros dropped.
+std::string paper_gb(uint64_t bytes);
+
+}  // namespace zp::planner

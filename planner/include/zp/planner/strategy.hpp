@@ -1,0 +1,81 @@
+// zp/planner/strategy.hpp: how a model is trained (ZeRO stage, data-parallel degree, batch,
+// precision, optimizer, recomputation, offload), with validation and DeepSpeed-config reading.
+// Shared by zero-plan and zero-run; command-line parsing lives in tools/cli.
+//
+// Example usage:
+//   zp::planner::Strategy s;                       // stage 0, dp 1, bf16 + Adam
+//   s = zp::planner::apply_deepspeed_config(s, zp::parse_json_text(text, "ds.json"), "ds.json");
+//   s.dp = 8;                                      // explicit flags override the config
+//   zp::planner::validate(s);                      // zp::Error on contradictions
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zp::planner {
+
+enum class Precision { fp32, fp16, bf16 };
+enum class OptimizerKind { adam, adamw, sgd };  // sgd: with momentum (one fp32 buffer)
+enum class Checkpointing { none, full, selective };
+enum class Offload { none, cpu, nvme };
+
+std::string_view to_string(Precision p);
+std::string_view to_string(OptimizerKind o);
+std::string_view to_string(Checkpointing c);
+std::string_view to_string(Offload o);
+std::optional<Precision> precision_from_string(std::string_view s);
+std::optional<OptimizerKind> optimizer_from_string(std::string_view s);
+std::optional<Checkpointing> checkpointing_from_string(std::string_view s);
+std::optional<Offload> offload_from_string(std::string_view s);
+
+// Sizes of the communication and prefetch buffers, in elements, with DeepSpeed's names and
+// defaults (deepspeed/runtime/zero/config.py).
+struct BufferSizes {
+  uint64_t reduce_bucket_size = 500'000'000;          // zero_optimization.reduce_bucket_size
+  uint64_t allgather_bucket_size = 500'000'000;       // zero_optimization.allgather_bucket_size
+  uint64_t prefetch_bucket_size = 50'000'000;         // stage3_prefetch_bucket_size
+  uint64_t max_live_parameters = 1'000'000'000;       // stage3_max_live_parameters
+  bool operator==(const BufferSizes&) const = default;
+};
+
+struct Strategy {
+  int stage = 0;                  // 0 plain data parallel, 1 P_os, 2 P_os+g, 3 P_os+g+p
+  int64_t dp = 1;                 // data-parallel degree Nd (ranks holding one replica each)
+  int64_t mp = 1;                 // model (tensor) parallel degree, for P_a and fit
+  int64_t micro_batch = 1;        // B, sequences per rank per micro-step
+  int64_t seq = 0;                // T, tokens per sequence; 0 means the model's maximum
+  int64_t grad_accum = 1;         // micro-steps per optimizer step
+  Precision precision = Precision::bf16;
+  OptimizerKind optimizer = OptimizerKind::adam;
+  Checkpointing checkpointing = Checkpointing::none;
+  bool flash_attention = false;
+  Offload offload_optimizer = Offload::none;
+  Offload offload_param = Offload::none;
+  bool dpu = false;               // one-step delayed parameter update (ZeRO-Offload sec. 5.2)
+  BufferSizes buffers;
+  bool operator==(const Strategy&) const = default;
+};
+
+// Contradictions and out-of-range values as zp::Error naming the flag.
+void validate(const Strategy& s);
+
+// Fills a strategy from a DeepSpeed config (its JSON object). Fields it reads:
+// zero_optimization.{stage, offload_optimizer.device, offload_param.device,
+// reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size,
+// stage3_max_live_parameters}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
+// gradient_accumulation_steps, optimizer.type, activation_checkpointing. DeepSpeed fields
+// that do not change memory are accepted and ignored; unknown fields are an error. "auto"
+// (the Hugging Face Trainer's placeholder) leaves the field as it was.
+Strategy apply_deepspeed_config(Strategy base, const nlohmann::json& ds, const std::string& origin);
+
+nlohmann::json to_json(const Strategy& s);
+Strategy strategy_from_json(const nlohmann::json& j, const std::string& origin);
+
+// One line for humans: "stage 2, dp 8, bf16, adam, B=1 T=1024, offload optimizer=cpu".
+std::string describe(const Strategy& s);
+
+}  // namespace zp::planner

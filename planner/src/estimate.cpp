@@ -1,0 +1,88 @@
+// estimate.cpp: one model + one strategy -> per-device memory, and the fit check.
+#include "zp/planner/estimate.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/checked.hpp"
+#include "zp/error.hpp"
+#include "zp/planner/model_states.hpp"
+#include "zp/units.hpp"
+
+namespace zp::planner {
+
+Strategy resolve_for_model(Strategy s, const models::ModelSpec& m) {
+  validate(s);
+  if (s.seq == 0) s.seq = m.n_positions;
+  if (s.seq > m.n_positions)
+    throw Error(fmt::format("--seq: {} is longer than {}'s {} positions", s.seq, m.name,
+                            m.n_positions),
+                fmt::format("use --seq {} or less", m.n_positions));
+  return s;
+}
+
+std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const Hardware& hw) {
+  std::vector<std::string> out;
+  const uint64_t ranks = static_cast<uint64_t>(
+      std::min<int64_t>(checked_mul(s.dp, s.mp, "ranks"), hw.gpus_per_node));
+  auto check = [&](Tier t, uint64_t per_rank, uint64_t capacity, std::string_view what) {
+    const uint64_t need = checked_mul(per_rank, ranks, "bytes per node");
+    if (need > capacity)
+      out.push_back(fmt::format("{}: needs {} of {}, has {}", to_string(t), format_bytes(need),
+                                what, format_bytes(capacity)));
+  };
+  const uint64_t gpu = d.peak(Tier::gpu);
+  if (gpu > hw.gpu_memory_bytes)
+    out.push_back(fmt::format("gpu: needs {} per GPU, has {}", format_bytes(gpu),
+                              format_bytes(hw.gpu_memory_bytes)));
+  check(Tier::cpu, d.peak(Tier::cpu), hw.host_memory_bytes, "host memory per node");
+  check(Tier::nvme, d.peak(Tier::nvme), hw.nvme_bytes, "NVMe per node");
+  return out;
+}
+
+Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw) {
+  Estimate e;
+  e.model = m;
+  e.params = models::count_params(m);
+  e.strategy = resolve_for_model(s, m);
+  e.per_device = model_state_bytes(static_cast<uint64_t>(e.params.total), e.strategy);
+  if (hw != nullptr) {
+    e.hardware = *hw;
+    e.shortfalls = shortfalls(e.per_device, e.strategy, *hw);
+    e.fits = e.shortfalls.empty();
+  }
+  return e;
+}
+
+nlohmann::json model_json(const models::ModelSpec& m, const models::ParamInventory& inv) {
+  return {{"name", m.name},
+          {"family", m.family_name()},
+          {"params", inv.total},
+          {"n_layer", m.n_layer},
+          {"n_embd", m.n_embd},
+          {"n_head", m.n_head},
+          {"n_kv_head", m.n_kv_head},
+          {"n_inner", m.n_inner},
+          {"n_positions", m.n_positions},
+          {"vocab_size", m.vocab_size},
+          {"tied_embeddings", m.tied_embeddings},
+          {"params_per_layer", inv.per_layer},
+          {"params_embedding", inv.embedding},
+          {"largest_module", inv.largest_module},
+          {"largest_module_params", inv.largest_module_params}};
+}
+
+nlohmann::json to_json(const Estimate& e) {
+  nlohmann::json j = {{"schema", "zero-plan/estimate/v1"},
+                      {"model", model_json(e.model, e.params)},
+                      {"strategy", to_json(e.strategy)},
+                      {"per_device", to_json(e.per_device)}};
+  j["fits"] = e.fits ? nlohmann::json(*e.fits) : nlohmann::json(nullptr);
+  if (e.hardware) j["hardware"] = to_json(*e.hardware);
+  j["shortfalls"] = e.shortfalls;
+  return j;
+}
+
+}  // namespace zp::planner

@@ -1,0 +1,99 @@
+// model_states.cpp: ZeRO model-state bytes per device, and the paper's table.
+#include "zp/planner/model_states.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "zp/checked.hpp"
+
+namespace zp::planner {
+
+BytesPerParam bytes_per_param(Precision p, OptimizerKind o) {
+  BytesPerParam b;
+  const bool mixed = p != Precision::fp32;
+  b.params = mixed ? 2 : 4;
+  b.grads = b.params;
+  b.master = mixed ? 4 : 0;  // in fp32 the working params are the master weights
+  b.optimizer = o == OptimizerKind::sgd ? 4 : 8;  // momentum; Adam adds the variance
+  return b;
+}
+
+namespace {
+// Elements of a state this rank holds: all of them, or its partition.
+uint64_t held(uint64_t n, bool partitioned, uint64_t dp) {
+  return partitioned ? partition_elems(n, dp) : n;
+}
+}  // namespace
+
+Breakdown stage_bytes(uint64_t n, int stage, uint64_t dp, const BytesPerParam& b) {
+  Breakdown out;
+  // Parameters partitioned from stage 3 (P_p), gradients from stage 2 (P_g), optimizer
+  // states (master + moments) from stage 1 (P_os).
+  out[Category::params] = checked_mul(b.params, held(n, stage >= 3, dp), "bytes of params");
+  out[Category::grads] = checked_mul(b.grads, held(n, stage >= 2, dp), "bytes of grads");
+  out[Category::master] = checked_mul(b.master, held(n, stage >= 1, dp), "bytes of master");
+  out[Category::optimizer] =
+      checked_mul(b.optimizer, held(n, stage >= 1, dp), "bytes of optimizer states");
+  return out;
+}
+
+PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
+  const BytesPerParam b = bytes_per_param(s.precision, s.optimizer);
+  const uint64_t dp = static_cast<uint64_t>(s.dp);
+  PerDevice d;
+  Breakdown& gpu = d[Tier::gpu];
+  gpu = stage_bytes(n, s.stage, dp, b);
+
+  if (s.offload_param != Offload::none) {
+    const Tier t = s.offload_param == Offload::cpu ? Tier::cpu : Tier::nvme;
+    d[t][Category::params] = gpu[Category::params];
+    gpu[Category::params] = 0;
+  }
+  if (s.offload_optimizer != Offload::none) {
+    // ZeRO-Offload: fp32 master (4 bytes, even in fp32 training: the CPU optimizer keeps its
+    // own copy) and moments of the owned partition on the offload tier; the fp32 gradient
+    // partition on the cpu; the 16-bit gradients stay whole on the gpu only under stage 1.
+    const uint64_t part = partition_elems(n, dp);
+    const Tier t = s.offload_optimizer == Offload::cpu ? Tier::cpu : Tier::nvme;
+    d[t][Category::master] = checked_mul(4, part, "bytes of master");
+    d[t][Category::optimizer] = gpu[Category::optimizer];
+    d[Tier::cpu][Category::grads] = checked_mul(4, part, "bytes of fp32 grads");
+    gpu[Category::master] = 0;
+    gpu[Category::optimizer] = 0;
+    if (s.stage >= 2) gpu[Category::grads] = 0;
+  }
+  return d;
+}
+
+std::vector<TableRow> zero_table(const std::vector<uint64_t>& params,
+                                 const std::vector<uint64_t>& dps, uint64_t k) {
+  // The paper's setting: fp16 params and grads (2 + 2 bytes) and K bytes of optimizer state.
+  const BytesPerParam b{.params = 2, .grads = 2, .master = 0, .optimizer = k};
+  std::vector<TableRow> rows;
+  rows.reserve(params.size() * dps.size() * 4);
+  for (uint64_t n : params)
+    for (uint64_t dp : dps)
+      for (int stage = 0; stage < 4; ++stage)
+        rows.push_back({n, dp, stage, stage_bytes(n, stage, dp, b).total()});
+  return rows;
+}
+
+std::string paper_gb(uint64_t bytes) {
+  const double gb = static_cast<double>(bytes) / 1e9;
+  if (gb >= 100.0) return fmt::format("{}", static_cast<uint64_t>(std::floor(gb)));
+  // 3 significant figures, at most 2 decimals, half-up (the small epsilon keeps 41.25 from
+  // falling to 41.2 through binary representation).
+  int decimals = gb >= 10.0 ? 1 : 2;
+  const double scale = std::pow(10.0, decimals);
+  const double rounded = std::floor(gb * scale + 0.5 + 1e-9) / scale;
+  std::string s = fmt::format("{:.{}f}", rounded, decimals);
+  while (s.find('.') != std::string::npos && (s.back() == '0' || s.back() == '.')) {
+    const bool dot = s.back() == '.';
+    s.pop_back();
+    if (dot) break;
+  }
+  return s;
+}
+
+}  // namespace zp::planner

@@ -1,0 +1,328 @@
+// strategy.cpp: strategy names, validation, JSON, and reading DeepSpeed configs.
+#include "zp/planner/strategy.hpp"
+
+#include <array>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+#include "zp/json_fields.hpp"
+
+namespace zp::planner {
+
+using nlohmann::json;
+
+namespace {
+template <typename E, std::size_t N>
+std::optional<E> lookup(std::string_view s, const std::array<std::pair<std::string_view, E>, N>& t) {
+  for (const auto& [name, value] : t)
+    if (name == s) return value;
+  return std::nullopt;
+}
+template <typename E, std::size_t N>
+std::string_view name_of(E e, const std::array<std::pair<std::string_view, E>, N>& t) {
+  for (const auto& [name, value] : t)
+    if (value == e) return name;
+  return "?";
+}
+
+constexpr std::array<std::pair<std::string_view, Precision>, 3> kPrecisions = {
+    {{"fp32", Precision::fp32}, {"fp16", Precision::fp16}, {"bf16", Precision::bf16}}};
+constexpr std::array<std::pair<std::string_view, OptimizerKind>, 3> kOptimizers = {
+    {{"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}}};
+constexpr std::array<std::pair<std::string_view, Checkpointing>, 3> kCheckpointing = {
+    {{"none", Checkpointing::none},
+     {"full", Checkpointing::full},
+     {"selective", Checkpointing::selective}}};
+constexpr std::array<std::pair<std::string_view, Offload>, 3> kOffloads = {
+    {{"none", Offload::none}, {"cpu", Offload::cpu}, {"nvme", Offload::nvme}}};
+}  // namespace
+
+std::string_view to_string(Precision p) { return name_of(p, kPrecisions); }
+std::string_view to_string(OptimizerKind o) { return name_of(o, kOptimizers); }
+std::string_view to_string(Checkpointing c) { return name_of(c, kCheckpointing); }
+std::string_view to_string(Offload o) { return name_of(o, kOffloads); }
+std::optional<Precision> precision_from_string(std::string_view s) { return lookup(s, kPrecisions); }
+std::optional<OptimizerKind> optimizer_from_string(std::string_view s) {
+  return lookup(s, kOptimizers);
+}
+std::optional<Checkpointing> checkpointing_from_string(std::string_view s) {
+  return lookup(s, kCheckpointing);
+}
+std::optional<Offload> offload_from_string(std::string_view s) { return lookup(s, kOffloads); }
+
+void validate(const Strategy& s) {
+  if (s.stage < 0 || s.stage > 3)
+    throw Error(fmt::format("--stage: must be 0, 1, 2 or 3, got {}", s.stage),
+                "ZeRO stage 1 partitions optimizer states, 2 adds gradients, 3 adds parameters");
+  auto positive = [](int64_t v, std::string_view flag, std::string_view hint) {
+    if (v < 1) throw Error(fmt::format("{}: must be >= 1, got {}", flag, v), std::string(hint));
+  };
+  positive(s.dp, "--dp", "the data-parallel degree is the number of ranks, e.g. --dp 8");
+  positive(s.mp, "--mp", "the model-parallel degree, 1 without tensor parallelism");
+  positive(s.micro_batch, "--micro-batch", "sequences per rank per micro-step, e.g. 1");
+  positive(s.grad_accum, "--grad-accum", "micro-steps per optimizer step, e.g. 1");
+  if (s.seq < 0)
+    throw Error(fmt::format("--seq: must be >= 1, got {}", s.seq),
+                "tokens per sequence; leave it out to use the model's context length");
+  if (s.offload_param != Offload::none && s.stage != 3)
+    throw Error(fmt::format("--offload-param {}: needs --stage 3, got stage {}",
+                            to_string(s.offload_param), s.stage),
+                "parameter offload (ZeRO-Infinity) moves the partitioned parameters of stage 3");
+  if (s.offload_optimizer != Offload::none && s.stage == 0)
+    throw Error(fmt::format("--offload-optimizer {}: needs --stage 1, 2 or 3",
+                            to_string(s.offload_optimizer)),
+                "ZeRO-Offload moves each rank's optimizer partition; use --stage 2");
+  if (s.dpu && s.offload_optimizer == Offload::none)
+    throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
+                "DPU overlaps the CPU optimizer step with the next forward/backward");
+  if (s.buffers.reduce_bucket_size == 0 || s.buffers.allgather_bucket_size == 0 ||
+      s.buffers.prefetch_bucket_size == 0 || s.buffers.max_live_parameters == 0)
+    throw Error("bucket sizes must be at least 1 element",
+                "DeepSpeed's defaults are reduce/allgather 5e8, prefetch 5e7, max live 1e9");
+}
+
+namespace {
+
+bool is_auto(const json& obj, std::string_view key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() && it->get<std::string>() == "auto";
+}
+
+void reject_unknown(const json& obj, const std::set<std::string_view>& known,
+                    const std::string& origin, std::string_view prefix) {
+  for (const auto& [key, value] : obj.items())
+    if (!known.contains(key))
+      throw Error(fmt::format("{}: unknown field '{}{}'", origin, prefix, key),
+                  "zeroplan reads DeepSpeed's documented config fields; check the spelling");
+}
+
+// A field zeroplan does not model: accepted only at the value that leaves memory unchanged.
+void require_neutral(const json& obj, std::string_view key, const json& neutral,
+                     const std::string& origin, std::string_view prefix) {
+  auto it = obj.find(key);
+  if (it != obj.end() && !it->is_null() && *it != neutral)
+    throw Error(fmt::format("{}: field '{}{}' = {} is not modelled by zeroplan", origin, prefix,
+                            key, it->dump()),
+                fmt::format("remove it or set it to {} to plan without it", neutral.dump()));
+}
+
+Offload read_offload(const json& zo, std::string_view key, const std::string& origin) {
+  Fields f(zo, origin, "zero_optimization.");
+  const json* o = f.object(key);
+  if (o == nullptr) return Offload::none;
+  const std::string prefix = fmt::format("zero_optimization.{}.", key);
+  reject_unknown(*o,
+                 {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                  "pin_memory", "pipeline", "pipeline_read", "pipeline_write", "fast_init",
+                  "ratio"},
+                 origin, prefix);
+  Fields of(*o, origin, prefix);
+  const std::string dev = of.string("device", "none");
+  auto v = offload_from_string(dev);
+  if (!v)
+    throw Error(fmt::format("{}: field '{}device' must be \"none\", \"cpu\" or \"nvme\", got "
+                            "\"{}\"", origin, prefix, dev));
+  return *v;
+}
+
+}  // namespace
+
+Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& origin) {
+  if (!ds.is_object())
+    throw Error(fmt::format("{}: a DeepSpeed config must be a JSON object", origin));
+  reject_unknown(ds,
+                 {"train_batch_size", "train_micro_batch_size_per_gpu",
+                  "gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16", "amp",
+                  "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+                  "sparse_gradients", "zero_optimization", "zero_allow_untested_optimizer",
+                  "zero_force_ds_cpu_optimizer", "activation_checkpointing", "aio",
+                  "steps_per_print", "wall_clock_breakdown", "dump_state", "flops_profiler",
+                  "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+                  "communication_data_type", "elasticity", "autotuning", "checkpoint",
+                  "data_types", "memory_breakdown", "load_universal_checkpoint",
+                  "disable_allgather", "seed", "dataloader_drop_last"},
+                 origin, "");
+  Fields top(ds, origin);
+  if (!is_auto(ds, "train_micro_batch_size_per_gpu"))
+    s.micro_batch = top.positive_int("train_micro_batch_size_per_gpu", s.micro_batch);
+  if (!is_auto(ds, "gradient_accumulation_steps"))
+    s.grad_accum = top.positive_int("gradient_accumulation_steps", s.grad_accum);
+  // train_batch_size = micro * accum * dp is DeepSpeed's consistency rule; the data-parallel
+  // degree comes from the launcher (--dp), so the field is type-checked and not used.
+  if (!is_auto(ds, "train_batch_size")) (void)top.positive_int("train_batch_size", 1);
+
+  bool fp16 = false, bf16 = false;
+  if (const json* f = top.object("fp16")) {
+    Fields ff(*f, origin, "fp16.");
+    if (!is_auto(*f, "enabled")) fp16 = ff.boolean("enabled", false);
+  }
+  if (const json* b = top.object("bf16")) {
+    Fields bf(*b, origin, "bf16.");
+    if (!is_auto(*b, "enabled")) bf16 = bf.boolean("enabled", false);
+  }
+  if (fp16 && bf16)
+    throw Error(fmt::format("{}: fp16.enabled and bf16.enabled are both true", origin),
+                "DeepSpeed trains in one 16-bit format; enable one of them");
+  // DeepSpeed without fp16/bf16 sections trains in fp32.
+  if (top.has("fp16") || top.has("bf16"))
+    s.precision = fp16 ? Precision::fp16 : (bf16 ? Precision::bf16 : Precision::fp32);
+  else
+    s.precision = Precision::fp32;
+
+  if (const json* o = top.object("optimizer")) {
+    Fields of(*o, origin, "optimizer.");
+    const std::string type = of.string("type", "Adam");
+    std::string lower;
+    for (char c : type) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "adam" || lower == "cpuadam" || lower == "fusedadam") s.optimizer = OptimizerKind::adam;
+    else if (lower == "adamw") s.optimizer = OptimizerKind::adamw;
+    else if (lower == "sgd") s.optimizer = OptimizerKind::sgd;
+    else
+      throw Error(fmt::format("{}: optimizer.type '{}' is not modelled", origin, type),
+                  "zeroplan models Adam, AdamW and SGD (with momentum)");
+  }
+
+  if (const json* zo = top.object("zero_optimization")) {
+    reject_unknown(*zo,
+                   {"stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+                    "allgather_partitions", "allgather_bucket_size", "overlap_comm",
+                    "load_from_fp32_weights", "elastic_checkpoint", "offload_param",
+                    "offload_optimizer", "sub_group_size", "stage3_max_live_parameters",
+                    "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+                    "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
+                    "stage3_gather_16bit_weights_on_model_save",
+                    "stage3_gather_fp16_weights_on_model_save", "round_robin_gradients",
+                    "zero_hpz_partition_size", "zero_quantized_weights",
+                    "zero_quantized_gradients", "mics_shard_size",
+                    "mics_hierarchical_params_gather", "memory_efficient_linear",
+                    "ignore_unused_parameters", "legacy_stage1", "cpu_offload",
+                    "cpu_offload_params", "cpu_offload_use_pin_memory",
+                    "use_multi_rank_bucket_allreduce", "log_trace_cache_warnings"},
+                   origin, "zero_optimization.");
+    const std::string p = "zero_optimization.";
+    require_neutral(*zo, "zero_quantized_weights", false, origin, p);
+    require_neutral(*zo, "zero_quantized_gradients", false, origin, p);
+    require_neutral(*zo, "zero_hpz_partition_size", 1, origin, p);
+    require_neutral(*zo, "mics_shard_size", -1, origin, p);
+    Fields z(*zo, origin, p);
+    if (z.has("stage")) {
+      const int64_t st = z.nonneg_int("stage", 0);
+      if (st > 3)
+        throw Error(fmt::format("{}: field 'zero_optimization.stage' must be 0, 1, 2 or 3, got "
+                                "{}", origin, st),
+                    "ZeRO stage 1 partitions optimizer states, 2 adds gradients, 3 adds "
+                    "parameters");
+      s.stage = static_cast<int>(st);
+    }
+    s.offload_optimizer = read_offload(*zo, "offload_optimizer", origin);
+    s.offload_param = read_offload(*zo, "offload_param", origin);
+    if (z.boolean("cpu_offload", false)) s.offload_optimizer = Offload::cpu;  // legacy spelling
+    if (z.boolean("cpu_offload_params", false)) s.offload_param = Offload::cpu;
+    auto bucket = [&](std::string_view key, uint64_t& into) {
+      if (!is_auto(*zo, key) && z.has(key)) {
+        const uint64_t v = z.byte_count(key, into);
+        if (v == 0) z.fail(key, "a positive number of elements");
+        into = v;
+      }
+    };
+    bucket("reduce_bucket_size", s.buffers.reduce_bucket_size);
+    bucket("allgather_bucket_size", s.buffers.allgather_bucket_size);
+    bucket("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
+    bucket("stage3_max_live_parameters", s.buffers.max_live_parameters);
+  }
+  return s;
+}
+
+json to_json(const Strategy& s) {
+  return {{"stage", s.stage},
+          {"dp", s.dp},
+          {"mp", s.mp},
+          {"micro_batch", s.micro_batch},
+          {"seq", s.seq},
+          {"grad_accum", s.grad_accum},
+          {"precision", to_string(s.precision)},
+          {"optimizer", to_string(s.optimizer)},
+          {"checkpointing", to_string(s.checkpointing)},
+          {"flash_attention", s.flash_attention},
+          {"offload_optimizer", to_string(s.offload_optimizer)},
+          {"offload_param", to_string(s.offload_param)},
+          {"dpu", s.dpu},
+          {"buffers",
+           {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
+            {"allgather_bucket_size", s.buffers.allgather_bucket_size},
+            {"stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size},
+            {"stage3_max_live_parameters", s.buffers.max_live_parameters}}}};
+}
+
+Strategy strategy_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw Error(fmt::format("{}: 'strategy' must be an object", origin));
+  reject_unknown(j,
+                 {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
+                  "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
+                  "offload_param", "dpu", "buffers"},
+                 origin, "strategy.");
+  Fields f(j, origin, "strategy.");
+  Strategy s;
+  s.stage = static_cast<int>(f.nonneg_int("stage", 0));
+  s.dp = f.positive_int("dp", 1);
+  s.mp = f.positive_int("mp", 1);
+  s.micro_batch = f.positive_int("micro_batch", 1);
+  s.seq = f.nonneg_int("seq", 0);
+  s.grad_accum = f.positive_int("grad_accum", 1);
+  auto enum_field = [&](std::string_view key, auto parse, auto fallback, std::string_view expected) {
+    if (!f.has(key)) return fallback;
+    auto v = parse(f.string(key));
+    if (!v) f.fail(key, expected);
+    return *v;
+  };
+  s.precision = enum_field("precision", precision_from_string, s.precision,
+                           "\"fp32\", \"fp16\" or \"bf16\"");
+  s.optimizer = enum_field("optimizer", optimizer_from_string, s.optimizer,
+                           "\"adam\", \"adamw\" or \"sgd\"");
+  s.checkpointing = enum_field("checkpointing", checkpointing_from_string, s.checkpointing,
+                               "\"none\", \"full\" or \"selective\"");
+  s.offload_optimizer = enum_field("offload_optimizer", offload_from_string, s.offload_optimizer,
+                                   "\"none\", \"cpu\" or \"nvme\"");
+  s.offload_param = enum_field("offload_param", offload_from_string, s.offload_param,
+                               "\"none\", \"cpu\" or \"nvme\"");
+  s.flash_attention = f.boolean("flash_attention", false);
+  s.dpu = f.boolean("dpu", false);
+  if (const json* b = f.object("buffers")) {
+    reject_unknown(*b,
+                   {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                    "stage3_max_live_parameters"},
+                   origin, "strategy.buffers.");
+    Fields bf(*b, origin, "strategy.buffers.");
+    s.buffers.reduce_bucket_size = bf.byte_count("reduce_bucket_size", s.buffers.reduce_bucket_size);
+    s.buffers.allgather_bucket_size =
+        bf.byte_count("allgather_bucket_size", s.buffers.allgather_bucket_size);
+    s.buffers.prefetch_bucket_size =
+        bf.byte_count("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
+    s.buffers.max_live_parameters =
+        bf.byte_count("stage3_max_live_parameters", s.buffers.max_live_parameters);
+  }
+  validate(s);
+  return s;
+}
+
+std::string describe(const Strategy& s) {
+  std::string out = fmt::format("stage {}, dp {}, {}, {}, B={}", s.stage, s.dp,
+                                to_string(s.precision), to_string(s.optimizer), s.micro_batch);
+  if (s.seq > 0) out += fmt::format(" T={}", s.seq);
+  if (s.grad_accum > 1) out += fmt::format(", grad-accum {}", s.grad_accum);
+  if (s.mp > 1) out += fmt::format(", mp {}", s.mp);
+  if (s.checkpointing != Checkpointing::none)
+    out += fmt::format(", checkpointing {}", to_string(s.checkpointing));
+  if (s.flash_attention) out += ", flash-attention";
+  if (s.offload_optimizer != Offload::none)
+    out += fmt::format(", offload optimizer={}", to_string(s.offload_optimizer));
+  if (s.offload_param != Offload::none)
+    out += fmt::format(", offload params={}", to_string(s.offload_param));
+  if (s.dpu) out += ", dpu";
+  return out;
+}
+
+}  // namespace zp::planner

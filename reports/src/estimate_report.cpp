@@ -1,0 +1,189 @@
+// estimate_report.cpp: rendering of zero-plan's table, models and estimate outputs.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/reports/planner_reports.hpp"
+#include "zp/units.hpp"
+
+namespace zp::reports {
+
+using planner::Category;
+using planner::Tier;
+
+std::string short_count(uint64_t n) {
+  struct S {
+    double scale;
+    const char* suffix;
+  };
+  for (S s : {S{1e12, "T"}, S{1e9, "B"}, S{1e6, "M"}, S{1e3, "K"}}) {
+    const double v = static_cast<double>(n) / s.scale;
+    if (v >= 1.0) {
+      std::string t = fmt::format("{:.3f}", v);
+      while (t.back() == '0') t.pop_back();
+      if (t.back() == '.') t.pop_back();
+      return t + s.suffix;
+    }
+  }
+  return fmt::format("{}", n);
+}
+
+namespace {
+const char* kStageNames[] = {"baseline", "P_os", "P_os+g", "P_os+g+p"};
+}
+
+std::string render_zero_table(const std::vector<planner::TableRow>& rows, uint64_t k, Format f) {
+  if (f == Format::json) {
+    nlohmann::json j = {{"schema", "zero-plan/table/v1"}, {"k", k}, {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"params", r.params},
+                           {"dp", r.dp},
+                           {"stage", r.stage},
+                           {"bytes_per_device", r.bytes_per_device}});
+    return j.dump(2) + "\n";
+  }
+  if (f == Format::csv) {
+    Table t({"params", "dp", "stage", "bytes_per_device", "gb"}, {});
+    for (const auto& r : rows)
+      t.add({fmt::format("{}", r.params), fmt::format("{}", r.dp), fmt::format("{}", r.stage),
+             fmt::format("{}", r.bytes_per_device), planner::paper_gb(r.bytes_per_device)});
+    return t.render(f);
+  }
+  // Paper layout: one row per DP degree, columns per (model size, stage).
+  std::vector<uint64_t> params, dps;
+  for (const auto& r : rows) {
+    if (std::find(params.begin(), params.end(), r.params) == params.end()) params.push_back(r.params);
+    if (std::find(dps.begin(), dps.end(), r.dp) == dps.end()) dps.push_back(r.dp);
+  }
+  std::vector<std::string> header = {"DP"};
+  std::vector<Align> align = {Align::right};
+  for (uint64_t p : params)
+    for (const char* s : kStageNames) {
+      header.push_back(fmt::format("{} {}", short_count(p), s));
+      align.push_back(Align::right);
+    }
+  Table t(header, align);
+  for (uint64_t dp : dps) {
+    std::vector<std::string> cells = {fmt::format("{}", dp)};
+    for (uint64_t p : params)
+      for (int stage = 0; stage < 4; ++stage)
+        for (const auto& r : rows)
+          if (r.params == p && r.dp == dp && r.stage == stage)
+            cells.push_back(planner::paper_gb(r.bytes_per_device));
+    t.add(cells);
+  }
+  std::string title = fmt::format(
+      "ZeRO model-state memory per device in GB (1e9 bytes): fp16 params and grads (2 + 2 "
+      "bytes) and K = {} bytes of optimizer state per parameter (ZeRO paper, table 1)\n",
+      k);
+  if (f == Format::markdown) title = "**" + title.substr(0, title.size() - 1) + "**\n\n";
+  return title + t.render(f);
+}
+
+std::string render_catalog(Format f) {
+  if (f == Format::json) {
+    nlohmann::json j = {{"schema", "zero-plan/models/v1"}, {"models", nlohmann::json::array()}};
+    for (const auto& e : models::catalog()) {
+      const auto m = models::parse_hf_config(e.config, e.name);
+      const auto inv = models::count_params(m);
+      auto mj = planner::model_json(m, inv);
+      mj["description"] = e.description;
+      j["models"].push_back(mj);
+    }
+    return j.dump(2) + "\n";
+  }
+  Table t({"name", "family", "params", "layers", "hidden", "heads", "context", "description"},
+          {Align::left, Align::left, Align::right, Align::right, Align::right, Align::right,
+           Align::right, Align::left});
+  for (const auto& e : models::catalog()) {
+    const auto m = models::parse_hf_config(e.config, e.name);
+    const auto inv = models::count_params(m);
+    const std::string heads = m.n_kv_head == m.n_head
+                                  ? fmt::format("{}", m.n_head)
+                                  : fmt::format("{} ({} kv)", m.n_head, m.n_kv_head);
+    t.add({e.name, m.family_name(),
+           f == Format::csv ? fmt::format("{}", inv.total) : format_count(inv.total),
+           fmt::format("{}", m.n_layer), fmt::format("{}", m.n_embd), heads,
+           fmt::format("{}", m.n_positions), e.description});
+  }
+  return t.render(f);
+}
+
+std::string render_inventory(const models::ModelSpec& m, Format f) {
+  const auto inv = models::count_params(m);
+  if (f == Format::json) {
+    nlohmann::json j = {{"schema", "zero-plan/inventory/v1"}, {"model", planner::model_json(m, inv)},
+                        {"tensors", nlohmann::json::array()}};
+    for (const auto& t : inv.tensors)
+      j["tensors"].push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}, {"layer", t.layer}});
+    return j.dump(2) + "\n";
+  }
+  Table t({"tensor", "shape", "params", "repeats"},
+          {Align::left, Align::left, Align::right, Align::right});
+  for (const auto& x : inv.tensors) {
+    if (x.layer > 0) continue;  // block 0 stands for all blocks
+    std::string shape = "(";
+    for (std::size_t i = 0; i < x.shape.size(); ++i) shape += fmt::format("{}{}", i ? ", " : "", x.shape[i]);
+    shape += ")";
+    t.add({x.name, shape, fmt::format("{}", x.numel),
+           x.layer == 0 ? fmt::format("x {}", m.n_layer) : "1"});
+  }
+  std::string out = t.render(f);
+  if (f != Format::csv)
+    out += fmt::format("\ntotal {} parameters ({}); per block {}; largest module {} ({} params)\n",
+                       inv.total, format_count(inv.total), inv.per_layer, inv.largest_module,
+                       inv.largest_module_params);
+  return out;
+}
+
+std::string render_estimate(const planner::Estimate& e, Format f) {
+  if (f == Format::json) return planner::to_json(e).dump(2) + "\n";
+  if (f == Format::csv) {
+    Table t({"tier", "category", "bytes"}, {});
+    for (Tier tier : planner::kTiers) {
+      for (Category c : planner::kCategories)
+        t.add({std::string(to_string(tier)), std::string(to_string(c)),
+               fmt::format("{}", e.per_device[tier][c])});
+      t.add({std::string(to_string(tier)), "total", fmt::format("{}", e.per_device.peak(tier))});
+    }
+    return t.render(f);
+  }
+  const bool md = f == Format::markdown;
+  std::string out;
+  const auto& m = e.model;
+  out += fmt::format("{}model:{}     {} ({}), {} params, L={} C={} NH={}{}\n", md ? "- **" : "",
+                     md ? "**" : "", m.name, m.family_name(), format_count(e.params.total),
+                     m.n_layer, m.n_embd, m.n_head,
+                     m.n_kv_head != m.n_head ? fmt::format(" KVH={}", m.n_kv_head) : "");
+  out += fmt::format("{}strategy:{}  {}\n", md ? "- **" : "", md ? "**" : "",
+                     planner::describe(e.strategy));
+  if (e.hardware)
+    out += fmt::format("{}hardware:{}  {}: {}\n", md ? "- **" : "", md ? "**" : "",
+                       e.hardware->name, e.hardware->description);
+  out += "\n";
+  Table t({"per device (one rank)", "gpu", "cpu", "nvme"},
+          {Align::left, Align::right, Align::right, Align::right});
+  for (Category c : planner::kCategories)
+    t.add({std::string(to_string(c)), format_bytes(e.per_device[Tier::gpu][c]),
+           format_bytes(e.per_device[Tier::cpu][c]), format_bytes(e.per_device[Tier::nvme][c])});
+  t.add_rule();
+  t.add({"peak", format_bytes(e.per_device.peak(Tier::gpu)), format_bytes(e.per_device.peak(Tier::cpu)),
+         format_bytes(e.per_device.peak(Tier::nvme))});
+  out += t.render(f);
+  if (e.fits.has_value()) {
+    out += "\n";
+    if (*e.fits) {
+      out += fmt::format("fits {}: yes (gpu {} of {})\n", e.hardware->name,
+                         format_bytes(e.per_device.peak(Tier::gpu)),
+                         format_bytes(e.hardware->gpu_memory_bytes));
+    } else {
+      out += fmt::format("fits {}: no\n", e.hardware->name);
+      for (const auto& s : e.shortfalls) out += fmt::format("  {}\n", s);
+    }
+  }
+  return out;
+}
+
+}  // namespace zp::reports

@@ -1,0 +1,151 @@
+// zero-plan as a user meets it: outputs, the JSON contract, and one clear error with exit 2
+// for every kind of bad input (never a crash, never output on stdout).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "process.hpp"
+
+using zp::test::Result;
+
+namespace {
+const std::string kBin = std::string(ZP_BIN_DIR) + "/zero-plan";
+
+Result zero_plan(std::vector<std::string> args) {
+  args.insert(args.begin(), kBin);
+  return zp::test::run(args);
+}
+
+// Exit 2, nothing on stdout, a first stderr line starting "error: " containing `needle`, and
+// a "hint: " line.
+void check_bad_input(const Result& r, const std::string& needle) {
+  CAPTURE(r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("error: ", 0) == 0);
+  CHECK(r.err.find(needle) != std::string::npos);
+  CHECK(r.err.find("\nhint: ") != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("table: json contract with exact bytes, stage 0 added") {
+  const Result r = zero_plan({"table", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["schema"] == "zero-plan/table/v1");
+  CHECK(j["rows"].size() == 3 * 6 * 4);
+  bool found = false;
+  for (const auto& row : j["rows"])
+    if (row["params"] == 7'500'000'000ULL && row["dp"] == 4 && row["stage"] == 1) {
+      CHECK(row["bytes_per_device"] == 52'500'000'000ULL);  // DESIGN.md's example row
+      found = true;
+    }
+  CHECK(found);
+}
+
+TEST_CASE("table: text prints the paper's numbers") {
+  const Result r = zero_plan({"table"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("  4  ") != std::string::npos);
+  for (const char* v : {"52.5", "41.3", "1.88", "0.47", "4187", "2218", "62.5", "15.6"})
+    CHECK(r.out.find(v) != std::string::npos);
+}
+
+TEST_CASE("models and estimate outputs") {
+  Result r = zero_plan({"models", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["models"].size() == 11);
+  r = zero_plan({"models", "gpt2", "--format", "csv"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("transformer.h.0.attn.c_attn.weight,\"(768, 2304)\",1769472,x 12") !=
+        std::string::npos);
+
+  r = zero_plan({"estimate", "--model", "llama-2-7b", "--stage", "3", "--dp", "8",
+                 "--hardware", "a100-80g", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["schema"] == "zero-plan/estimate/v1");
+  CHECK(j["model"]["params"] == 6'738'415'616LL);
+  CHECK(j["strategy"]["stage"] == 3);
+  CHECK(j["fits"] == true);
+  const auto& gpu = j["per_device"]["gpu"];
+  for (const char* c : {"params", "grads", "master", "optimizer", "activations", "buffers",
+                        "workspace", "overhead"})
+    CHECK(gpu["breakdown"].contains(c));
+  // (2 + 2 + 12) x ceil(Psi / 8) bytes of model states.
+  CHECK(gpu["breakdown"]["params"] == 2 * 842'301'952LL);
+  CHECK(j["per_device"].contains("cpu"));
+  CHECK(j["per_device"].contains("nvme"));
+
+  r = zero_plan({"estimate", "--model", "gpt2"});
+  CHECK(r.rc == 0);
+  CHECK(j.contains("fits"));
+  r = zero_plan({"estimate", "--model", "gpt2", "--format", "json"});
+  CHECK(nlohmann::json::parse(r.out)["fits"].is_null());
+}
+
+TEST_CASE("ds-config with flags overriding it") {
+  zp::test::TempDir dir;
+  const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},
+      "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 2})");
+  const Result r = zero_plan({"estimate", "--model", "gpt2", "--ds-config", ds, "--stage", "1",
+                              "--format", "json"});
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["strategy"]["stage"] == 1);
+  CHECK(j["strategy"]["micro_batch"] == 2);
+  CHECK(j["strategy"]["precision"] == "bf16");
+}
+
+TEST_CASE("bad input: one error line, a hint, exit 2") {
+  zp::test::TempDir dir;
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--dp", "0"}), "--dp: must be >= 1");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--dp", "-4"}), "--dp");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--dp", "2.5"}), "whole number");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--stage", "4"}),
+                  "--stage: must be 0, 1, 2 or 3");
+  Result r = zero_plan({"estimate", "--model", "gtp2-xl"});
+  check_bad_input(r, "unknown model 'gtp2-xl'");
+  CHECK(r.err.find("gpt2-xl") != std::string::npos);  // the closest name is suggested
+  check_bad_input(zero_plan({"estimate", "--model", dir.file("none.json")}), "no such file");
+  check_bad_input(zero_plan({"estimate", "--model", dir.write("trunc.json", R"({"model_type": "gpt2", "n_emb)")}),
+                  "invalid JSON");
+  check_bad_input(zero_plan({"estimate", "--model", dir.write("type.json",
+                  R"({"model_type":"gpt2","n_embd":768.5,"n_layer":1,"n_head":1})")}),
+                  "field 'n_embd' must be a positive integer");
+  check_bad_input(zero_plan({"estimate", "--model", dir.write("fam.json", R"({"model_type":"t5"})")}),
+                  "unknown model_type 't5'");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--ds-config",
+                             dir.write("ds.json", R"({"zero_optimization": {"stage": 7}})")}),
+                  "zero_optimization.stage");
+  check_bad_input(zero_plan({"table", "--params", "2e18"}), "overflows 64 bits");
+  check_bad_input(zero_plan({"table", "--dp", "1,0"}), "--dp: must be >= 1");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--precision", "fp8"}),
+                  "--precision: unknown value 'fp8'");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--offload-param", "cpu"}),
+                  "needs --stage 3");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--seq", "4096"}), "--seq");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--hardware", "tpu"}), "unknown hardware");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--format", "yaml"}), "--format");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--no-such-flag"}), "no-such-flag");
+  check_bad_input(zero_plan({"estimate"}), "--model");
+  check_bad_input(zero_plan({}), "subcommand");
+}
+
+TEST_CASE("-o writes whole files or nothing") {
+  zp::test::TempDir dir;
+  const std::string out = dir.file("e.json");
+  Result r = zero_plan({"estimate", "--model", "gpt2", "--format", "json", "-o", out});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(zp::test::slurp(out))["schema"] == "zero-plan/estimate/v1");
+  r = zero_plan({"estimate", "--model", "gpt2", "-o", dir.file("no/such/dir/e.txt")});
+  check_bad_input(r, "cannot write");
+}
+
+TEST_CASE("--help teaches and exits 0") {
+  const Result r = zero_plan({"estimate", "--help"});
+  CHECK(r.rc == 0);
+  CHECK(r.out.find("Examples:") != std::string::npos);
+  CHECK(r.out.find("--offload-optimizer") != std::string::npos);
+}

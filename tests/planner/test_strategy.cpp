@@ -1,0 +1,122 @@
+// Strategy validation and DeepSpeed config reading.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+#include "zp/json_fields.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/strategy.hpp"
+
+using namespace zp::planner;
+
+namespace {
+Strategy from_ds(const char* text) {
+  return apply_deepspeed_config(Strategy{}, zp::parse_json_text(text, "ds.json"), "ds.json");
+}
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const zp::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("DeepSpeed config fills the strategy") {
+  const Strategy s = from_ds(R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+    "train_batch_size": "auto", "gradient_clipping": 1.0,
+    "fp16": {"enabled": true, "loss_scale": 0},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"},
+                          "reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": "auto",
+                          "overlap_comm": true}})");
+  CHECK(s.micro_batch == 4);
+  CHECK(s.grad_accum == 8);
+  CHECK(s.precision == Precision::fp16);
+  CHECK(s.optimizer == OptimizerKind::adamw);
+  CHECK(s.stage == 3);
+  CHECK(s.offload_optimizer == Offload::cpu);
+  CHECK(s.offload_param == Offload::nvme);
+  CHECK(s.buffers.reduce_bucket_size == 50'000'000);
+  CHECK(s.buffers.prefetch_bucket_size == BufferSizes{}.prefetch_bucket_size);
+  CHECK(from_ds("{}").precision == Precision::fp32);  // DeepSpeed's default
+  CHECK(from_ds(R"({"bf16": {"enabled": true}})").precision == Precision::bf16);
+}
+
+TEST_CASE("DeepSpeed config errors name the field") {
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"stage": 4}})"); })
+            .find("'zero_optimization.stage' must be 0, 1, 2 or 3, got 4") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"stage": "2"}})"); })
+            .find("'zero_optimization.stage' must be a non-negative integer") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimisation": {}})"); })
+            .find("unknown field 'zero_optimisation'") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"); })
+            .find("offload_optimizer.device") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"); })
+            .find("both true") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"train_micro_batch_size_per_gpu": 0})"); })
+            .find("'train_micro_batch_size_per_gpu' must be a positive integer") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"zero_quantized_weights": true}})"); })
+            .find("not modelled") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"optimizer": {"type": "Lamb"}})"); })
+            .find("optimizer.type 'Lamb'") != std::string::npos);
+}
+
+TEST_CASE("validation refuses contradictions") {
+  Strategy s;
+  s.stage = 2;
+  s.offload_param = Offload::cpu;
+  CHECK(error_of([&] { validate(s); }).find("needs --stage 3") != std::string::npos);
+  s = Strategy{};
+  s.offload_optimizer = Offload::cpu;
+  CHECK(error_of([&] { validate(s); }).find("needs --stage 1, 2 or 3") != std::string::npos);
+  s = Strategy{};
+  s.dpu = true;
+  CHECK(error_of([&] { validate(s); }).find("--dpu") != std::string::npos);
+  s = Strategy{};
+  s.dp = 0;
+  CHECK(error_of([&] { validate(s); }) == "--dp: must be >= 1, got 0");
+  s = Strategy{};
+  s.stage = 4;
+  CHECK(error_of([&] { validate(s); }).find("--stage") != std::string::npos);
+}
+
+TEST_CASE("strategy JSON round-trips") {
+  Strategy s;
+  s.stage = 3;
+  s.dp = 16;
+  s.precision = Precision::fp16;
+  s.checkpointing = Checkpointing::selective;
+  s.offload_optimizer = Offload::nvme;
+  s.dpu = true;
+  s.buffers.max_live_parameters = 123;
+  CHECK(strategy_from_json(to_json(s), "plan.json") == s);
+}
+
+TEST_CASE("estimate resolves seq and checks it against the model") {
+  const auto m = zp::models::load_model("gpt2");
+  Strategy s;
+  CHECK(estimate(m, s, nullptr).strategy.seq == 1024);
+  s.seq = 2048;
+  CHECK(error_of([&] { estimate(m, s, nullptr); }).find("--seq: 2048 is longer") != std::string::npos);
+}
+
+TEST_CASE("fit verdict names the tier that does not fit") {
+  const auto m = zp::models::load_model("gpt2-xl");
+  const auto hw = load_hardware("v100-32g");
+  Strategy s;  // stage 0: 16 bytes x 1.56 B = 24.9 GB of model states: fits 32 GB
+  auto e = estimate(m, s, &hw);
+  REQUIRE(e.fits.has_value());
+  CHECK(*e.fits);
+  const auto big = zp::models::load_model("megatron-8.3b");
+  e = estimate(big, s, &hw);
+  CHECK_FALSE(*e.fits);
+  REQUIRE(e.shortfalls.size() == 1);
+  CHECK(e.shortfalls[0].rfind("gpu: needs", 0) == 0);
+}

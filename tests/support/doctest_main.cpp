@@ -1,0 +1,3 @@
+// The one doctest main every test binary links.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>

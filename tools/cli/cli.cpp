@@ -1,0 +1,169 @@
+// cli.cpp: the shared strategy flags and the error convention of zero-plan and zero-run.
+#include "cli.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/json_fields.hpp"
+#include "zp/units.hpp"
+
+namespace zp::cli {
+
+using planner::Strategy;
+
+void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
+  f.app = &app;
+  auto* g = "Strategy";
+  app.add_option("--stage", f.stage, "ZeRO stage: 0 plain data parallel, 1 optimizer states "
+                 "partitioned (P_os), 2 + gradients (P_os+g), 3 + parameters (P_os+g+p) [0]")
+      ->group(g);
+  app.add_option("--dp", f.dp, "data-parallel degree: ranks sharing the ZeRO partitions [1]")->group(g);
+  app.add_option("--mp", f.mp, "model (tensor) parallel degree [1]")->group(g);
+  app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step [1]")->group(g);
+  app.add_option("--seq", f.seq, "tokens per sequence [the model's context length]")->group(g);
+  app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step [1]")->group(g);
+  app.add_option("--precision", f.precision, "fp32, fp16 or bf16 (16-bit: fp32 master weights) [bf16]")
+      ->group(g);
+  app.add_option("--optimizer", f.optimizer, "adam, adamw or sgd (with momentum) [adam]")->group(g);
+  app.add_option("--checkpointing", f.checkpointing,
+                 "activation recomputation: none, full (per layer) or selective (attention) [none]")
+      ->group(g);
+  app.add_flag("--flash-attention", f.flash_attention, "fused attention: no T x T tensors kept")
+      ->group(g);
+  app.add_option("--offload-optimizer", f.offload_optimizer,
+                 "none, cpu (ZeRO-Offload) or nvme (ZeRO-Infinity) [none]")->group(g);
+  app.add_option("--offload-param", f.offload_param, "none, cpu or nvme; needs --stage 3 [none]")
+      ->group(g);
+  app.add_flag("--dpu", f.dpu, "one-step delayed parameter update (needs an offloaded optimizer)")
+      ->group(g);
+  app.add_option("--ds-config", f.ds_config,
+                 "DeepSpeed JSON config; fills the fields above, explicit flags override it")
+      ->group(g);
+  auto* b = "Buffers (elements, DeepSpeed's names and defaults)";
+  app.add_option("--reduce-bucket-size", f.reduce_bucket_size, "gradient reduce bucket [5e8]")->group(b);
+  app.add_option("--allgather-bucket-size", f.allgather_bucket_size, "parameter all-gather bucket [5e8]")
+      ->group(b);
+  app.add_option("--prefetch-bucket-size", f.prefetch_bucket_size, "stage 3 prefetch [5e7]")->group(b);
+  app.add_option("--max-live-parameters", f.max_live_parameters, "stage 3 gathered at once [1e9]")
+      ->group(b);
+}
+
+bool StrategyFlags::given(const std::string& flag) const {
+  return app != nullptr && app->get_option(flag)->count() > 0;
+}
+
+namespace {
+template <typename T, typename Parse>
+T parse_enum(const std::string& flag, const std::string& value, Parse parse, const char* expected) {
+  auto v = parse(value);
+  if (!v)
+    throw Error(fmt::format("{}: unknown value '{}'", flag, value), fmt::format("expected {}", expected));
+  return *v;
+}
+int64_t parse_int(const std::string& flag, const std::string& value) {
+  const uint64_t v = parse_count(value, flag);
+  if (v > static_cast<uint64_t>(INT64_MAX))
+    throw Error(fmt::format("{}: '{}' is too large", flag, value));
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
+Strategy StrategyFlags::resolve() const {
+  Strategy s;
+  if (!ds_config.empty())
+    s = planner::apply_deepspeed_config(s, parse_json_text(read_text_file(ds_config), ds_config),
+                                        ds_config);
+  if (given("--stage")) {
+    // Accept only 0..3 written as an integer; "4" and "two" get the same one-line error.
+    if (stage.size() != 1 || stage[0] < '0' || stage[0] > '3')
+      throw Error(fmt::format("--stage: must be 0, 1, 2 or 3, got '{}'", stage),
+                  "ZeRO stage 1 partitions optimizer states, 2 adds gradients, 3 adds parameters");
+    s.stage = stage[0] - '0';
+  }
+  if (given("--dp")) s.dp = parse_int("--dp", dp);
+  if (given("--mp")) s.mp = parse_int("--mp", mp);
+  if (given("--micro-batch")) s.micro_batch = parse_int("--micro-batch", micro_batch);
+  if (given("--seq")) s.seq = parse_int("--seq", seq);
+  if (given("--grad-accum")) s.grad_accum = parse_int("--grad-accum", grad_accum);
+  if (given("--precision"))
+    s.precision = parse_enum<planner::Precision>("--precision", precision,
+                                                 planner::precision_from_string, "fp32, fp16 or bf16");
+  if (given("--optimizer"))
+    s.optimizer = parse_enum<planner::OptimizerKind>("--optimizer", optimizer,
+                                                     planner::optimizer_from_string, "adam, adamw or sgd");
+  if (given("--checkpointing"))
+    s.checkpointing = parse_enum<planner::Checkpointing>(
+        "--checkpointing", checkpointing, planner::checkpointing_from_string, "none, full or selective");
+  if (flash_attention) s.flash_attention = true;
+  if (given("--offload-optimizer"))
+    s.offload_optimizer = parse_enum<planner::Offload>(
+        "--offload-optimizer", offload_optimizer, planner::offload_from_string, "none, cpu or nvme");
+  if (given("--offload-param"))
+    s.offload_param = parse_enum<planner::Offload>("--offload-param", offload_param,
+                                                   planner::offload_from_string, "none, cpu or nvme");
+  if (dpu) s.dpu = true;
+  if (given("--reduce-bucket-size"))
+    s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");
+  if (given("--allgather-bucket-size"))
+    s.buffers.allgather_bucket_size = parse_count(allgather_bucket_size, "--allgather-bucket-size");
+  if (given("--prefetch-bucket-size"))
+    s.buffers.prefetch_bucket_size = parse_count(prefetch_bucket_size, "--prefetch-bucket-size");
+  if (given("--max-live-parameters"))
+    s.buffers.max_live_parameters = parse_count(max_live_parameters, "--max-live-parameters");
+  planner::validate(s);
+  return s;
+}
+
+void add_format_flag(CLI::App& app, std::string& into) {
+  into = "text";
+  app.add_option("--format", into, "output format: text, markdown, json (the stable contract) or csv [text]");
+}
+
+reports::Format parse_format(const std::string& s) {
+  auto f = reports::format_from_string(s);
+  if (!f) throw Error(fmt::format("--format: unknown value '{}'", s), "expected text, markdown, json or csv");
+  return *f;
+}
+
+int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::cerr << "error: " << what << "\n";
+    std::string sub;
+    for (const CLI::App* s : app.get_subcommands()) sub = " " + s->get_name();
+    std::cerr << fmt::format("hint: run '{}{} --help' for the flags and examples\n", app.get_name(), sub);
+    return kExitBadInput;
+  }
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of host memory\n";
+    return kExitBadInput;
+  }
+}
+
+void emit(const std::string& path, const std::string& content) {
+  if (path.empty() || path == "-") {
+    std::fwrite(content.data(), 1, content.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  reports::write_file_atomic(path, content);
+}
+
+}  // namespace zp::cli

@@ -1,0 +1,48 @@
+// cli.hpp: what zero-plan and zero-run share on the command line: the strategy flags (one
+// parser for both tools), --format, and the error convention (exit 2 with "error:" and
+// "hint:" lines). Thin by design: parsing and printing only, no planning.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "zp/planner/strategy.hpp"
+#include "zp/reports/table.hpp"
+
+namespace zp::cli {
+
+// Exit codes of DESIGN.md.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+// The strategy flags as typed; resolve() turns them into a validated Strategy. Values are
+// read as strings so every bad value gets the same "--flag: ..." error.
+struct StrategyFlags {
+  std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
+      offload_optimizer, offload_param, ds_config;
+  std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
+  bool flash_attention = false, dpu = false;
+  CLI::App* app = nullptr;  // to ask which flags were given
+
+  // Defaults, then the DeepSpeed config (--ds-config), then explicit flags.
+  planner::Strategy resolve() const;
+  bool given(const std::string& flag) const;
+};
+
+void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
+
+// --format text|markdown|json|csv on `app`, into `into` (default text).
+void add_format_flag(CLI::App& app, std::string& into);
+reports::Format parse_format(const std::string& s);
+
+// Runs `body` after parsing; turns zp::Error and CLI11 parse errors into exit code 2 with
+// "error: ..." and "hint: ..." on stderr, and --help into exit 0.
+int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// Writes to a file atomically, or to stdout when path is empty or "-".
+void emit(const std::string& path, const std::string& content);
+
+}  // namespace zp::cli

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# tools/test.sh: install what is missing, build, and run every test (ctest). What CI runs.
+# Extra arguments go to ctest (e.g. tools/test.sh -R planner, or -L cli).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+# Open MPI refuses root and more ranks than cores unless told; the mpirun tests need both.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+cd "${ZP_BUILD_DIR:-build}"
+ctest --output-on-failure -j "$(nproc)" "$@"

@@ -1,0 +1,101 @@
+// zero-plan: capacity estimates and plans for ZeRO training. A thin CLI: it parses flags,
+// calls the planner and prints through reports; no planning logic lives here.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli.hpp"
+#include "zp/error.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/model_states.hpp"
+#include "zp/reports/planner_reports.hpp"
+#include "zp/units.hpp"
+
+namespace {
+
+using namespace zp;
+
+std::vector<uint64_t> parse_list(const std::string& text, const std::string& flag) {
+  std::vector<uint64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(parse_count(item, flag));
+  if (out.empty()) throw Error(fmt::format("{}: empty list", flag), "e.g. " + flag + " 1,4,16");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zero-plan: will this ZeRO training run fit, where should each byte live?\n"
+               "Predicts per-device memory for ZeRO stages 0-3, ZeRO-Offload and ZeRO-Infinity.",
+               "zero-plan"};
+  app.require_subcommand(1);
+  app.footer(
+      "Examples:\n"
+      "  zero-plan table                                   # the ZeRO paper's table\n"
+      "  zero-plan models                                  # the model catalog\n"
+      "  zero-plan estimate --model llama-2-7b --stage 3 --dp 8 --hardware a100-80g\n"
+      "  zero-plan estimate --model ./config.json --ds-config ds.json --format json\n"
+      "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (with 'error:' and 'hint:').");
+
+  // table
+  std::string table_params = "7.5e9,128e9,1e12", table_dp = "1,4,16,64,256,1024", table_k = "12";
+  std::string table_format;
+  auto* table = app.add_subcommand("table", "the ZeRO paper's model-state table, plus stage 0");
+  table->add_option("--params", table_params, "model sizes, comma-separated [7.5e9,128e9,1e12]");
+  table->add_option("--dp", table_dp, "data-parallel degrees [1,4,16,64,256,1024]");
+  table->add_option("--k", table_k, "optimizer bytes per parameter (12: mixed-precision Adam) [12]");
+  zp::cli::add_format_flag(*table, table_format);
+  table->footer("Text prints GB (1e9 bytes) rounded as the paper prints; json gives exact bytes.\n"
+                "Example: zero-plan table --params 175e9 --dp 8,64,512");
+
+  // models
+  std::string models_name, models_format;
+  auto* models = app.add_subcommand("models", "the model catalog, or one model's parameter inventory");
+  models->add_option("model", models_name, "a catalog name or config.json: list its tensors");
+  zp::cli::add_format_flag(*models, models_format);
+  models->footer("Examples:\n  zero-plan models\n  zero-plan models llama-2-70b --format csv");
+
+  // estimate
+  std::string est_model, est_hw, est_format, est_output;
+  zp::cli::StrategyFlags est_flags;
+  auto* est = app.add_subcommand("estimate", "per-device memory for one model and strategy");
+  est->add_option("--model", est_model, "catalog name (zero-plan models) or a HF config.json")->required();
+  est->add_option("--hardware", est_hw, "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) "
+                  "or a hardware JSON file: adds the fits verdict");
+  zp::cli::add_strategy_flags(*est, est_flags);
+  zp::cli::add_format_flag(*est, est_format);
+  est->add_option("-o,--output", est_output, "write to this file (atomically) instead of stdout");
+  est->footer("Examples:\n"
+              "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8\n"
+              "  zero-plan estimate --model llama-2-70b --stage 3 --dp 64 --offload-optimizer cpu "
+              "--hardware a100-80g\n"
+              "  zero-plan estimate --model llama-2-7b --ds-config ds_config.json --dp 8 --format json");
+
+  return zp::cli::run(app, argc, argv, [&]() -> int {
+    if (table->parsed()) {
+      const auto fmt_ = zp::cli::parse_format(table_format);
+      const auto params = parse_list(table_params, "--params");
+      const auto dps = parse_list(table_dp, "--dp");
+      const uint64_t k = parse_count(table_k, "--k");
+      zp::cli::emit("", zp::reports::render_zero_table(planner::zero_table(params, dps, k), k, fmt_));
+    } else if (models->parsed()) {
+      const auto fmt_ = zp::cli::parse_format(models_format);
+      if (models_name.empty()) zp::cli::emit("", zp::reports::render_catalog(fmt_));
+      else zp::cli::emit("", zp::reports::render_inventory(models::load_model(models_name), fmt_));
+    } else if (est->parsed()) {
+      const auto fmt_ = zp::cli::parse_format(est_format);
+      const auto m = models::load_model(est_model);
+      const auto s = est_flags.resolve();
+      std::optional<planner::Hardware> hw;
+      if (!est_hw.empty()) hw = planner::load_hardware(est_hw);
+      const auto e = planner::estimate(m, s, hw ? &*hw : nullptr);
+      zp::cli::emit(est_output, zp::reports::render_estimate(e, fmt_));
+    }
+    return zp::cli::kExitOk;
+  });
+}
