@@ -261,6 +261,40 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& origin)
   return m;
 }
 
+std::string to_hf_config(const ModelSpec& m) {
+  json j;
+  if (m.family == Family::gpt2) {
+    j = {{"model_type", "gpt2"},
+         {"n_layer", m.n_layer},
+         {"n_embd", m.n_embd},
+         {"n_head", m.n_head},
+         {"n_inner", m.n_inner},
+         {"n_positions", m.n_positions},
+         {"vocab_size", m.vocab_size},
+         {"tie_word_embeddings", m.tied_embeddings},
+         {"activation_function", m.activation},
+         {"attn_pdrop", m.attn_dropout},
+         {"resid_pdrop", m.resid_dropout},
+         {"embd_pdrop", m.embd_dropout}};
+  } else {
+    j = {{"model_type", "llama"},
+         {"num_hidden_layers", m.n_layer},
+         {"hidden_size", m.n_embd},
+         {"num_attention_heads", m.n_head},
+         {"num_key_value_heads", m.n_kv_head},
+         {"head_dim", m.head_dim},
+         {"intermediate_size", m.n_inner},
+         {"max_position_embeddings", m.n_positions},
+         {"vocab_size", m.vocab_size},
+         {"tie_word_embeddings", m.tied_embeddings},
+         {"attention_bias", m.attention_bias},
+         {"mlp_bias", m.mlp_bias},
+         {"hidden_act", m.activation},
+         {"attention_dropout", m.attn_dropout}};
+  }
+  return j.dump(2);
+}
+
 std::vector<std::string> closest_catalog_names(std::string_view name, std::size_t n) {
   auto distance = [](std::string_view a, std::string_view b) {
     std::vector<std::size_t> row(b.size() + 1);

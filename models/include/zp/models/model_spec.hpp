@@ -77,6 +77,10 @@ ParamInventory count_params(const ModelSpec& m);
 // divide are zp::Error naming the field.
 ModelSpec parse_hf_config(std::string_view json_text, const std::string& origin);
 
+// The spec written back as a Hugging Face config.json (the fields this reader uses), so a plan
+// file can carry its model; parse_hf_config(to_hf_config(m)) gives the same spec.
+std::string to_hf_config(const ModelSpec& m);
+
 struct CatalogEntry {
   std::string name;         // "gpt2-xl"
   std::string description;  // one line, with the source of the shape

@@ -1,0 +1,124 @@
+// zp/models/graph.hpp: the training computation graph of one micro-step of a decoder
+// transformer (GPT-2 or LLaMA family) plus the optimizer step, as a Boost.Graph: ops are
+// vertices, tensors flow along edges. Shapes, dtypes, bytes, kinds and FLOPs; no memory
+// policy (the planner decides lifetimes, placement and ZeRO buffers) and no arithmetic.
+//
+// Example usage:
+//   GraphOptions o; o.batch = 1; o.seq = 1024; o.act_bytes = 2;
+//   TrainingGraph g = build_training_graph(load_model("gpt2"), o);
+//   for (OpId op : g.order) fmt::print("{} {}\n", g.ops[op].name, g.ops[op].flops);
+//
+// Dimension letters: B batch, T sequence, C hidden, NH heads, KVH key/value heads, HS head
+// size, F MLP width, V vocabulary, L layers; with tensor parallelism t, each rank holds NH/t
+// heads and F/t MLP columns (Megatron's column/row split).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+
+#include "zp/models/model_spec.hpp"
+
+namespace zp::models {
+
+using TensorId = int32_t;
+using OpId = int32_t;
+
+enum class TensorKind : uint8_t {
+  param,      // a weight, 16-bit working copy (model state, placed by ZeRO)
+  grad,       // a weight's gradient (model state, placed by ZeRO)
+  input,      // token ids and targets
+  activation, // forward output used only during the forward pass (freed after last use)
+  saved,      // forward output kept for the backward pass
+  act_grad,   // gradient of an activation, during the backward pass
+  logits,     // the (B, T, V) fp32 logits / probabilities / their gradient
+  workspace,  // scratch inside one op
+};
+std::string_view to_string(TensorKind k);
+
+enum class Phase : uint8_t { forward, backward, recompute, optimizer };
+std::string_view to_string(Phase p);
+
+enum class OpKind : uint8_t {
+  embedding, layernorm, rmsnorm, matmul, rope, attn_scores, softmax, dropout, attn_values,
+  flash_attention, residual, gelu, swiglu, cross_entropy,
+  embedding_bwd, layernorm_bwd, rmsnorm_bwd, matmul_bwd, rope_bwd, attn_scores_bwd,
+  softmax_bwd, dropout_bwd, attn_values_bwd, flash_attention_bwd, gelu_bwd, swiglu_bwd,
+  cross_entropy_bwd,
+  checkpoint_partition, checkpoint_gather,  // ZeRO-R P_a: slice / all-gather a block input
+  optimizer_step,
+};
+std::string_view to_string(OpKind k);
+
+enum class Recompute : uint8_t { none, full, selective };
+
+struct GraphOptions {
+  int64_t batch = 1;          // B
+  int64_t seq = 0;            // T (0: the model's n_positions)
+  uint32_t act_bytes = 2;     // bytes per activation element: 2 (16-bit) or 4 (fp32)
+  bool dropout = true;        // dropout ops where the model's probabilities are > 0
+  Recompute recompute = Recompute::none;
+  bool flash_attention = false;  // fused attention: saves output + log-sum-exp, no T x T
+  int64_t tp = 1;             // tensor-parallel degree t
+  // ZeRO-R P_a: activation checkpoints (block inputs under full recompute) partitioned over
+  // the t model-parallel ranks, all-gathered before the block is recomputed.
+  bool partition_checkpoints = false;
+  uint32_t param_bytes = 2;   // bytes per parameter and gradient element in the graph
+};
+
+struct Tensor {
+  std::string name;               // "h.3.attn.qkv"
+  std::vector<int64_t> shape;     // (B, T, 3*C/t)
+  uint32_t elem_bytes = 0;
+  uint64_t bytes = 0;             // product of shape x elem_bytes (overflow-checked)
+  TensorKind kind = TensorKind::activation;
+  int32_t layer = -1;             // block index; -1 embedding; L for the final norm and head
+  // Per-token statistics (layernorm mean/rstd, attention log-sum-exp) that Korthikanti et al.
+  // 2022 sec. 4.1 neglect ("2sb << sbh"); counted in every total here, listed apart.
+  bool stats = false;
+  // For params and grads: the module group ZeRO-3 gathers together ("embed", "h.3", "head").
+  std::string group;
+};
+
+struct Op {
+  std::string name;               // "h.3.attn.qkv.fwd"
+  OpKind kind = OpKind::matmul;
+  Phase phase = Phase::forward;
+  int32_t layer = -1;
+  std::vector<TensorId> inputs;   // read (activations, inputs, saved, act_grads)
+  std::vector<TensorId> outputs;  // written; a tensor written before is updated in place
+  std::vector<TensorId> scratch;  // workspace living only during this op
+  std::vector<TensorId> params;   // weights read (param tensors)
+  std::vector<TensorId> grads;    // weight gradients accumulated
+  double flops = 0;               // floating-point operations (multiply-add = 2)
+};
+
+// Vertex = op index; edge = a tensor (data dependency) or -1 (stream order: ops issue in
+// program order on one stream, as on a GPU).
+struct EdgeTensor {
+  TensorId tensor = -1;
+};
+using OpGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS,
+                                      boost::no_property, EdgeTensor>;
+
+struct TrainingGraph {
+  ModelSpec model;
+  GraphOptions options;     // with seq resolved
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  OpGraph graph;
+  std::vector<OpId> order;  // execution order: topological order of `graph`
+  std::vector<std::string> groups;  // ZeRO-3 module groups in forward order
+  double flops_forward = 0, flops_backward = 0, flops_recompute = 0;
+
+  const Tensor& tensor(TensorId t) const { return tensors[static_cast<std::size_t>(t)]; }
+  const Op& op(OpId o) const { return ops[static_cast<std::size_t>(o)]; }
+};
+
+// Builds the graph; zp::Error for shapes that do not divide (heads by t, MLP width by t) and
+// sizes that overflow.
+TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o);
+
+}  // namespace zp::models
