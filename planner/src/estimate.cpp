@@ -42,12 +42,18 @@ std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const
   return out;
 }
 
-Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw) {
+Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
+                  const PlanOptions& o) {
   Estimate e;
   e.model = m;
   e.params = models::count_params(m);
   e.strategy = resolve_for_model(s, m);
-  e.per_device = model_state_bytes(static_cast<uint64_t>(e.params.total), e.strategy);
+  e.options = o;
+  const models::TrainingGraph g = models::build_training_graph(m, graph_options(m, e.strategy, o));
+  e.activations = summarize_activations(g);
+  e.schedule = build_schedule(g, e.strategy, o);
+  e.memory = replay(e.schedule, o);
+  e.per_device = e.memory.per_device;
   if (hw != nullptr) {
     e.hardware = *hw;
     e.shortfalls = shortfalls(e.per_device, e.strategy, *hw);
@@ -78,7 +84,18 @@ nlohmann::json to_json(const Estimate& e) {
   nlohmann::json j = {{"schema", "zero-plan/estimate/v1"},
                       {"model", model_json(e.model, e.params)},
                       {"strategy", to_json(e.strategy)},
+                      {"profile", to_string(e.options.profile)},
+                      {"backend", to_string(e.options.backend)},
                       {"per_device", to_json(e.per_device)}};
+  j["activations"] = {{"saved_per_layer", e.activations.saved_per_layer},
+                      {"stats_per_layer", e.activations.stats_per_layer},
+                      {"saved_at_end_of_forward", e.activations.saved_total},
+                      {"graph_peak", e.activations.peak}};
+  nlohmann::json alloc = nlohmann::json::object();
+  for (Tier t : kTiers)
+    alloc[std::string(to_string(t))] = e.memory.peak_allocated[static_cast<std::size_t>(t)];
+  j["peak_allocated"] = alloc;
+  j["partition_elems"] = e.schedule.partition_elems;
   j["fits"] = e.fits ? nlohmann::json(*e.fits) : nlohmann::json(nullptr);
   if (e.hardware) j["hardware"] = to_json(*e.hardware);
   j["shortfalls"] = e.shortfalls;

@@ -19,31 +19,28 @@ BytesPerParam bytes_per_param(Precision p, OptimizerKind o) {
   return b;
 }
 
-namespace {
-// Elements of a state this rank holds: all of them, or its partition.
-uint64_t held(uint64_t n, bool partitioned, uint64_t dp) {
-  return partitioned ? partition_elems(n, dp) : n;
-}
-}  // namespace
-
-Breakdown stage_bytes(uint64_t n, int stage, uint64_t dp, const BytesPerParam& b) {
+Breakdown stage_bytes(uint64_t n, uint64_t part, int stage, const BytesPerParam& b) {
   Breakdown out;
   // Parameters partitioned from stage 3 (P_p), gradients from stage 2 (P_g), optimizer
-  // states (master + moments) from stage 1 (P_os).
-  out[Category::params] = checked_mul(b.params, held(n, stage >= 3, dp), "bytes of params");
-  out[Category::grads] = checked_mul(b.grads, held(n, stage >= 2, dp), "bytes of grads");
-  out[Category::master] = checked_mul(b.master, held(n, stage >= 1, dp), "bytes of master");
+  // states (master + moments) from stage 1 (P_os); a rank holds `part` elements of each.
+  auto held = [&](bool partitioned) { return partitioned ? part : n; };
+  out[Category::params] = checked_mul(b.params, held(stage >= 3), "bytes of params");
+  out[Category::grads] = checked_mul(b.grads, held(stage >= 2), "bytes of grads");
+  out[Category::master] = checked_mul(b.master, held(stage >= 1), "bytes of master");
   out[Category::optimizer] =
-      checked_mul(b.optimizer, held(n, stage >= 1, dp), "bytes of optimizer states");
+      checked_mul(b.optimizer, held(stage >= 1), "bytes of optimizer states");
   return out;
 }
 
 PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
+  return model_state_bytes(n, partition_elems(n, static_cast<uint64_t>(s.dp)), s);
+}
+
+PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s) {
   const BytesPerParam b = bytes_per_param(s.precision, s.optimizer);
-  const uint64_t dp = static_cast<uint64_t>(s.dp);
   PerDevice d;
   Breakdown& gpu = d[Tier::gpu];
-  gpu = stage_bytes(n, s.stage, dp, b);
+  gpu = stage_bytes(n, part, s.stage, b);
 
   if (s.offload_param != Offload::none) {
     const Tier t = s.offload_param == Offload::cpu ? Tier::cpu : Tier::nvme;
@@ -54,7 +51,6 @@ PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
     // ZeRO-Offload: fp32 master (4 bytes, even in fp32 training: the CPU optimizer keeps its
     // own copy) and moments of the owned partition on the offload tier; the fp32 gradient
     // partition on the cpu; the 16-bit gradients stay whole on the gpu only under stage 1.
-    const uint64_t part = partition_elems(n, dp);
     const Tier t = s.offload_optimizer == Offload::cpu ? Tier::cpu : Tier::nvme;
     d[t][Category::master] = checked_mul(4, part, "bytes of master");
     d[t][Category::optimizer] = gpu[Category::optimizer];
@@ -75,7 +71,7 @@ std::vector<TableRow> zero_table(const std::vector<uint64_t>& params,
   for (uint64_t n : params)
     for (uint64_t dp : dps)
       for (int stage = 0; stage < 4; ++stage)
-        rows.push_back({n, dp, stage, stage_bytes(n, stage, dp, b).total()});
+        rows.push_back({n, dp, stage, stage_bytes(n, partition_elems(n, dp), stage, b).total()});
   return rows;
 }
 

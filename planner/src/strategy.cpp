@@ -78,6 +78,9 @@ void validate(const Strategy& s) {
   if (s.dpu && s.offload_optimizer == Offload::none)
     throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
                 "DPU overlaps the CPU optimizer step with the next forward/backward");
+  if (s.partition_activations && s.checkpointing != Checkpointing::full)
+    throw Error("--partition-activations: needs --checkpointing full",
+                "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
   if (s.buffers.reduce_bucket_size == 0 || s.buffers.allgather_bucket_size == 0 ||
       s.buffers.prefetch_bucket_size == 0 || s.buffers.max_live_parameters == 0)
     throw Error("bucket sizes must be at least 1 element",
@@ -185,6 +188,17 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
                   "zeroplan models Adam, AdamW and SGD (with momentum)");
   }
 
+  if (const json* ac = top.object("activation_checkpointing")) {
+    reject_unknown(*ac,
+                   {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                    "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
+                   origin, "activation_checkpointing.");
+    Fields af(*ac, origin, "activation_checkpointing.");
+    // DeepSpeed's section configures checkpointing the model code asks for; it does not turn
+    // it on. P_a is what it adds to the memory picture.
+    s.partition_activations = af.boolean("partition_activations", s.partition_activations);
+    require_neutral(*ac, "cpu_checkpointing", false, origin, "activation_checkpointing.");
+  }
   if (const json* zo = top.object("zero_optimization")) {
     reject_unknown(*zo,
                    {"stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
@@ -250,6 +264,7 @@ json to_json(const Strategy& s) {
           {"offload_optimizer", to_string(s.offload_optimizer)},
           {"offload_param", to_string(s.offload_param)},
           {"dpu", s.dpu},
+          {"partition_activations", s.partition_activations},
           {"buffers",
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
@@ -262,7 +277,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   reject_unknown(j,
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
-                  "offload_param", "dpu", "buffers"},
+                  "offload_param", "dpu", "partition_activations", "buffers"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -290,6 +305,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                "\"none\", \"cpu\" or \"nvme\"");
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
+  s.partition_activations = f.boolean("partition_activations", false);
   if (const json* b = f.object("buffers")) {
     reject_unknown(*b,
                    {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
@@ -322,6 +338,7 @@ std::string describe(const Strategy& s) {
   if (s.offload_param != Offload::none)
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
+  if (s.partition_activations) out += ", P_a";
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/hardware.hpp"
 #include "zp/planner/memory.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
 
 namespace zp::planner {
@@ -27,7 +28,11 @@ struct Estimate {
   models::ModelSpec model;
   models::ParamInventory params;
   Strategy strategy;                  // with seq resolved to a length
-  PerDevice per_device;               // one rank
+  PlanOptions options;
+  PerDevice per_device;               // one rank: high-water per category, peak per tier
+  ActivationSummary activations;
+  MemoryReport memory;                // peaks, allocated vs reserved, the timeline
+  MemorySchedule schedule;
   std::optional<Hardware> hardware;
   std::optional<bool> fits;           // unknown without hardware
   std::vector<std::string> shortfalls;  // "gpu: needs 45.2 GiB, has 31.75 GiB"
@@ -37,7 +42,10 @@ struct Estimate {
 // checks the strategy against the model (seq within the model's positions).
 Strategy resolve_for_model(Strategy s, const models::ModelSpec& m);
 
-Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw);
+// Builds the training graph, the step's memory schedule, and replays it through the
+// allocator model of the profile.
+Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
+                  const PlanOptions& o = {});
 
 // Checks a per-device prediction against a machine: the gpu tier against one GPU, the cpu
 // and nvme tiers times the ranks on a node against the node's memory and drives.

@@ -29,8 +29,9 @@ struct BytesPerParam {
 // Mixed-precision Adam: 2 + 2 + 12 (ZeRO paper sec. 3.1: "K = 12"); fp32 Adam: 4 + 4 + 8.
 BytesPerParam bytes_per_param(Precision p, OptimizerKind o);
 
-// Per-device bytes of each state, all on one device, for `n` parameters at a stage and dp.
-Breakdown stage_bytes(uint64_t n, int stage, uint64_t dp, const BytesPerParam& b);
+// Per-device bytes of each state, all on one device, for `n` parameters of which a rank owns
+// `part` elements of each partitioned state.
+Breakdown stage_bytes(uint64_t n, uint64_t part, int stage, const BytesPerParam& b);
 
 // Per-device bytes of each model state for `n_params` parameters, stage and dp of `s`:
 //   stage 0:  (2 + 2 + K) * Psi
@@ -46,6 +47,9 @@ Breakdown stage_bytes(uint64_t n, int stage, uint64_t dp, const BytesPerParam& b
 //   offload_param=cpu|nvme (stage 3): the 16-bit parameter partition goes to that tier
 //     (ZeRO-Infinity paper sec. 5; seed 003).
 PerDevice model_state_bytes(uint64_t n_params, const Strategy& s);
+// The same with the partition size given (zeroplan's stage 3 partitions each gather group
+// separately: see schedule.hpp's partition_elems).
+PerDevice model_state_bytes(uint64_t n_params, uint64_t partition_elems, const Strategy& s);
 
 // The ZeRO paper's table (sec. 5, table 1 and seed 004), extended with stage 0.
 struct TableRow {

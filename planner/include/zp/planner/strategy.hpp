@@ -56,6 +56,7 @@ struct Strategy {
   Offload offload_optimizer = Offload::none;
   Offload offload_param = Offload::none;
   bool dpu = false;               // one-step delayed parameter update (ZeRO-Offload sec. 5.2)
+  bool partition_activations = false;  // ZeRO-R P_a: checkpoints split over the mp ranks
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };

@@ -1,0 +1,111 @@
+// zp/planner/schedule.hpp: the memory schedule of one training step on one rank: every
+// buffer the step holds (model states, ZeRO buffers, the graph's activations and
+// workspaces), when it is allocated and freed, and the replay of that sequence through an
+// allocator model into peaks per tier and category and a timeline. This is the planner's
+// prediction; the runtime follows the same rules and measures them.
+//
+// Example usage:
+//   auto g = models::build_training_graph(model, graph_options(model, s, opts));
+//   MemorySchedule sch = build_schedule(g, s, opts);
+//   MemoryReport r = replay(sch, opts);
+//   uint64_t gpu_peak = r.per_device.peak(Tier::gpu);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zp/models/graph.hpp"
+#include "zp/planner/memory.hpp"
+#include "zp/planner/strategy.hpp"
+
+namespace zp::planner {
+
+// Whose allocations are predicted: zeroplan's runtime (its arena, its buffers) or DeepSpeed
+// on PyTorch (its buffers, the caching allocator).
+enum class Profile { zeroplan, deepspeed };
+// Where the runtime computes: the CPU backend stores activations in fp32; CUDA in the
+// training precision.
+enum class Backend { cpu, cuda };
+std::string_view to_string(Profile p);
+std::string_view to_string(Backend b);
+std::optional<Profile> profile_from_string(std::string_view s);
+std::optional<Backend> backend_from_string(std::string_view s);
+
+struct PlanOptions {
+  Profile profile = Profile::zeroplan;
+  Backend backend = Backend::cuda;
+  bool operator==(const PlanOptions&) const = default;
+};
+
+// The graph options a strategy implies (batch, sequence, activation bytes, recomputation,
+// flash attention, tensor parallelism, P_a).
+models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s,
+                                   const PlanOptions& o);
+
+// One buffer of the step: a graph tensor, a model state, or a ZeRO buffer.
+struct MemBuffer {
+  std::string name;
+  Tier tier = Tier::gpu;
+  Category category = Category::activations;
+  uint64_t bytes = 0;
+  int32_t layer = -1;  // for activations: the block it belongs to
+};
+
+struct MemEvent {
+  int32_t pos = -1;   // index into the graph's execution order; -1 before the first op
+  bool alloc = true;  // allocate or free
+  uint32_t buffer = 0;
+};
+
+struct MemorySchedule {
+  std::vector<MemBuffer> buffers;
+  std::vector<MemEvent> events;     // in execution order
+  uint64_t n_params = 0;            // Psi on this rank (after tensor parallelism)
+  uint64_t partition_elems = 0;     // elements of each partitioned state a rank owns
+  std::vector<std::pair<std::string, uint64_t>> groups;  // ZeRO-3 gather groups, elements
+  std::vector<std::string> op_names;  // by position, for the timeline
+};
+
+// Partitioned elements a rank owns: stages 1-2 split the flat parameter buffer (padded to a
+// multiple of dp, as DeepSpeed's stage 1/2 flat groups); stage 3 splits each gather group
+// separately (so each group all-gathers as equal blocks). 0 for stage 0.
+uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp);
+
+MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
+                              const PlanOptions& o);
+
+struct TimelineSample {
+  int32_t pos = -1;
+  std::array<std::array<uint64_t, kCategories.size()>, kTiers.size()> bytes{};  // in use
+};
+
+struct MemoryReport {
+  PerDevice per_device;               // high-water per category; peak = reserved high-water
+  std::array<uint64_t, kTiers.size()> peak_allocated{};  // high-water of bytes in use
+  std::vector<TimelineSample> timeline;  // per position, at its high point (after its
+                                         // allocations, before its frees)
+  int32_t peak_pos = -1;              // where the gpu tier peaked
+};
+
+// Replays the schedule: the gpu tier through the arena (zeroplan) or the caching allocator
+// (deepspeed); cpu and nvme tiers count bytes (their allocators round but do not fragment).
+MemoryReport replay(const MemorySchedule& s, const PlanOptions& o);
+
+// Chrome Trace Event JSON ("ph":"C" counters, one series per category and tier, "ph":"X" ops)
+// that opens in Perfetto.
+nlohmann::json timeline_trace(const MemorySchedule& s, const MemoryReport& r);
+
+// Activation accounting for reports and tests.
+struct ActivationSummary {
+  std::vector<uint64_t> saved_per_layer;        // bytes of saved tensors alive at the end of
+                                                // forward, per block (stats excluded)
+  std::vector<uint64_t> stats_per_layer;        // the per-token statistics, per block
+  uint64_t saved_total = 0;                     // everything alive at the end of forward
+  uint64_t peak = 0;                            // peak of activations + act grads + logits
+};
+ActivationSummary summarize_activations(const models::TrainingGraph& g);
+
+}  // namespace zp::planner

@@ -1,0 +1,504 @@
+// schedule.cpp: the step's memory schedule (model states, ZeRO buffers, graph tensors by
+// liveness) and its replay through the allocator models.
+#include "zp/planner/schedule.hpp"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/checked.hpp"
+#include "zp/error.hpp"
+#include "zp/planner/allocator.hpp"
+#include "zp/planner/model_states.hpp"
+
+namespace zp::planner {
+
+using models::Op;
+using models::Phase;
+using models::Tensor;
+using models::TensorId;
+using models::TensorKind;
+using models::TrainingGraph;
+
+std::string_view to_string(Profile p) { return p == Profile::zeroplan ? "zeroplan" : "deepspeed"; }
+std::string_view to_string(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
+std::optional<Profile> profile_from_string(std::string_view s) {
+  if (s == "zeroplan") return Profile::zeroplan;
+  if (s == "deepspeed") return Profile::deepspeed;
+  return std::nullopt;
+}
+std::optional<Backend> backend_from_string(std::string_view s) {
+  if (s == "cpu") return Backend::cpu;
+  if (s == "cuda") return Backend::cuda;
+  return std::nullopt;
+}
+
+models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s,
+                                   const PlanOptions& o) {
+  models::GraphOptions g;
+  g.batch = s.micro_batch;
+  g.seq = s.seq > 0 ? s.seq : m.n_positions;
+  // The CPU backend computes and stores activations in fp32; on GPUs activations are in the
+  // training precision.
+  g.act_bytes = (o.backend == Backend::cpu || s.precision == Precision::fp32) ? 4 : 2;
+  // zero-run's CPU kernels have no dropout; plans for the CPU backend leave it out.
+  g.dropout = o.backend == Backend::cuda;
+  g.recompute = s.checkpointing == Checkpointing::full       ? models::Recompute::full
+                : s.checkpointing == Checkpointing::selective ? models::Recompute::selective
+                                                              : models::Recompute::none;
+  g.flash_attention = s.flash_attention;
+  g.tp = s.mp;
+  g.partition_checkpoints = s.partition_activations;
+  g.param_bytes = s.precision == Precision::fp32 ? 4 : 2;
+  return g;
+}
+
+uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp) {
+  if (stage == 0) return 0;
+  uint64_t n = 0;
+  if (stage < 3) {
+    for (uint64_t e : group_elems) n = checked_add(n, e, "parameters");
+    return zp::partition_elems(n, dp);
+  }
+  for (uint64_t e : group_elems) n = checked_add(n, zp::partition_elems(e, dp), "partition");
+  return n;
+}
+
+namespace {
+
+Category category_of(TensorKind k) {
+  switch (k) {
+    case TensorKind::workspace: return Category::workspace;
+    case TensorKind::logits:
+    case TensorKind::input: return Category::buffers;
+    default: return Category::activations;
+  }
+}
+
+bool is_dynamic(TensorKind k) { return k != TensorKind::param && k != TensorKind::grad; }
+
+class ScheduleBuilder {
+ public:
+  ScheduleBuilder(const TrainingGraph& g, const Strategy& s, const PlanOptions& o, MemorySchedule& out)
+      : g_(g), s_(s), o_(o), out_(out) {
+    p_bytes_ = g.options.param_bytes;
+    dp_ = static_cast<uint64_t>(s.dp);
+  }
+
+  void build() {
+    groups();
+    model_states();
+    const int32_t n = static_cast<int32_t>(g_.order.size());
+    liveness();
+    if (s_.stage == 3) gather_runs();
+    int32_t last_bwd = -1;
+    for (int32_t i = 0; i < n; ++i)
+      if (op_at(i).phase == Phase::backward) last_bwd = i;
+
+    for (int32_t i = 0; i < n; ++i) {
+      const Op& op = op_at(i);
+      out_.op_names.push_back(op.name);
+      if (s_.stage == 3 && run_at_[static_cast<std::size_t>(i)] >= 0 &&
+          run_start_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i)
+        start_run(i, run_at_[static_cast<std::size_t>(i)]);
+      // Allocate what this op creates: inputs seen for the first time, outputs not yet
+      // written, scratch, and (stages 2-3) the unreduced gradients it accumulates into.
+      for (TensorId t : op.inputs) touch(i, t);
+      for (TensorId t : op.outputs) touch(i, t);
+      std::vector<uint32_t> scratch;
+      for (TensorId t : op.scratch) scratch.push_back(alloc_tensor(i, t));
+      if (s_.stage >= 2 && op.phase != Phase::optimizer)
+        for (TensorId gt : op.grads) alloc_grad(i, gt);
+      if (op.phase == Phase::optimizer) optimizer_buffers(i);
+      // Free scratch, then tensors whose last use is this op.
+      for (uint32_t b : scratch) free(i, b);
+      for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
+      if (s_.stage >= 2 && op.phase != Phase::optimizer) {
+        for (TensorId gt : op.grads)
+          if (last_grad_write_[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
+        flush_if_full(i, i == last_bwd);
+      }
+      if (s_.stage == 3 && run_at_[static_cast<std::size_t>(i)] >= 0 &&
+          run_end_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i)
+        end_run(i, run_at_[static_cast<std::size_t>(i)]);
+    }
+  }
+
+ private:
+  const TrainingGraph& g_;
+  const Strategy& s_;
+  const PlanOptions& o_;
+  MemorySchedule& out_;
+  uint32_t p_bytes_ = 2;
+  uint64_t dp_ = 1;
+  std::vector<uint32_t> buffer_of_;              // tensor -> buffer (UINT32_MAX: none)
+  std::vector<std::vector<TensorId>> dies_at_;   // position -> tensors freed after it
+  std::vector<int32_t> last_grad_write_;         // grad tensor -> position
+  std::vector<uint32_t> grad_buffer_;            // grad tensor -> buffer
+  std::vector<TensorId> pending_;                // final, unreduced gradients
+  std::map<std::string, uint64_t> group_elems_;
+  std::map<std::string, std::size_t> group_index_;
+  // ZeRO-3 gather runs: consecutive ops that read the same group's weights.
+  std::vector<int32_t> run_at_, run_start_, run_end_;
+  std::vector<std::string> run_group_;
+  std::map<std::string, int32_t> holder_;        // live group -> last run it is held for
+  std::map<std::string, uint32_t> gathered_;     // live group -> buffer
+  uint64_t live_gathered_elems_ = 0;
+
+  const Op& op_at(int32_t i) const { return g_.op(g_.order[static_cast<std::size_t>(i)]); }
+
+  uint32_t add_buffer(std::string name, Tier t, Category c, uint64_t bytes, int32_t layer = -1) {
+    out_.buffers.push_back({std::move(name), t, c, bytes, layer});
+    return static_cast<uint32_t>(out_.buffers.size() - 1);
+  }
+  uint32_t alloc(int32_t pos, uint32_t b) {
+    out_.events.push_back({pos, true, b});
+    return b;
+  }
+  void free(int32_t pos, uint32_t b) { out_.events.push_back({pos, false, b}); }
+
+  void groups() {
+    for (const std::string& name : g_.groups) {
+      group_index_[name] = group_elems_.size();
+      group_elems_[name] = 0;
+    }
+    for (const Tensor& t : g_.tensors) {
+      if (t.kind != TensorKind::param) continue;
+      const uint64_t n = t.bytes / t.elem_bytes;
+      group_elems_[t.group] = checked_add(group_elems_[t.group], n, "parameters");
+      out_.n_params = checked_add(out_.n_params, n, "parameters");
+    }
+    std::vector<uint64_t> elems;
+    for (const std::string& name : g_.groups) {
+      elems.push_back(group_elems_[name]);
+      out_.groups.emplace_back(name, group_elems_[name]);
+    }
+    out_.partition_elems = partition_elems(elems, s_.stage, dp_);
+  }
+
+  // Persistent model states, allocated before the first op, in the order the runtime
+  // allocates them: params, grads, master, optimizer moments; per tier.
+  void model_states() {
+    const uint64_t part = s_.stage >= 1 ? out_.partition_elems
+                                        : zp::partition_elems(out_.n_params, dp_);
+    const PerDevice d = model_state_bytes(out_.n_params, part, s_);
+    for (Tier t : kTiers) {
+      if (d[t][Category::params] > 0)
+        alloc(-1, add_buffer("params", t, Category::params, d[t][Category::params]));
+      if (d[t][Category::grads] > 0)
+        alloc(-1, add_buffer("grads", t, Category::grads, d[t][Category::grads]));
+      if (d[t][Category::master] > 0)
+        alloc(-1, add_buffer("master", t, Category::master, d[t][Category::master]));
+      const uint64_t opt = d[t][Category::optimizer];
+      if (opt > 0) {
+        if (s_.optimizer == OptimizerKind::sgd) {
+          alloc(-1, add_buffer("momentum", t, Category::optimizer, opt));
+        } else {
+          alloc(-1, add_buffer("exp_avg", t, Category::optimizer, opt / 2));
+          alloc(-1, add_buffer("exp_avg_sq", t, Category::optimizer, opt - opt / 2));
+        }
+      }
+    }
+  }
+
+  void liveness() {
+    const std::size_t n_t = g_.tensors.size();
+    std::vector<int32_t> last(n_t, -1);
+    last_grad_write_.assign(n_t, -1);
+    for (int32_t i = 0; i < static_cast<int32_t>(g_.order.size()); ++i) {
+      const Op& op = op_at(i);
+      for (TensorId t : op.inputs) last[static_cast<std::size_t>(t)] = i;
+      for (TensorId t : op.outputs) last[static_cast<std::size_t>(t)] = i;
+      if (op.phase != Phase::optimizer)
+        for (TensorId t : op.grads) last_grad_write_[static_cast<std::size_t>(t)] = i;
+    }
+    dies_at_.assign(g_.order.size(), {});
+    for (std::size_t t = 0; t < n_t; ++t)
+      if (last[t] >= 0 && is_dynamic(g_.tensors[t].kind))
+        dies_at_[static_cast<std::size_t>(last[t])].push_back(static_cast<TensorId>(t));
+    buffer_of_.assign(n_t, UINT32_MAX);
+    grad_buffer_.assign(n_t, UINT32_MAX);
+  }
+
+  uint32_t alloc_tensor(int32_t pos, TensorId t) {
+    const Tensor& x = g_.tensor(t);
+    const uint32_t b = add_buffer(x.name, Tier::gpu, category_of(x.kind), x.bytes, x.layer);
+    buffer_of_[static_cast<std::size_t>(t)] = b;
+    return alloc(pos, b);
+  }
+  void touch(int32_t pos, TensorId t) {
+    if (buffer_of_[static_cast<std::size_t>(t)] != UINT32_MAX) return;
+    if (!is_dynamic(g_.tensor(t).kind)) return;
+    alloc_tensor(pos, t);
+  }
+
+  // Stages 2-3: a weight's gradient lives in its own buffer from its first accumulation until
+  // its bucket is reduced into the owner's partition (DeepSpeed's "ipg" buckets).
+  void alloc_grad(int32_t pos, TensorId gt) {
+    if (grad_buffer_[static_cast<std::size_t>(gt)] != UINT32_MAX) return;
+    const Tensor& x = g_.tensor(gt);
+    grad_buffer_[static_cast<std::size_t>(gt)] =
+        alloc(pos, add_buffer("bucket." + x.name, Tier::gpu, Category::buffers, x.bytes, x.layer));
+  }
+  // Final gradients are reduced together once they reach reduce_bucket_size elements, and
+  // whatever remains at the end of the backward pass.
+  void flush_if_full(int32_t pos, bool end_of_backward) {
+    uint64_t elems = 0;
+    for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
+    if (pending_.empty() || (elems < s_.buffers.reduce_bucket_size && !end_of_backward)) return;
+    for (TensorId gt : pending_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    pending_.clear();
+  }
+
+  void gather_runs() {
+    const int32_t n = static_cast<int32_t>(g_.order.size());
+    run_at_.assign(static_cast<std::size_t>(n), -1);
+    std::string current;
+    for (int32_t i = 0; i < n; ++i) {
+      const Op& op = op_at(i);
+      if (op.phase == Phase::optimizer || op.params.empty()) continue;
+      const std::string& grp = g_.tensor(op.params.front()).group;
+      if (run_group_.empty() || grp != current) {
+        run_group_.push_back(grp);
+        run_start_.push_back(i);
+        run_end_.push_back(i);
+        current = grp;
+      }
+      run_end_.back() = i;
+    }
+    for (std::size_t r = 0; r < run_group_.size(); ++r)
+      for (int32_t i = run_start_[r]; i <= run_end_[r]; ++i) run_at_[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
+  }
+
+  uint64_t gathered_bytes(const std::string& grp) const {
+    const uint64_t e = group_elems_.at(grp);
+    return checked_mul(checked_mul(zp::partition_elems(e, dp_), dp_, "gathered elements"),
+                       p_bytes_, "gathered bytes");
+  }
+  void gather(int32_t pos, const std::string& grp, int32_t hold_until) {
+    auto it = holder_.find(grp);
+    if (it != holder_.end()) {
+      it->second = std::max(it->second, hold_until);
+      return;
+    }
+    holder_[grp] = hold_until;
+    gathered_[grp] = alloc(pos, add_buffer("gathered." + grp, Tier::gpu, Category::buffers,
+                                           gathered_bytes(grp)));
+    live_gathered_elems_ += group_elems_.at(grp);
+  }
+  // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
+  // newly gathered elements stay within stage3_prefetch_bucket_size and everything gathered
+  // within stage3_max_live_parameters.
+  void start_run(int32_t pos, int32_t r) {
+    gather(pos, run_group_[static_cast<std::size_t>(r)], r);
+    uint64_t prefetched = 0;
+    for (std::size_t j = static_cast<std::size_t>(r) + 1; j < run_group_.size(); ++j) {
+      const std::string& grp = run_group_[j];
+      if (holder_.contains(grp)) {
+        holder_[grp] = std::max(holder_[grp], static_cast<int32_t>(j));
+        continue;
+      }
+      const uint64_t e = group_elems_.at(grp);
+      if (prefetched + e > s_.buffers.prefetch_bucket_size) break;
+      if (live_gathered_elems_ + e > s_.buffers.max_live_parameters) break;
+      prefetched += e;
+      gather(pos, grp, static_cast<int32_t>(j));
+    }
+  }
+  void end_run(int32_t pos, int32_t r) {
+    for (auto it = holder_.begin(); it != holder_.end();) {
+      if (it->second <= r) {
+        free(pos, gathered_[it->first]);
+        live_gathered_elems_ -= group_elems_.at(it->first);
+        gathered_.erase(it->first);
+        it = holder_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // DeepSpeed (stages 1-3, no offload) upcasts the 16-bit gradient partition to fp32 for
+  // its optimizer step (single_partition_of_fp32_groups[i].grad), freed after the step.
+  // zeroplan's CPU Adam reads 16-bit gradients directly and needs no such buffer.
+  void optimizer_buffers(int32_t pos) {
+    if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
+    if (s_.precision == Precision::fp32 || s_.stage == 0) return;
+    const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,
+                                  checked_mul(4, out_.partition_elems, "fp32 gradient partition"));
+    alloc(pos, b);
+    free(pos, b);
+  }
+};
+
+}  // namespace
+
+MemorySchedule build_schedule(const TrainingGraph& g, const Strategy& s, const PlanOptions& o) {
+  MemorySchedule out;
+  ScheduleBuilder(g, s, o, out).build();
+  return out;
+}
+
+MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
+  MemoryReport r;
+  ArenaModel arena(kArenaAlignment);
+  CachingAllocatorModel caching;
+  std::vector<BlockId> block(s.buffers.size(), 0);
+  std::array<std::array<uint64_t, kCategories.size()>, kTiers.size()> cur{};
+  std::array<uint64_t, kTiers.size()> cur_total{}, peak_total{}, peak_reserved{};
+  const bool use_caching = o.profile == Profile::deepspeed;
+
+  auto gpu_reserved = [&] { return use_caching ? caching.reserved() : arena.reserved(); };
+  // One sample per position, at its high point: within a position the schedule allocates
+  // first and frees after, so the sample is taken before the position's first free (or when
+  // the next position starts, for a position that only allocates).
+  int32_t last_pos = -2, sampled_pos = -2;
+  auto sample = [&](int32_t pos) {
+    if (sampled_pos == pos) return;
+    sampled_pos = pos;
+    TimelineSample t;
+    t.pos = pos;
+    t.bytes = cur;
+    r.timeline.push_back(t);
+  };
+  // Positions without events (an in-place op) repeat the state before them.
+  auto sample_through = [&](int32_t pos) {
+    for (int32_t q = last_pos; q <= pos; ++q) sample(q);
+  };
+  for (const MemEvent& e : s.events) {
+    if (e.pos != last_pos && last_pos != -2) sample_through(e.pos - 1);
+    last_pos = e.pos;
+    if (!e.alloc) sample(e.pos);
+    const MemBuffer& b = s.buffers[e.buffer];
+    const std::size_t t = static_cast<std::size_t>(b.tier);
+    const std::size_t c = static_cast<std::size_t>(b.category);
+    uint64_t bytes = b.bytes;
+    if (b.tier == Tier::gpu) {
+      if (e.alloc) {
+        block[e.buffer] = use_caching ? caching.alloc(b.bytes) : arena.alloc(b.bytes);
+      }
+      bytes = use_caching ? caching.block_size(block[e.buffer]) : arena.size(block[e.buffer]);
+      if (!e.alloc) {
+        if (use_caching) caching.free(block[e.buffer]);
+        else arena.free(block[e.buffer]);
+      }
+    }
+    if (e.alloc) {
+      cur[t][c] += bytes;
+      cur_total[t] += bytes;
+      r.per_device[b.tier][b.category] = std::max(r.per_device[b.tier][b.category], cur[t][c]);
+      if (cur_total[t] > peak_total[t]) {
+        peak_total[t] = cur_total[t];
+        if (b.tier == Tier::gpu) r.peak_pos = e.pos;
+      }
+      if (b.tier == Tier::gpu) peak_reserved[t] = std::max(peak_reserved[t], gpu_reserved());
+    } else {
+      cur[t][c] -= bytes;
+      cur_total[t] -= bytes;
+    }
+  }
+  if (last_pos != -2) sample_through(static_cast<int32_t>(s.op_names.size()) - 1);
+  for (Tier t : kTiers) {
+    const std::size_t i = static_cast<std::size_t>(t);
+    r.peak_allocated[i] = peak_total[i];
+    const uint64_t reserved = t == Tier::gpu ? peak_reserved[i] : peak_total[i];
+    // Allocator overhead: what the allocator reserves beyond the bytes in use at the peak.
+    r.per_device[t][Category::overhead] = reserved - peak_total[i];
+    r.per_device.set_peak(t, reserved);
+  }
+  return r;
+}
+
+nlohmann::json timeline_trace(const MemorySchedule& s, const MemoryReport& r) {
+  using nlohmann::json;
+  json events = json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1},
+                    {"args", {{"name", "zeroplan memory timeline"}}}});
+  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 1},
+                    {"args", {{"name", "ops"}}}});
+  // One microsecond per op: positions, not time (the step-time simulator gives real time).
+  for (const TimelineSample& t : r.timeline) {
+    const int64_t ts = t.pos + 1;
+    for (Tier tier : kTiers) {
+      json args = json::object();
+      uint64_t total = 0;
+      for (Category c : kCategories) {
+        const uint64_t v = t.bytes[static_cast<std::size_t>(tier)][static_cast<std::size_t>(c)];
+        args[std::string(to_string(c))] = v;
+        total += v;
+      }
+      if (total == 0 && tier != Tier::gpu) continue;
+      events.push_back({{"name", fmt::format("{} memory (bytes)", to_string(tier))},
+                        {"ph", "C"}, {"ts", ts}, {"pid", 1}, {"args", args}});
+    }
+    if (t.pos >= 0 && static_cast<std::size_t>(t.pos) < s.op_names.size())
+      events.push_back({{"name", s.op_names[static_cast<std::size_t>(t.pos)]}, {"ph", "X"},
+                        {"ts", ts}, {"dur", 1}, {"pid", 1}, {"tid", 1}});
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+ActivationSummary summarize_activations(const TrainingGraph& g) {
+  ActivationSummary a;
+  const int32_t L = static_cast<int32_t>(g.model.n_layer);
+  a.saved_per_layer.assign(static_cast<std::size_t>(L), 0);
+  a.stats_per_layer.assign(static_cast<std::size_t>(L), 0);
+  // Positions: last access per tensor, and where the forward pass ends.
+  const std::size_t n_t = g.tensors.size();
+  std::vector<int32_t> first(n_t, -1), last(n_t, -1);
+  int32_t end_fwd = -1;
+  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i) {
+    const models::Op& op = g.op(g.order[static_cast<std::size_t>(i)]);
+    if (op.phase == Phase::forward) end_fwd = i;
+    auto see = [&](TensorId t) {
+      const std::size_t k = static_cast<std::size_t>(t);
+      if (first[k] < 0) first[k] = i;
+      last[k] = i;
+    };
+    for (TensorId t : op.inputs) see(t);
+    for (TensorId t : op.outputs) see(t);
+    for (TensorId t : op.scratch) see(t);
+  }
+  // Saved at the end of the forward pass: produced by then, used after.
+  for (std::size_t t = 0; t < n_t; ++t) {
+    const models::Tensor& x = g.tensors[t];
+    if (!is_dynamic(x.kind) || x.kind == TensorKind::input) continue;
+    if (first[t] < 0 || first[t] > end_fwd || last[t] <= end_fwd) continue;
+    a.saved_total += x.bytes;
+    if (x.layer >= 0 && x.layer < L) {
+      if (x.stats) a.stats_per_layer[static_cast<std::size_t>(x.layer)] += x.bytes;
+      else a.saved_per_layer[static_cast<std::size_t>(x.layer)] += x.bytes;
+    }
+  }
+  // Peak of the graph's own tensors (no model states, no ZeRO buffers): allocate at first
+  // access, free after the last, sample in between.
+  std::vector<uint8_t> state(n_t, 0);  // 0 not yet, 1 live, 2 freed
+  uint64_t cur = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i) {
+    const models::Op& op = g.op(g.order[static_cast<std::size_t>(i)]);
+    auto each = [&](auto&& f) {
+      for (TensorId t : op.inputs) f(static_cast<std::size_t>(t));
+      for (TensorId t : op.outputs) f(static_cast<std::size_t>(t));
+      for (TensorId t : op.scratch) f(static_cast<std::size_t>(t));
+    };
+    each([&](std::size_t t) {
+      if (state[t] == 0 && is_dynamic(g.tensors[t].kind)) {
+        state[t] = 1;
+        cur += g.tensors[t].bytes;
+      }
+    });
+    a.peak = std::max(a.peak, cur);
+    each([&](std::size_t t) {
+      if (state[t] == 1 && last[t] == i) {
+        state[t] = 2;
+        cur -= g.tensors[t].bytes;
+      }
+    });
+  }
+  return a;
+}
+
+}  // namespace zp::planner

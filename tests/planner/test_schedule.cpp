@@ -1,0 +1,259 @@
+// The step's memory schedule: model states placed as ZeRO places them, reduce buckets,
+// stage-3 gathers and prefetch, offload tiers, the profile's extra buffers, and the timeline.
+// Expected sizes come from GPT-2's parameter formula written out here (12C^2 + 13C per
+// block), not from the graph, and from counting the model's structure by hand.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "zp/models/graph.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/allocator.hpp"
+#include "zp/planner/schedule.hpp"
+
+using namespace zp::planner;
+using zp::models::load_model;
+
+namespace {
+
+// gpt2-tiny: V=256, P=64, C=64, L=2, tied head.
+constexpr uint64_t C = 64, V = 256, P = 64, L = 2;
+constexpr uint64_t kEmbed = V * C + P * C;           // wte + wpe
+constexpr uint64_t kBlock = 12 * C * C + 13 * C;     // qkv, proj, fc, fc2 (+ biases), 2 norms
+constexpr uint64_t kHead = 2 * C;                    // final layernorm; the head is tied
+constexpr uint64_t kPsi = kEmbed + L * kBlock + kHead;
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+struct Run {
+  MemorySchedule sched;
+  MemoryReport rep;
+};
+Run run(Strategy s, PlanOptions o = {}) {
+  const auto m = load_model("gpt2-tiny");
+  if (s.seq == 0) s.seq = 64;
+  const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
+  Run r;
+  r.sched = build_schedule(g, s, o);
+  r.rep = replay(r.sched, o);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the schedule counts gpt2-tiny's parameters and partitions like ZeRO") {
+  for (int64_t dp : {1, 2, 3, 4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      Strategy s;
+      s.stage = stage;
+      s.dp = dp;
+      const Run r = run(s);
+      CAPTURE(dp);
+      CAPTURE(stage);
+      CHECK(r.sched.n_params == kPsi);
+      const uint64_t d = static_cast<uint64_t>(dp);
+      // Stages 1-2 split the flat buffer; stage 3 splits each gather group (embed, h.0, h.1,
+      // head) so each all-gathers as equal blocks.
+      const uint64_t part = stage == 0   ? 0
+                            : stage < 3 ? ceil_div(kPsi, d)
+                                        : ceil_div(kEmbed, d) + L * ceil_div(kBlock, d) +
+                                              ceil_div(kHead, d);
+      CHECK(r.sched.partition_elems == part);
+      // bf16 + Adam: 2 (params) 2 (grads) 4 (master) 8 (moments, two buffers), each buffer
+      // rounded to the arena's 256 bytes.
+      const auto& gpu = r.rep.per_device[Tier::gpu];
+      const uint64_t held_p = stage >= 3 ? part : kPsi;
+      const uint64_t held_g = stage >= 2 ? part : kPsi;
+      const uint64_t held_os = stage >= 1 ? part : kPsi;
+      CHECK(gpu[Category::params] == round_up(2 * held_p, 256));
+      CHECK(gpu[Category::grads] == round_up(2 * held_g, 256));
+      CHECK(gpu[Category::master] == round_up(4 * held_os, 256));
+      CHECK(gpu[Category::optimizer] == 2 * round_up(4 * held_os, 256));
+    }
+  }
+}
+
+TEST_CASE("stage 2: every gradient passes through a reduce bucket, flushed by size") {
+  for (uint64_t bucket : {uint64_t{1'000'000'000}, uint64_t{30'000}, uint64_t{1}}) {
+    Strategy s;
+    s.stage = 2;
+    s.dp = 2;
+    s.buffers.reduce_bucket_size = bucket;
+    const Run r = run(s);
+    std::map<int32_t, uint64_t> freed_elems;  // position -> elements reduced there
+    uint64_t total_bytes = 0;
+    std::set<uint32_t> allocated, freed;
+    for (const MemEvent& e : r.sched.events) {
+      const MemBuffer& b = r.sched.buffers[e.buffer];
+      if (b.name.rfind("bucket.", 0) != 0) continue;
+      CHECK(b.category == Category::buffers);
+      if (e.alloc) {
+        CHECK(allocated.insert(e.buffer).second);
+        total_bytes += b.bytes;
+      } else {
+        CHECK(freed.insert(e.buffer).second);
+        freed_elems[e.pos] += b.bytes / 2;
+      }
+    }
+    CAPTURE(bucket);
+    CHECK(allocated == freed);
+    CHECK(total_bytes == 2 * kPsi);  // all 16-bit gradients, the tied weight counted once
+    REQUIRE(!freed_elems.empty());
+    // Every flush but the one at the end of backward holds at least a bucket's worth.
+    for (auto it = freed_elems.begin(); std::next(it) != freed_elems.end(); ++it)
+      CHECK(it->second >= bucket);
+    if (bucket >= kPsi) CHECK(freed_elems.size() == 1);
+  }
+}
+
+TEST_CASE("stage 3: each group gathered per use, padded to dp blocks; prefetch bounds") {
+  Strategy s;
+  s.stage = 3;
+  s.dp = 3;
+  s.buffers.prefetch_bucket_size = 1;  // no prefetch: one gathered group at a time
+  const Run r = run(s);
+  std::map<std::string, int> gathers;
+  int live = 0, max_live = 0;
+  for (const MemEvent& e : r.sched.events) {
+    const MemBuffer& b = r.sched.buffers[e.buffer];
+    if (b.name.rfind("gathered.", 0) != 0) continue;
+    if (e.alloc) {
+      ++gathers[b.name];
+      ++live;
+      const std::string grp = b.name.substr(9);
+      const uint64_t elems = grp == "embed" ? kEmbed : grp == "head" ? kHead : kBlock;
+      CHECK(b.bytes == 2 * 3 * ceil_div(elems, 3));
+    } else {
+      --live;
+    }
+    max_live = std::max(max_live, live);
+  }
+  CHECK(live == 0);
+  CHECK(max_live == 1);
+  // Forward: embed, h.0, h.1, head (final norm), embed again (the tied LM head, whose
+  // backward follows at once past the weightless cross-entropy); backward: head (final
+  // norm), h.1, h.0. The embedding's backward only scatters into its gradient and reads no
+  // weight, so it needs no gather: embed 2x, every other group 2x.
+  CHECK(gathers["gathered.embed"] == 2);
+  CHECK(gathers["gathered.head"] == 2);
+  CHECK(gathers["gathered.h.0"] == 2);
+  CHECK(gathers["gathered.h.1"] == 2);
+
+  // Prefetch: what is gathered at one position beyond the run's own group stays within
+  // stage3_prefetch_bucket_size, and what is live within stage3_max_live_parameters plus the
+  // group being used.
+  for (uint64_t live_cap : {uint64_t{1'000'000}, kBlock + kEmbed}) {
+    s.buffers.prefetch_bucket_size = kBlock;
+    s.buffers.max_live_parameters = live_cap;
+    const Run p = run(s);
+    auto elems_of = [](const std::string& name) {
+      const std::string grp = name.substr(9);
+      return grp == "embed" ? kEmbed : grp == "head" ? kHead : kBlock;
+    };
+    std::map<int32_t, uint64_t> new_at;
+    uint64_t live_elems = 0, max_live_elems = 0;
+    int n_gathers = 0;
+    for (const MemEvent& e : p.sched.events) {
+      const MemBuffer& b = p.sched.buffers[e.buffer];
+      if (b.name.rfind("gathered.", 0) != 0) continue;
+      const uint64_t n = elems_of(b.name);
+      if (e.alloc) {
+        new_at[e.pos] += n;
+        live_elems += n;
+        ++n_gathers;
+      } else {
+        live_elems -= n;
+      }
+      max_live_elems = std::max(max_live_elems, live_elems);
+    }
+    CAPTURE(live_cap);
+    for (const auto& [pos, n] : new_at) CHECK(n <= kBlock + kBlock);  // own group + prefetch
+    CHECK(max_live_elems <= live_cap + kBlock);
+    CHECK(max_live_elems > kBlock);  // something was prefetched
+    CHECK(n_gathers <= 8);           // prefetched groups are kept for their next use
+  }
+}
+
+TEST_CASE("offload moves the optimizer states to the cpu tier, exactly") {
+  Strategy s;
+  s.stage = 2;
+  s.dp = 2;
+  s.offload_optimizer = Offload::cpu;
+  const Run r = run(s);
+  const uint64_t part = ceil_div(kPsi, 2);
+  const auto& gpu = r.rep.per_device[Tier::gpu];
+  const auto& cpu = r.rep.per_device[Tier::cpu];
+  CHECK(gpu[Category::master] == 0);
+  CHECK(gpu[Category::optimizer] == 0);
+  CHECK(gpu[Category::grads] == 0);  // no gradient stays on the gpu beyond the buckets
+  CHECK(cpu[Category::master] == 4 * part);
+  CHECK(cpu[Category::optimizer] == 8 * part);
+  CHECK(cpu[Category::grads] == 4 * part);  // the fp32 gradient partition
+  CHECK(r.rep.per_device.peak(Tier::cpu) == 16 * part);
+}
+
+TEST_CASE("profile deepspeed adds the fp32 gradient partition and uses the caching allocator") {
+  Strategy s;
+  s.stage = 1;
+  s.dp = 2;
+  const Run ours = run(s, {Profile::zeroplan, Backend::cuda});
+  const Run ds = run(s, {Profile::deepspeed, Backend::cuda});
+  const uint64_t part = ceil_div(kPsi, 2);
+  CHECK(ours.rep.per_device[Tier::gpu][Category::workspace] == 0);
+  CHECK(ds.rep.per_device[Tier::gpu][Category::workspace] ==
+        CachingAllocatorModel::round_size(4 * part));
+  // The caching allocator reserves whole segments (2 MiB small, 20 MiB large): the reserved
+  // peak is a multiple of 2 MiB and above the bytes in use.
+  const uint64_t reserved = ds.rep.per_device.peak(Tier::gpu);
+  CHECK(reserved % (2u << 20) == 0);
+  CHECK(reserved >= ds.rep.peak_allocated[0]);
+  CHECK(ds.rep.per_device[Tier::gpu][Category::overhead] == reserved - ds.rep.peak_allocated[0]);
+}
+
+TEST_CASE("timeline: one sample per op at its high point; the trace opens in Perfetto") {
+  for (int stage : {0, 2, 3}) {
+    Strategy s;
+    s.stage = stage;
+    s.dp = 2;
+    const Run r = run(s);
+    uint64_t max_gpu = 0;
+    std::set<int32_t> positions;
+    for (const TimelineSample& t : r.rep.timeline) {
+      uint64_t sum = 0;
+      for (uint64_t b : t.bytes[0]) sum += b;
+      max_gpu = std::max(max_gpu, sum);
+      CHECK(positions.insert(t.pos).second);
+    }
+    CAPTURE(stage);
+    CHECK(max_gpu == r.rep.peak_allocated[0]);
+    CHECK(positions.size() == r.sched.op_names.size() + 1);  // every op, and "before" (-1)
+    const nlohmann::json trace = timeline_trace(r.sched, r.rep);
+    int counters = 0, ops = 0;
+    for (const auto& ev : trace["traceEvents"]) {
+      if (ev["ph"] == "C") {
+        ++counters;
+        for (const char* c : {"params", "grads", "master", "optimizer", "activations",
+                              "buffers", "workspace", "overhead"})
+          CHECK(ev["args"].contains(c));
+      }
+      if (ev["ph"] == "X") ++ops;
+    }
+    CHECK(counters >= static_cast<int>(r.sched.op_names.size()));
+    CHECK(ops == static_cast<int>(r.sched.op_names.size()));
+  }
+}
+
+TEST_CASE("recomputation lowers the peak: none > selective > full") {
+  auto peak = [](Checkpointing c) {
+    Strategy s;
+    s.checkpointing = c;
+    return run(s).rep.per_device.peak(Tier::gpu);
+  };
+  const uint64_t none = peak(Checkpointing::none), sel = peak(Checkpointing::selective),
+                 full = peak(Checkpointing::full);
+  CHECK(none > sel);
+  CHECK(sel > full);
+}
