@@ -172,6 +172,18 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   t.add({"peak", format_bytes(e.per_device.peak(Tier::gpu)), format_bytes(e.per_device.peak(Tier::cpu)),
          format_bytes(e.per_device.peak(Tier::nvme))});
   out += t.render(f);
+  // The categories peak at different moments: each row is its own high-water, the peak is
+  // the high-water of the sum (plus the allocator's overhead), and here is where it happens.
+  const auto& mem = e.memory;
+  if (mem.peak_pos >= 0 && static_cast<std::size_t>(mem.peak_pos) < e.schedule.op_names.size())
+    out += fmt::format("\ngpu peak at op {} ({} in use, {} reserved)\n",
+                       e.schedule.op_names[static_cast<std::size_t>(mem.peak_pos)],
+                       format_bytes(mem.peak_allocated[0]), format_bytes(e.per_device.peak(Tier::gpu)));
+  if (!e.activations.saved_per_layer.empty())
+    out += fmt::format("saved for backward at the end of forward: {} ({} per block)\n",
+                       format_bytes(e.activations.saved_total),
+                       format_bytes(e.activations.saved_per_layer.front() +
+                                    e.activations.stats_per_layer.front()));
   if (e.fits.has_value()) {
     out += "\n";
     if (*e.fits) {

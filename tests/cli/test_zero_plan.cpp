@@ -129,6 +129,22 @@ TEST_CASE("bad input: one error line, a hint, exit 2") {
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--hardware", "tpu"}), "unknown hardware");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--format", "yaml"}), "--format");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--no-such-flag"}), "no-such-flag");
+  // Shapes that do not divide, batch and model-parallel degree (graph issue).
+  check_bad_input(zero_plan({"estimate", "--model", dir.write("heads.json",
+                  R"({"model_type":"gpt2","n_embd":100,"n_layer":2,"n_head":3,"n_positions":64,"vocab_size":256})")}),
+                  "not divisible by n_head");
+  check_bad_input(zero_plan({"estimate", "--model", dir.write("kv.json",
+                  R"({"model_type":"llama","hidden_size":64,"intermediate_size":128,"num_hidden_layers":1,)"
+                  R"("num_attention_heads":4,"num_key_value_heads":3,"max_position_embeddings":64,"vocab_size":256})")}),
+                  "num_key_value_heads");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--micro-batch", "0"}),
+                  "--micro-batch: must be >= 1");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--micro-batch", "-2"}), "--micro-batch");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--mp", "5"}),
+                  "not divisible by the model-parallel degree");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--partition-activations"}),
+                  "needs --checkpointing full");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "megatron"}), "--profile");
   check_bad_input(zero_plan({"estimate"}), "--model");
   check_bad_input(zero_plan({}), "subcommand");
 }

@@ -39,6 +39,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
       ->group(g);
   app.add_flag("--dpu", f.dpu, "one-step delayed parameter update (needs an offloaded optimizer)")
       ->group(g);
+  app.add_flag("--partition-activations", f.partition_activations,
+               "ZeRO-R P_a: split activation checkpoints over the --mp ranks (needs "
+               "--checkpointing full)")
+      ->group(g);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -105,6 +109,7 @@ Strategy StrategyFlags::resolve() const {
     s.offload_param = parse_enum<planner::Offload>("--offload-param", offload_param,
                                                    planner::offload_from_string, "none, cpu or nvme");
   if (dpu) s.dpu = true;
+  if (partition_activations) s.partition_activations = true;
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");
   if (given("--allgather-bucket-size"))
@@ -115,6 +120,29 @@ Strategy StrategyFlags::resolve() const {
     s.buffers.max_live_parameters = parse_count(max_live_parameters, "--max-live-parameters");
   planner::validate(s);
   return s;
+}
+
+void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_device) {
+  app.add_option("--profile", f.profile,
+                 "whose allocations to predict: zeroplan (zero-run's arena and buffers) or "
+                 "deepspeed (DeepSpeed on PyTorch's caching allocator) [zeroplan]");
+  app.add_option("--device", f.device,
+                 fmt::format("cpu (fp32 activations, no dropout: zero-run's CPU backend) or "
+                             "cuda [{}]", default_device));
+}
+
+planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend) const {
+  planner::PlanOptions o;
+  auto p = planner::profile_from_string(profile);
+  if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan or deepspeed");
+  o.profile = *p;
+  o.backend = default_backend;
+  if (!device.empty()) {
+    auto b = planner::backend_from_string(device);
+    if (!b) throw Error(fmt::format("--device: unknown value '{}'", device), "expected cpu or cuda");
+    o.backend = *b;
+  }
+  return o;
 }
 
 void add_format_flag(CLI::App& app, std::string& into) {

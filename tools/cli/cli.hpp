@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
 #include "zp/reports/table.hpp"
 
@@ -24,7 +25,7 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config;
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
-  bool flash_attention = false, dpu = false;
+  bool flash_attention = false, dpu = false, partition_activations = false;
   CLI::App* app = nullptr;  // to ask which flags were given
 
   // Defaults, then the DeepSpeed config (--ds-config), then explicit flags.
@@ -33,6 +34,13 @@ struct StrategyFlags {
 };
 
 void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
+
+// --profile zeroplan|deepspeed and --device cpu|cuda: whose allocations are predicted.
+struct TargetFlags {
+  std::string profile = "zeroplan", device;
+  planner::PlanOptions resolve(planner::Backend default_backend) const;
+};
+void add_target_flags(CLI::App& app, TargetFlags& flags, std::string_view default_device);
 
 // --format text|markdown|json|csv on `app`, into `into` (default text).
 void add_format_flag(CLI::App& app, std::string& into);

@@ -5,12 +5,14 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/model_states.hpp"
+#include "zp/planner/plan.hpp"
 #include "zp/reports/planner_reports.hpp"
 #include "zp/units.hpp"
 
@@ -61,20 +63,37 @@ int main(int argc, char** argv) {
   models->footer("Examples:\n  zero-plan models\n  zero-plan models llama-2-70b --format csv");
 
   // estimate
-  std::string est_model, est_hw, est_format, est_output;
+  std::string est_model, est_hw, est_format, est_output, est_timeline;
   zp::cli::StrategyFlags est_flags;
+  zp::cli::TargetFlags est_target;
   auto* est = app.add_subcommand("estimate", "per-device memory for one model and strategy");
   est->add_option("--model", est_model, "catalog name (zero-plan models) or a HF config.json")->required();
   est->add_option("--hardware", est_hw, "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) "
                   "or a hardware JSON file: adds the fits verdict");
   zp::cli::add_strategy_flags(*est, est_flags);
+  zp::cli::add_target_flags(*est, est_target, "cuda");
   zp::cli::add_format_flag(*est, est_format);
   est->add_option("-o,--output", est_output, "write to this file (atomically) instead of stdout");
+  est->add_option("--timeline", est_timeline,
+                  "write the memory timeline of one step as a Chrome trace (open in Perfetto)");
   est->footer("Examples:\n"
               "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8\n"
               "  zero-plan estimate --model llama-2-70b --stage 3 --dp 64 --offload-optimizer cpu "
               "--hardware a100-80g\n"
               "  zero-plan estimate --model llama-2-7b --ds-config ds_config.json --dp 8 --format json");
+
+  // plan
+  std::string plan_model, plan_output, plan_seed = "1234";
+  zp::cli::StrategyFlags plan_flags;
+  zp::cli::TargetFlags plan_target;
+  auto* plan = app.add_subcommand("plan", "write a plan file that zero-run executes and checks");
+  plan->add_option("--model", plan_model, "catalog name or a HF config.json")->required();
+  zp::cli::add_strategy_flags(*plan, plan_flags);
+  zp::cli::add_target_flags(*plan, plan_target, "cpu");
+  plan->add_option("--seed", plan_seed, "seed of the weights and the data order [1234]");
+  plan->add_option("-o,--output", plan_output, "plan file to write (atomically)")->required();
+  plan->footer("Example:\n  zero-plan plan --model gpt2-tiny --stage 2 --dp 2 -o plan.json\n"
+               "  mpirun -np 2 zero-run plan.json");
 
   return zp::cli::run(app, argc, argv, [&]() -> int {
     if (table->parsed()) {
@@ -93,8 +112,16 @@ int main(int argc, char** argv) {
       const auto s = est_flags.resolve();
       std::optional<planner::Hardware> hw;
       if (!est_hw.empty()) hw = planner::load_hardware(est_hw);
-      const auto e = planner::estimate(m, s, hw ? &*hw : nullptr);
+      const auto e = planner::estimate(m, s, hw ? &*hw : nullptr, est_target.resolve(planner::Backend::cuda));
+      if (!est_timeline.empty())
+        zp::cli::emit(est_timeline, planner::timeline_trace(e.schedule, e.memory).dump() + "\n");
       zp::cli::emit(est_output, zp::reports::render_estimate(e, fmt_));
+    } else if (plan->parsed()) {
+      const auto m = models::load_model(plan_model);
+      const auto p = planner::make_plan(m, plan_flags.resolve(),
+                                        plan_target.resolve(planner::Backend::cpu),
+                                        parse_count(plan_seed, "--seed"));
+      zp::cli::emit(plan_output, planner::to_json(p).dump(2) + "\n");
     }
     return zp::cli::kExitOk;
   });
