@@ -1,10 +1,14 @@
-// bench_planner: the ZeRO table and single estimates, in process. The bar: the whole
-// table (72 rows) well under a millisecond. Each benchmark checks its answer before timing.
+// bench_planner: the ZeRO table, single estimates, and graph build + liveness + allocator
+// replay, in process. The bars: the whole table (72 rows) well under a millisecond; graph +
+// schedule + replay for gpt3-175b and a 1T model under 50 ms together. Each benchmark checks
+// its answer before timing.
 #include <benchmark/benchmark.h>
 
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/model_states.hpp"
+#include "zp/planner/schedule.hpp"
+#include "zp/models/graph.hpp"
 
 namespace {
 
@@ -51,6 +55,47 @@ void BM_EstimateFromCatalog(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_EstimateFromCatalog)->Unit(benchmark::kMicrosecond);
+
+// The graph issue's bar: graph build + liveness schedule + allocator replay under 50 ms for
+// gpt3-175b and a 1T-parameter GPT (128 layers), micro-batch 1, seq 2048, together.
+zp::models::ModelSpec gpt_1t() {
+  // 128 layers, hidden 25600, 160 heads: 12 * L * C^2 = 1.007e12 parameters in the blocks.
+  zp::models::ModelSpec m = zp::models::load_model("gpt3-175b");
+  m.name = "gpt-1t";
+  m.n_layer = 128;
+  m.n_embd = 25600;
+  m.n_head = 160;
+  m.n_kv_head = 160;
+  m.head_dim = 160;
+  m.n_inner = 4 * 25600;
+  return m;
+}
+
+void BM_GraphLivenessReplay(benchmark::State& state) {
+  const zp::models::ModelSpec m =
+      state.range(0) == 0 ? zp::models::load_model("gpt3-175b") : gpt_1t();
+  Strategy s;
+  s.stage = 3;
+  s.dp = 1024;
+  s.seq = 2048;
+  const PlanOptions o;
+  const auto g0 = zp::models::build_training_graph(m, graph_options(m, s, o));
+  const auto sched0 = build_schedule(g0, s, o);
+  const uint64_t psi = static_cast<uint64_t>(zp::models::count_params(m).total);
+  if (sched0.n_params != psi || replay(sched0, o).per_device.peak(Tier::gpu) == 0) {
+    state.SkipWithError("the schedule does not count the model's parameters");
+    return;
+  }
+  for (auto _ : state) {
+    const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
+    const auto sched = build_schedule(g, s, o);
+    benchmark::DoNotOptimize(replay(sched, o).per_device.peak(Tier::gpu));
+  }
+  state.SetLabel(m.name);
+  state.counters["ops"] = static_cast<double>(g0.ops.size());
+  state.counters["tensors"] = static_cast<double>(g0.tensors.size());
+}
+BENCHMARK(BM_GraphLivenessReplay)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
