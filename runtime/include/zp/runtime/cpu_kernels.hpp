@@ -1,0 +1,90 @@
+// zp/runtime/cpu_kernels.hpp: the CPU backend's compute kernels for a GPT-2 step, in fp32
+// arithmetic on caller-owned buffers (llm.c's layout and names). They never allocate: the
+// engine hands them arena memory. Not the engine (which op runs when) and not the optimizer.
+//
+// Conventions: B batch, T sequence, C channels, NH heads, HS = C/NH, V vocab, N = B*T rows.
+// Linear weights are (OC, C) row-major with out = inp @ W^T + bias (PyTorch nn.Linear, llm.c);
+// a module's parameters are stored weight first, then bias. Every backward kernel ACCUMULATES
+// (+=) into the gradients it writes, input gradients included; the engine zero-fills a
+// gradient buffer when it allocates it. In-place use is allowed where a comment says so.
+//
+// Example usage (one linear layer):
+//   zp::runtime::cpu::matmul_forward(out, inp, w, bias, N, C, OC);
+//   zp::runtime::cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+#pragma once
+
+#include <cstdint>
+
+#include "zp/runtime/dtype.hpp"
+
+namespace zp::runtime::cpu {
+
+// The number of threads OpenBLAS and the OpenMP loops use (1 when several ranks share the
+// cores). Call once per process before the first kernel.
+void set_threads(int n_threads);
+
+// out (B,T,C) = wte[tokens] + wpe[t]; wpe may be null (no learned positions).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C);
+// dwte[tokens] += dout, dwpe[t] += dout (dwpe may be null).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C);
+
+// LayerNorm over C with eps 1e-5; stats (N,2) holds mean and rstd per row, interleaved.
+void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* stats, int64_t N,
+                        int64_t C);
+
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (bias may be null). OpenBLAS SGEMM.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t N, int64_t C, int64_t OC);
+// dinp += dout @ W; dweight += dout^T @ inp; dbias += column sums of dout (dbias may be null).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// Causal self-attention in three steps, as the training graph has them. qkv (B,T,3C) holds
+// q, k, v side by side per token; heads are HS-wide slices of each.
+// preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query (entries above the diagonal unused).
+void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+                      int64_t NH);
+// att = softmax over keys <= query of preatt; entries above the diagonal are set to 0.
+void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T);
+// out (B,T,C) = att @ v, heads side by side.
+void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH);
+// datt += dout @ v^T; dqkv (v part) += att^T @ dout.
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
+// dpreatt = att * (datt - sum(att * datt)) per row; dpreatt may equal datt (in place). This
+// one overwrites rather than accumulates, which is what in-place use needs.
+void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
+                                int64_t NH, int64_t T);
+// dqkv (q and k parts) += the gradient of q.k/sqrt(HS) for key <= query.
+void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH);
+
+// GELU, tanh approximation (GPT-2's gelu_new). In place allowed.
+void gelu_forward(float* out, const float* inp, int64_t n);
+// dinp = dout * gelu'(inp); dinp may equal dout (in place). Overwrites.
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+
+// logits (N,V) are replaced by their softmax probabilities in place; losses (N) = -log p[target].
+void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
+                          int64_t V);
+// In place: probs (N,V) become dlogits = (probs - onehot(target)) * dloss, where dloss is the
+// gradient of the mean loss the engine optimises with respect to each row's loss (1/N for
+// the mean over N tokens, times the loss scale and divided by gradient accumulation steps).
+void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
+                           int64_t V);
+
+// Conversions for 16-bit storage: dst[i] = src[i] as fp32, and back with rounding to nearest
+// even; accumulate_to adds fp32 values into a 16-bit or fp32 buffer (dst += src).
+void to_f32(float* dst, const void* src, DType t, int64_t n);
+void from_f32(void* dst, const float* src, DType t, int64_t n);
+void accumulate_to(void* dst, const float* src, DType t, int64_t n);
+
+}  // namespace zp::runtime::cpu
