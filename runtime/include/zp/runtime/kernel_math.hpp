@@ -1,0 +1,111 @@
+// zp/runtime/kernel_math.hpp: the per-element and per-row math of the GPT-2 kernels (GELU,
+// LayerNorm rows, softmax rows, 16-bit loads and stores), as small ZP_HD inline functions that
+// the CPU loops call now and the CUDA kernels will call later. Not the kernels: no threading,
+// no shapes beyond one row, no allocation.
+//
+// Example usage (one LayerNorm row, then one softmax row in place):
+//   float mean, rstd;
+//   zp::runtime::layernorm_row_stats(x, C, &mean, &rstd);
+//   for (int64_t i = 0; i < C; ++i) y[i] = zp::runtime::layernorm_apply(x[i], mean, rstd, w[i], b[i]);
+//   float lse = zp::runtime::softmax_row(p, p, n);  // p becomes softmax(p); returns log-sum-exp
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "zp/runtime/dtype.hpp"
+
+namespace zp::runtime {
+
+// ---- GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. for "gelu_new" in GPT-2):
+// gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+inline constexpr float kGeluCubic = 0.044715f;
+
+ZP_HD inline float gelu(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// d gelu / dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) du/dx, du/dx = sqrt(2/pi) (1 + 3 0.044715 x^2).
+ZP_HD inline float gelu_grad(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// ---- LayerNorm over one row of C values (Ba et al. 2016), biased variance, eps 1e-5 as GPT-2.
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// mean and rstd = 1/sqrt(var + eps) of x[0..C), two passes (the second on x - mean, which
+// keeps the variance accurate when |mean| >> std).
+ZP_HD inline void layernorm_row_stats(const float* x, int64_t C, float* mean, float* rstd) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < C; ++i) sum += x[i];
+  const float m = sum / static_cast<float>(C);
+  float sq = 0.0f;
+  for (int64_t i = 0; i < C; ++i) {
+    const float d = x[i] - m;
+    sq += d * d;
+  }
+  *mean = m;
+  *rstd = 1.0f / sqrtf(sq / static_cast<float>(C) + kLayerNormEps);
+}
+
+ZP_HD inline float layernorm_apply(float x, float mean, float rstd, float w, float b) {
+  return (x - mean) * rstd * w + b;
+}
+
+// Backward of one row, with xhat = (x - mean) rstd and g = w * dout:
+//   dx_i = rstd (g_i - mean_j(g_j) - xhat_i mean_j(g_j xhat_j))
+// (llm.c layernorm_backward). layernorm_row_grad_means returns the two means.
+ZP_HD inline void layernorm_row_grad_means(const float* dout, const float* x, const float* w,
+                                           float mean, float rstd, int64_t C, float* g_mean,
+                                           float* gxhat_mean) {
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int64_t i = 0; i < C; ++i) {
+    const float g = w[i] * dout[i];
+    s1 += g;
+    s2 += g * (x[i] - mean) * rstd;
+  }
+  *g_mean = s1 / static_cast<float>(C);
+  *gxhat_mean = s2 / static_cast<float>(C);
+}
+
+ZP_HD inline float layernorm_dinp(float dout, float x, float w, float mean, float rstd,
+                                  float g_mean, float gxhat_mean) {
+  const float xhat = (x - mean) * rstd;
+  return rstd * (w * dout - g_mean - xhat * gxhat_mean);
+}
+
+// ---- Softmax over one row of n values, max-subtracted. out may equal in. Returns the
+// log-sum-exp log(sum_j exp(in_j)), from which cross-entropy takes -log p_k = lse - in_k.
+ZP_HD inline float softmax_row(float* out, const float* in, int64_t n) {
+  float maxv = in[0];
+  for (int64_t i = 1; i < n; ++i) maxv = in[i] > maxv ? in[i] : maxv;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = expf(in[i] - maxv);
+    sum += out[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+  return maxv + logf(sum);
+}
+
+// Backward of y = softmax(x) over one row: dx_i = y_i (dy_i - sum_j y_j dy_j). dx may equal
+// dy (the sum is taken before any write).
+ZP_HD inline void softmax_row_backward(float* dx, const float* dy, const float* y, int64_t n) {
+  float dot = 0.0f;
+  for (int64_t i = 0; i < n; ++i) dot += y[i] * dy[i];
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] * (dy[i] - dot);
+}
+
+// ---- 16-bit storage: add an fp32 value into an element of any storage type, rounding the sum
+// to nearest even (the conversions themselves are load_as_f32 / store_from_f32 in dtype.hpp).
+ZP_HD inline void accumulate_as(void* p, std::size_t i, DType t, float v) {
+  store_from_f32(p, i, t, load_as_f32(p, i, t) + v);
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,363 @@
+// cpu_kernels.cpp: the CPU backend's GPT-2 kernels: OpenBLAS SGEMM for the linear layers,
+// OpenMP loops over rows and heads for the rest, the row math from kernel_math.hpp. Not the
+// engine and not tuned SIMD code: the loops are written so the compiler can vectorise them.
+#include "zp/runtime/cpu_kernels.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/runtime/kernel_math.hpp"
+
+namespace zp::runtime::cpu {
+
+namespace {
+
+// Elementwise loops shorter than this run on one thread (a parallel region costs a few us).
+constexpr int64_t kParallelElems = 1 << 15;
+
+// BLAS takes int dimensions: refuse what does not fit rather than wrap.
+int blas_dim(int64_t n, std::string_view what) {
+  if (n < 0 || n > INT_MAX)
+    throw Error(fmt::format("cpu::{}: dimension {} does not fit OpenBLAS's 32-bit int", what, n),
+                "split the matrix (e.g. fewer tokens per micro-batch)");
+  return static_cast<int>(n);
+}
+
+int64_t head_size(int64_t C, int64_t NH, std::string_view what) {
+  if (NH <= 0 || C % NH != 0)
+    throw Error(fmt::format("cpu::{}: C = {} is not a multiple of NH = {}", what, C, NH),
+                "the model's n_embd must divide evenly into n_head heads");
+  return C / NH;
+}
+
+void check_targets(const int32_t* targets, int64_t N, int64_t V, std::string_view what) {
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] < 0 || targets[i] >= V)
+      throw Error(fmt::format("cpu::{}: target {} at row {} is outside the vocabulary [0, {})",
+                              what, targets[i], i, V),
+                  "targets must be token ids below the vocabulary size");
+}
+
+// Dot product of two contiguous vectors; `omp simd` lets the compiler vectorise the
+// reduction without -ffast-math.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += alpha * x over contiguous vectors.
+inline void axpy(float* y, float alpha, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+void set_threads(int n_threads) {
+  if (n_threads < 1)
+    throw Error(fmt::format("cpu::set_threads: n_threads must be >= 1, got {}", n_threads),
+                "pass the number of cores this rank may use");
+  openblas_set_num_threads(n_threads);
+  omp_set_num_threads(n_threads);
+}
+
+// ---- Embedding ------------------------------------------------------------------------------
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for if (B * T * C > kParallelElems)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    float* o = out + bt * C;
+    const float* e = wte + static_cast<int64_t>(tokens[bt]) * C;
+    if (wpe) {
+      const float* p = wpe + (bt % T) * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+    } else {
+      std::copy(e, e + C, o);
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C) {
+  // A token may repeat, so rows of dwte race: split the channels instead (each thread owns a
+  // column block of every row). dwpe rows are distinct per t, so split over t.
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for if (B * T * C > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      float* d = dwte + static_cast<int64_t>(tokens[bt]) * C;
+      const float* g = dout + bt * C;
+      for (int64_t i = c0; i < c1; ++i) d[i] += g[i];
+    }
+  }
+  if (!dwpe) return;
+#pragma omp parallel for if (B * T * C > kParallelElems)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) axpy(dwpe + t * C, 1.0f, dout + (b * T + t) * C, C);
+}
+
+// ---- LayerNorm ------------------------------------------------------------------------------
+
+void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* x = inp + r * C;
+    float* y = out + r * C;
+    float mean, rstd;
+    layernorm_row_stats(x, C, &mean, &rstd);
+    for (int64_t i = 0; i < C; ++i) y[i] = layernorm_apply(x[i], mean, rstd, weight[i], bias[i]);
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* stats, int64_t N,
+                        int64_t C) {
+  // Pass 1, rows in parallel: dinp.
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* g = dout + r * C;
+    const float* x = inp + r * C;
+    float* dx = dinp + r * C;
+    const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    float g_mean, gxhat_mean;
+    layernorm_row_grad_means(g, x, weight, mean, rstd, C, &g_mean, &gxhat_mean);
+    for (int64_t i = 0; i < C; ++i)
+      dx[i] += layernorm_dinp(g[i], x[i], weight[i], mean, rstd, g_mean, gxhat_mean);
+  }
+  // Pass 2, channel blocks in parallel (sums over rows would race if split by row):
+  // dweight += sum_r dout * xhat, dbias += sum_r dout.
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
+    for (int64_t r = 0; r < N; ++r) {
+      const float* g = dout + r * C;
+      const float* x = inp + r * C;
+      const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+      for (int64_t i = c0; i < c1; ++i) {
+        dweight[i] += g[i] * (x[i] - mean) * rstd;
+        dbias[i] += g[i];
+      }
+    }
+  }
+}
+
+// ---- Linear layers (OpenBLAS) ---------------------------------------------------------------
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t N, int64_t C, int64_t OC) {
+  const int n = blas_dim(N, "matmul_forward N"), c = blas_dim(C, "matmul_forward C"),
+            oc = blas_dim(OC, "matmul_forward OC");
+  // out = bias (broadcast over rows), then out = 1 * inp @ W^T + beta * out.
+  float beta = 0.0f;
+  if (bias) {
+    beta = 1.0f;
+#pragma omp parallel for if (N * OC > kParallelElems)
+    for (int64_t r = 0; r < N; ++r) std::copy(bias, bias + OC, out + r * OC);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, oc, c, 1.0f, inp, c, weight, c, beta,
+              out, oc);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  const int n = blas_dim(N, "matmul_backward N"), c = blas_dim(C, "matmul_backward C"),
+            oc = blas_dim(OC, "matmul_backward OC");
+  // dinp (N,C) += dout (N,OC) @ W (OC,C)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c, oc, 1.0f, dout, oc, weight, c,
+              1.0f, dinp, c);
+  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, c, n, 1.0f, dout, oc, inp, c, 1.0f,
+              dweight, c);
+  if (!dbias) return;
+  constexpr int64_t kBlock = 256;
+  const int64_t n_blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for if (N * OC > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t o0 = blk * kBlock, o1 = std::min(OC, o0 + kBlock);
+    for (int64_t r = 0; r < N; ++r) {
+      const float* g = dout + r * OC;
+#pragma omp simd
+      for (int64_t o = o0; o < o1; ++o) dbias[o] += g[o];
+    }
+  }
+}
+
+// ---- Attention: scores, softmax, values -----------------------------------------------------
+// qkv row of token (b,t): q at [0,C), k at [C,2C), v at [2C,3C); head h is [h*HS, (h+1)*HS) of
+// each. preatt/att (B,NH,T,T): row t holds keys 0..t. Every (b,h) pair touches only its own
+// slices of every buffer, so the loops split over (b,h) without races.
+
+void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+                      int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_scores");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = qkv + (b * T + t) * C3 + h * HS;
+        float* row = preatt + ((b * NH + h) * T + t) * T;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv + (b * T + t2) * C3 + C + h * HS;
+          row[t2] = dot(q, k, HS) * scale;
+        }
+      }
+}
+
+void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
+  const int64_t n_rows = B * NH * T;
+#pragma omp parallel for if (n_rows * T > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t t = r % T;
+    float* out = att + r * T;
+    softmax_row(out, preatt + r * T, t + 1);
+    std::fill(out + t + 1, out + T, 0.0f);
+  }
+}
+
+void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_values");
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        float* o = out + (b * T + t) * C + h * HS;
+        const float* a = att + ((b * NH + h) * T + t) * T;
+        std::fill(o, o + HS, 0.0f);
+        for (int64_t t2 = 0; t2 <= t; ++t2) axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * HS, HS);
+      }
+}
+
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_values_backward");
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* g = dout + (b * T + t) * C + h * HS;
+        const float* a = att + ((b * NH + h) * T + t) * T;
+        float* da = datt + ((b * NH + h) * T + t) * T;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const int64_t v_off = (b * T + t2) * C3 + 2 * C + h * HS;
+          da[t2] += dot(g, qkv + v_off, HS);  // datt[t,t2] += dout[t] . v[t2]
+          axpy(dqkv + v_off, a[t2], g, HS);   // dv[t2] += att[t,t2] dout[t]
+        }
+      }
+}
+
+void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
+                                int64_t NH, int64_t T) {
+  const int64_t n_rows = B * NH * T;
+#pragma omp parallel for if (n_rows * T > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t t = r % T;
+    float* dx = dpreatt + r * T;
+    softmax_row_backward(dx, datt + r * T, att + r * T, t + 1);
+    std::fill(dx + t + 1, dx + T, 0.0f);  // masked keys have no gradient
+  }
+}
+
+void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_scores_backward");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t q_off = (b * T + t) * C3 + h * HS;
+        const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const int64_t k_off = (b * T + t2) * C3 + C + h * HS;
+          const float g = dp[t2] * scale;
+          axpy(dqkv + q_off, g, qkv + k_off, HS);  // dq[t] += g k[t2]
+          axpy(dqkv + k_off, g, qkv + q_off, HS);  // dk[t2] += g q[t]
+        }
+      }
+}
+
+// ---- GELU, residual ------------------------------------------------------------------------
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * gelu_grad(inp[i]);
+}
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// ---- Cross-entropy --------------------------------------------------------------------------
+
+void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
+                          int64_t V) {
+  check_targets(targets, N, V, "crossentropy_forward");
+#pragma omp parallel for if (N * V > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    float* row = logits + r * V;
+    const float target_logit = row[targets[r]];
+    const float lse = softmax_row(row, row, V);
+    losses[r] = lse - target_logit;  // -log softmax[target], without log(0) when p underflows
+  }
+}
+
+void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
+                           int64_t V) {
+  check_targets(targets, N, V, "crossentropy_backward");
+#pragma omp parallel for if (N * V > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    float* row = probs + r * V;
+    row[targets[r]] -= 1.0f;
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) row[i] *= dloss;
+  }
+}
+
+// ---- 16-bit storage -------------------------------------------------------------------------
+
+void to_f32(float* dst, const void* src, DType t, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_f32(src, static_cast<std::size_t>(i), t);
+}
+
+void from_f32(void* dst, const float* src, DType t, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) store_from_f32(dst, static_cast<std::size_t>(i), t, src[i]);
+}
+
+void accumulate_to(void* dst, const float* src, DType t, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) accumulate_as(dst, static_cast<std::size_t>(i), t, src[i]);
+}
+
+}  // namespace zp::runtime::cpu
