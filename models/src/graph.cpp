@@ -199,6 +199,20 @@ class Builder {
   void op(std::string name, OpKind kind, Phase phase, int layer, std::vector<TensorId> in,
           std::vector<TensorId> out, std::vector<TensorId> scratch, std::vector<TensorId> params,
           std::vector<TensorId> grads, double flops) {
+    // fp32 scratch for 16-bit weights: one copy per weight read, then one fp32 gradient per
+    // weight gradient written, in that order after the op's own scratch.
+    if (o_.f32_weight_scratch && o_.param_bytes != 4 && phase != Phase::optimizer) {
+      auto f32_copy = [&](TensorId src, const char* suffix) {
+        const Tensor& x = g_.tensors[static_cast<std::size_t>(src)];
+        const int64_t n = static_cast<int64_t>(x.bytes / x.elem_bytes);
+        const TensorId t = tensor(fmt::format("{}.{}", name, suffix), {n}, 4,
+                                  TensorKind::workspace, layer);
+        g_.tensors[static_cast<std::size_t>(t)].source = src;
+        scratch.push_back(t);
+      };
+      for (TensorId p : params) f32_copy(p, "w32");
+      for (TensorId gr : grads) f32_copy(gr, "dw32");
+    }
     g_.ops.push_back({std::move(name), kind, phase, static_cast<int32_t>(layer), std::move(in),
                       std::move(out), std::move(scratch), std::move(params), std::move(grads),
                       flops});
@@ -538,6 +552,34 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
     if (op.phase == Phase::recompute) g.flops_recompute += op.flops;
   }
   return g;
+}
+
+Liveness liveness(const TrainingGraph& g) {
+  const std::size_t n_t = g.tensors.size();
+  Liveness lv;
+  lv.first.assign(n_t, -1);
+  lv.last.assign(n_t, -1);
+  lv.last_grad_write.assign(n_t, -1);
+  lv.dies_at.assign(g.order.size(), {});
+  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i) {
+    const Op& op = g.op(g.order[static_cast<std::size_t>(i)]);
+    auto see = [&](TensorId t) {
+      const std::size_t k = static_cast<std::size_t>(t);
+      if (lv.first[k] < 0) lv.first[k] = i;
+      lv.last[k] = i;
+    };
+    for (TensorId t : op.inputs) see(t);
+    for (TensorId t : op.outputs) see(t);
+    for (TensorId t : op.scratch) see(t);
+    if (op.phase != Phase::optimizer)
+      for (TensorId t : op.grads) lv.last_grad_write[static_cast<std::size_t>(t)] = i;
+  }
+  for (std::size_t t = 0; t < n_t; ++t) {
+    const Tensor& x = g.tensors[t];
+    if (lv.last[t] >= 0 && is_dynamic(x.kind) && x.kind != TensorKind::workspace)
+      lv.dies_at[static_cast<std::size_t>(lv.last[t])].push_back(static_cast<TensorId>(t));
+  }
+  return lv;
 }
 
 }  // namespace zp::models

@@ -53,6 +53,9 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   g.tp = s.mp;
   g.partition_checkpoints = s.partition_activations;
   g.param_bytes = s.precision == Precision::fp32 ? 4 : 2;
+  // zero-run's CPU kernels compute in fp32: 16-bit weights are converted per op (OpenBLAS
+  // SGEMM has no 16-bit inputs); cuBLAS takes 16-bit inputs directly.
+  g.f32_weight_scratch = o.backend == Backend::cpu;
   return g;
 }
 
@@ -78,7 +81,7 @@ Category category_of(TensorKind k) {
   }
 }
 
-bool is_dynamic(TensorKind k) { return k != TensorKind::param && k != TensorKind::grad; }
+using models::is_dynamic;
 
 class ScheduleBuilder {
  public:
@@ -205,22 +208,11 @@ class ScheduleBuilder {
   }
 
   void liveness() {
-    const std::size_t n_t = g_.tensors.size();
-    std::vector<int32_t> last(n_t, -1);
-    last_grad_write_.assign(n_t, -1);
-    for (int32_t i = 0; i < static_cast<int32_t>(g_.order.size()); ++i) {
-      const Op& op = op_at(i);
-      for (TensorId t : op.inputs) last[static_cast<std::size_t>(t)] = i;
-      for (TensorId t : op.outputs) last[static_cast<std::size_t>(t)] = i;
-      if (op.phase != Phase::optimizer)
-        for (TensorId t : op.grads) last_grad_write_[static_cast<std::size_t>(t)] = i;
-    }
-    dies_at_.assign(g_.order.size(), {});
-    for (std::size_t t = 0; t < n_t; ++t)
-      if (last[t] >= 0 && is_dynamic(g_.tensors[t].kind))
-        dies_at_[static_cast<std::size_t>(last[t])].push_back(static_cast<TensorId>(t));
-    buffer_of_.assign(n_t, UINT32_MAX);
-    grad_buffer_.assign(n_t, UINT32_MAX);
+    models::Liveness lv = models::liveness(g_);
+    dies_at_ = std::move(lv.dies_at);
+    last_grad_write_ = std::move(lv.last_grad_write);
+    buffer_of_.assign(g_.tensors.size(), UINT32_MAX);
+    grad_buffer_.assign(g_.tensors.size(), UINT32_MAX);
   }
 
   uint32_t alloc_tensor(int32_t pos, TensorId t) {
@@ -446,22 +438,14 @@ ActivationSummary summarize_activations(const TrainingGraph& g) {
   const int32_t L = static_cast<int32_t>(g.model.n_layer);
   a.saved_per_layer.assign(static_cast<std::size_t>(L), 0);
   a.stats_per_layer.assign(static_cast<std::size_t>(L), 0);
-  // Positions: last access per tensor, and where the forward pass ends.
+  // Positions: first and last access per tensor, and where the forward pass ends.
   const std::size_t n_t = g.tensors.size();
-  std::vector<int32_t> first(n_t, -1), last(n_t, -1);
+  const models::Liveness lv = models::liveness(g);
+  const std::vector<int32_t>& first = lv.first;
+  const std::vector<int32_t>& last = lv.last;
   int32_t end_fwd = -1;
-  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i) {
-    const models::Op& op = g.op(g.order[static_cast<std::size_t>(i)]);
-    if (op.phase == Phase::forward) end_fwd = i;
-    auto see = [&](TensorId t) {
-      const std::size_t k = static_cast<std::size_t>(t);
-      if (first[k] < 0) first[k] = i;
-      last[k] = i;
-    };
-    for (TensorId t : op.inputs) see(t);
-    for (TensorId t : op.outputs) see(t);
-    for (TensorId t : op.scratch) see(t);
-  }
+  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i)
+    if (g.op(g.order[static_cast<std::size_t>(i)]).phase == Phase::forward) end_fwd = i;
   // Saved at the end of the forward pass: produced by then, used after.
   for (std::size_t t = 0; t < n_t; ++t) {
     const models::Tensor& x = g.tensors[t];

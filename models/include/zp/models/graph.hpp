@@ -66,6 +66,11 @@ struct GraphOptions {
   // the t model-parallel ranks, all-gathered before the block is recomputed.
   bool partition_checkpoints = false;
   uint32_t param_bytes = 2;   // bytes per parameter and gradient element in the graph
+  // Kernels that compute in fp32 on 16-bit weights (zero-run's CPU backend): every op converts
+  // each weight it reads into an fp32 scratch copy, and computes each weight gradient in an
+  // fp32 scratch buffer before adding it to the 16-bit gradient. No effect when param_bytes
+  // is 4.
+  bool f32_weight_scratch = false;
 };
 
 struct Tensor {
@@ -80,6 +85,9 @@ struct Tensor {
   bool stats = false;
   // For params and grads: the module group ZeRO-3 gathers together ("embed", "h.3", "head").
   std::string group;
+  // For fp32 scratch copies of a weight or its gradient (GraphOptions::f32_weight_scratch):
+  // the param or grad tensor it stands for; -1 otherwise.
+  TensorId source = -1;
 };
 
 struct Op {
@@ -120,5 +128,21 @@ struct TrainingGraph {
 // Builds the graph; zp::Error for shapes that do not divide (heads by t, MLP width by t) and
 // sizes that overflow.
 TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o);
+
+// Model states (params, grads) live for the whole run; every other tensor is allocated and
+// freed within the step.
+inline bool is_dynamic(TensorKind k) { return k != TensorKind::param && k != TensorKind::grad; }
+
+// Where each tensor is used, as positions in `order`, as ggml-alloc counts it: a tensor lives
+// from the first op that reads or writes it to the last; a saved activation therefore lives
+// until its backward op. Scratch lives within its one op. -1 where never used.
+struct Liveness {
+  std::vector<int32_t> first, last;      // by tensor (scratch included)
+  std::vector<int32_t> last_grad_write;  // by grad tensor: the last op accumulating into it
+                                         // (the optimizer step, which reads them all, excluded)
+  std::vector<std::vector<TensorId>> dies_at;  // by position: dynamic, non-scratch tensors
+                                               // whose last use it is
+};
+Liveness liveness(const TrainingGraph& g);
 
 }  // namespace zp::models
