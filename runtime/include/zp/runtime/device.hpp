@@ -1,0 +1,137 @@
+// zp/runtime/device.hpp: where the runtime's bytes live and how its kernels run. An Arena is
+// one tier's memory on one rank: a single region, sub-allocated best-fit by the same rules the
+// planner models (planner::ArenaModel), with every allocation tagged by category and a
+// high-water mark per category. A Device owns the arenas of its tiers and runs the step's
+// kernels; the cpu backend is host memory and the kernels of cpu_kernels.hpp. Not the ZeRO
+// logic (engine.hpp) and not communication (comm.hpp).
+//
+// Example usage:
+//   auto dev = make_cpu_device({.gpu_bytes = 1 << 30, .cpu_bytes = 1 << 30});
+//   float* x = static_cast<float*>(dev->arena(Tier::gpu).alloc(4096, Category::activations, "x"));
+//   dev->arena(Tier::gpu).free(x);
+//   planner::PerDevice measured = dev->measured();   // high-water per tier and category
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "zp/planner/allocator.hpp"
+#include "zp/planner/memory.hpp"
+#include "zp/runtime/dtype.hpp"
+
+namespace zp::runtime {
+
+using planner::Category;
+using planner::Tier;
+
+class Arena {
+ public:
+  // base: `capacity` bytes owned by the caller (the Device), aligned to planner::kArenaAlignment.
+  Arena(Tier tier, std::byte* base, uint64_t capacity);
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // `bytes` rounded up to the arena's alignment; zp::Error naming the tensor, its category and
+  // the shortfall when the region cannot hold it.
+  void* alloc(uint64_t bytes, Category c, std::string_view name);
+  void free(void* p);
+
+  Tier tier() const { return tier_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t in_use() const { return in_use_; }
+  uint64_t peak_in_use() const { return peak_in_use_; }
+  uint64_t peak_reserved() const { return model_.peak_reserved(); }
+  uint64_t in_use(Category c) const { return cur_[static_cast<std::size_t>(c)]; }
+  // High-water per category; `overhead` = reserved beyond the bytes in use at the peak.
+  planner::Breakdown high_water() const;
+
+ private:
+  struct Live {
+    planner::BlockId id;
+    Category category;
+  };
+  Tier tier_;
+  std::byte* base_;
+  uint64_t capacity_;
+  planner::ArenaModel model_;
+  std::unordered_map<const void*, Live> live_;
+  std::array<uint64_t, planner::kCategories.size()> cur_{}, high_{};
+  uint64_t in_use_ = 0, peak_in_use_ = 0;
+};
+
+struct DeviceConfig {
+  uint64_t gpu_bytes = 0;   // capacity of the device tier (emulated on the cpu backend)
+  uint64_t cpu_bytes = 0;   // capacity of the host tier (offloaded states and buffers)
+  int n_threads = 0;        // compute threads; 0: the cores divided among the node's ranks
+};
+
+// The compute seam: every op of a GPT-2 step, on pointers into this device's arenas. The cpu
+// backend forwards to cpu_kernels.hpp (same names, same semantics: backward kernels
+// accumulate); the cuda backend runs the same math on the GPU.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string_view name() const = 0;
+
+  Arena& arena(Tier t) { return *arenas_[static_cast<std::size_t>(t)]; }
+  const Arena& arena(Tier t) const { return *arenas_[static_cast<std::size_t>(t)]; }
+  // What this rank holds per tier: category high-water marks, and the reserved peak.
+  planner::PerDevice measured() const;
+
+  virtual void zero(void* p, uint64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                 const float* wpe, int64_t B, int64_t T, int64_t C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C) = 0;
+  virtual void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int64_t C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* stats,
+                                  int64_t N, int64_t C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, int64_t OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int64_t N, int64_t C,
+                               int64_t OC) = 0;
+  virtual void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T,
+                                int64_t C, int64_t NH) = 0;
+  virtual void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH,
+                                 int64_t T) = 0;
+  virtual void attention_values(float* out, const float* att, const float* qkv, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void attention_values_backward(float* datt, float* dqkv, const float* dout,
+                                         const float* att, const float* qkv, int64_t B,
+                                         int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
+                                          int64_t B, int64_t NH, int64_t T) = 0;
+  virtual void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
+                                         int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void crossentropy_forward(float* logits, float* losses, const int32_t* targets,
+                                    int64_t N, int64_t V) = 0;
+  virtual void crossentropy_backward(float* probs, const int32_t* targets, float dloss,
+                                     int64_t N, int64_t V) = 0;
+  virtual void to_f32(float* dst, const void* src, DType t, int64_t n) = 0;
+  virtual void accumulate_to(void* dst, const float* src, DType t, int64_t n) = 0;
+  // dst += src for two buffers of the same storage type (adding in fp32, rounding once).
+  virtual void add(void* dst, const void* src, DType t, int64_t n) = 0;
+  // Sum of a device buffer of fp32 values, read back to the host (the step's loss).
+  virtual double sum(const float* p, int64_t n) = 0;
+
+ protected:
+  std::array<std::unique_ptr<Arena>, planner::kTiers.size()> arenas_;
+};
+
+// Host memory for both tiers (the device tier emulated), OpenBLAS and OpenMP kernels.
+std::unique_ptr<Device> make_cpu_device(const DeviceConfig& cfg);
+
+}  // namespace zp::runtime

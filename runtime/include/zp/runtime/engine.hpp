@@ -1,0 +1,146 @@
+// zp/runtime/engine.hpp: the ZeRO engine. It executes a plan's training step on one rank:
+// walks the step's training graph in order, allocating every tensor from the device's tagged
+// arenas when it is first used and freeing it after its last use, runs each op's kernel, and
+// applies ZeRO: stage 0 all-reduces gradients, stage 1 partitions the optimizer states, stage
+// 2 reduces gradients to their owners in buckets during backward, stage 3 also partitions the
+// parameters and all-gathers each module group before its use (with prefetch). Written once
+// for every backend: it only talks to the Device and Comm seams. Not the planner: it reads
+// the plan's model and strategy and measures what it did.
+//
+// Example usage:
+//   Engine engine(plan, *device, *comm, TokenData::load(""), EngineOptions{});
+//   for (int i = 0; i < 10; ++i) fmt::print("loss {}\n", engine.step().loss);
+//   planner::PerDevice measured = device->measured();
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zp/models/graph.hpp"
+#include "zp/planner/plan.hpp"
+#include "zp/runtime/comm.hpp"
+#include "zp/runtime/data.hpp"
+#include "zp/runtime/device.hpp"
+
+namespace zp::runtime {
+
+struct EngineOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;   // L2 for adam, decoupled for adamw
+  float momentum = 0.9f;       // sgd
+  float grad_clip = 0.0f;      // clip the global gradient norm to this; 0: no clipping
+  // fp16 dynamic loss scaling, DeepSpeed's defaults: 2^16 to start, halve on overflow (and
+  // skip the step), double after 1000 steps without one.
+  float initial_loss_scale = 65536.0f;
+  int loss_scale_window = 1000;
+};
+
+struct StepStats {
+  int64_t step = 0;            // 1-based
+  double loss = 0;             // mean over the global batch
+  double grad_norm = 0;        // global, of the unscaled gradient
+  double seconds = 0;
+  float loss_scale = 1;
+  bool skipped = false;        // fp16 overflow: no update
+};
+
+class Engine {
+ public:
+  // zp::Error when the plan asks for what this engine cannot run on this device (another
+  // family, model parallelism, dropout) or its data-parallel degree differs from the ranks.
+  Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // One optimizer step: grad_accum micro-steps of forward and backward, then the update.
+  StepStats step();
+
+  // Every rank writes the weights it owns (fp32 master, or the fp32 params) into one file of
+  // n_params fp32 values in the model's flat order; the file appears whole (temp + rename).
+  void save_weights(const std::string& path);
+
+  uint64_t n_params() const { return n_params_; }
+  uint64_t partition_elems() const { return part_; }
+
+ private:
+  struct Group {           // a unit of partitioning: all parameters (stages 0-2) or one
+    std::string name;      // ZeRO-3 gather group
+    uint64_t flat_off = 0, elems = 0;
+    uint64_t shard = 0;    // elements each rank owns (ceil(elems / dp)); elems when replicated
+    uint64_t part_off = 0; // where this rank's shard starts in the partition buffers
+  };
+  struct Run {             // ZeRO-3: consecutive ops using one group's weights
+    std::string group;
+    int32_t start = 0, end = 0;
+  };
+
+  planner::Plan plan_;
+  Device& dev_;
+  Comm& comm_;
+  TokenData data_;
+  EngineOptions opt_;
+  const models::TrainingGraph g_;
+  const models::Liveness lv_;
+  DType pdt_ = DType::bf16;   // params and grads
+  uint64_t pbytes_ = 2;
+  int stage_ = 0, rank_ = 0, dp_ = 1;
+  int64_t B_ = 1, T_ = 1, C_ = 0, NH_ = 0;
+  uint64_t n_params_ = 0, part_ = 0;
+  int32_t n_pos_ = 0, opt_pos_ = -1, last_bwd_ = -1;
+  std::vector<Group> groups_;
+  std::map<std::string, std::size_t> group_index_;
+  std::vector<uint64_t> flat_off_;   // by tensor: flat offset of a param (and its grad)
+
+  // Model states (null when not held).
+  void* params_ = nullptr;     // full flat (stages 0-2) or this rank's partition (stage 3)
+  void* grads_ = nullptr;      // full flat (stages 0-1) or partition (stages 2-3)
+  float* master_ = nullptr;    // fp32 master of the owned elements (mixed precision)
+  float* exp_avg_ = nullptr;   // Adam moments, or SGD momentum in exp_avg_
+  float* exp_avg_sq_ = nullptr;
+
+  // Per-step state.
+  std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
+  std::vector<std::pair<Tier, void*>> held_;  // buffers to free at destruction (model states)
+  std::vector<models::TensorId> pending_;    // final gradients not yet reduced
+  std::vector<Run> runs_;
+  std::vector<int32_t> run_at_;              // by position: run index or -1
+  std::map<std::string, int32_t> holder_;    // gathered group -> last run it is held for
+  std::map<std::string, void*> gathered_;
+  uint64_t live_gathered_elems_ = 0;
+  std::vector<float*> w32_;                            // per op: fp32 copies of its weights
+  std::vector<std::pair<models::TensorId, float*>> dw32_;  // and its fp32 weight gradients
+  double loss_sum_ = 0;
+  int64_t step_ = 0, micro_ = 0, good_steps_ = 0;
+  float loss_scale_ = 1;
+
+  void layout();
+  void allocate_states();
+  void init_weights();
+  // Calls put(flat index, initial value) for every element of [lo, hi).
+  void init_range(uint64_t lo, uint64_t hi, const std::function<void(uint64_t, float)>& put) const;
+  void find_runs();
+
+  void* alloc(Tier t, uint64_t bytes, Category c, const std::string& name);
+  void touch(models::TensorId t);
+  void* ptr(models::TensorId t) const;
+  void alloc_grad(models::TensorId gt);
+  void flush_if_full(bool end_of_backward);
+  void reduce_to_owners(models::TensorId gt);
+  void gather(const std::string& grp, int32_t hold_until);
+  void start_run(int32_t r);
+  void end_run(int32_t r);
+
+  void micro_step();
+  void run_op(const models::Op& op, const std::vector<float*>& w32);
+  StepStats optimizer_step();
+  // The owned range of a group for this rank, in group-local elements.
+  std::pair<uint64_t, uint64_t> owned(const Group& gr) const;
+};
+
+}  // namespace zp::runtime

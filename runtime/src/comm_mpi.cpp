@@ -1,0 +1,177 @@
+// comm_mpi.cpp: the Comm seam over Open MPI. Counts above INT_MAX are sent in chunks; fp16 and
+// bf16 sums use user-defined MPI reduction ops (fp32 add, round to nearest even).
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/runtime/comm.hpp"
+
+namespace zp::runtime {
+
+namespace {
+
+// One check for every MPI call: the call as written, where, and MPI's own message.
+void mpi_check(int rc, const char* call, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(fmt::format("{} failed at {}:{}: {}", call, file, line, msg),
+              "a rank may have died; see the other ranks' errors");
+}
+#define ZP_MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
+
+template <uint16_t (*Store)(float), float (*Load)(uint16_t)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+}
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm() {
+    ZP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    ZP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    ZP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    MPI_Comm local;
+    ZP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    ZP_MPI_CHECK(MPI_Comm_size(local, &local_size_));
+    ZP_MPI_CHECK(MPI_Comm_free(&local));
+    ZP_MPI_CHECK(MPI_Op_create(&sum16<fp32_to_fp16, fp16_to_fp32>, 1, &sum_fp16_));
+    ZP_MPI_CHECK(MPI_Op_create(&sum16<fp32_to_bf16, bf16_to_fp32>, 1, &sum_bf16_));
+  }
+  ~MpiComm() override {
+    MPI_Op_free(&sum_fp16_);
+    MPI_Op_free(&sum_bf16_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_size() const override { return local_size_; }
+
+  void all_reduce_sum(void* buf, uint64_t n, DType t) override {
+    chunked(buf, n, t, [&](void* p, int count) {
+      ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type(t), op(t), MPI_COMM_WORLD));
+    });
+  }
+
+  void reduce_sum(void* buf, uint64_t n, DType t, int root) override {
+    chunked(buf, n, t, [&](void* p, int count) {
+      if (rank_ == root)
+        ZP_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, p, count, type(t), op(t), root, MPI_COMM_WORLD));
+      else
+        ZP_MPI_CHECK(MPI_Reduce(p, nullptr, count, type(t), op(t), root, MPI_COMM_WORLD));
+    });
+  }
+
+  void all_gather(const void* send, void* recv, uint64_t n, DType t) override {
+    if (n <= kMaxCount) {
+      ZP_MPI_CHECK(MPI_Allgather(send, static_cast<int>(n), type(t), recv, static_cast<int>(n),
+                                 type(t), MPI_COMM_WORLD));
+      return;
+    }
+    // Large blocks: one all-gather per chunk into a strided view of recv.
+    const std::size_t eb = dtype_bytes(t);
+    for (uint64_t off = 0; off < n; off += kMaxCount) {
+      const int count = static_cast<int>(std::min<uint64_t>(kMaxCount, n - off));
+      MPI_Datatype block, strided;
+      ZP_MPI_CHECK(MPI_Type_contiguous(count, type(t), &block));
+      ZP_MPI_CHECK(MPI_Type_create_resized(block, 0, static_cast<MPI_Aint>(n * eb), &strided));
+      ZP_MPI_CHECK(MPI_Type_commit(&strided));
+      ZP_MPI_CHECK(MPI_Allgather(static_cast<const std::byte*>(send) + off * eb, count, type(t),
+                                 static_cast<std::byte*>(recv) + off * eb, 1, strided,
+                                 MPI_COMM_WORLD));
+      ZP_MPI_CHECK(MPI_Type_free(&strided));
+      ZP_MPI_CHECK(MPI_Type_free(&block));
+    }
+  }
+
+  void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) override {
+    const std::size_t eb = dtype_bytes(t);
+    std::vector<uint64_t> displs(counts.size(), 0);
+    for (std::size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    // Chunk so every count and displacement fits an int: round c covers elements
+    // [c*kMaxCount, (c+1)*kMaxCount) of each rank's block.
+    const uint64_t longest = *std::max_element(counts.begin(), counts.end());
+    for (uint64_t off = 0; off < std::max<uint64_t>(longest, 1); off += kMaxCount) {
+      std::vector<int> cnt(counts.size()), dsp(counts.size());
+      MPI_Datatype elem = type(t);
+      // Displacements in bytes via a 1-byte type when they pass INT_MAX elements.
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        const uint64_t c = counts[r] > off ? std::min<uint64_t>(kMaxCount, counts[r] - off) : 0;
+        cnt[r] = static_cast<int>(c);
+        const uint64_t d = displs[r] + std::min(off, counts[r]);
+        if (d > static_cast<uint64_t>(INT_MAX))
+          throw Error(fmt::format("all-gather of {} elements: displacement {} passes MPI's int "
+                                  "range", displs.back() + counts.back(), d),
+                      "split the parameters over more ranks");
+        dsp[r] = static_cast<int>(d);
+      }
+      ZP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt.data(), dsp.data(),
+                                  elem, MPI_COMM_WORLD));
+    }
+    (void)eb;
+  }
+
+  void broadcast(void* buf, uint64_t bytes, int root) override {
+    chunked(buf, bytes, DType::fp32, [&](void* p, int count) {
+      ZP_MPI_CHECK(MPI_Bcast(p, count, MPI_BYTE, root, MPI_COMM_WORLD));
+    }, 1);
+  }
+
+  void gather_u64(const uint64_t* send, uint64_t* recv, int n) override {
+    ZP_MPI_CHECK(MPI_Gather(send, n, MPI_UINT64_T, recv, n, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+  }
+
+  double all_reduce_sum(double v) override {
+    double out = 0;
+    ZP_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    return out;
+  }
+
+  void barrier() override { ZP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  static constexpr uint64_t kMaxCount = 1ULL << 30;
+  int rank_ = 0, size_ = 1, local_size_ = 1;
+  MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
+
+  static MPI_Datatype type(DType t) { return t == DType::fp32 ? MPI_FLOAT : MPI_UINT16_T; }
+  MPI_Op op(DType t) const {
+    return t == DType::fp32 ? MPI_SUM : (t == DType::fp16 ? sum_fp16_ : sum_bf16_);
+  }
+  // Calls f(pointer, count) on pieces of at most kMaxCount elements of `elem_bytes` each.
+  template <class F>
+  void chunked(void* buf, uint64_t n, DType t, F&& f, std::size_t elem_bytes = 0) {
+    const std::size_t eb = elem_bytes ? elem_bytes : dtype_bytes(t);
+    for (uint64_t off = 0; off < n; off += kMaxCount)
+      f(static_cast<std::byte*>(buf) + off * eb, static_cast<int>(std::min(kMaxCount, n - off)));
+  }
+};
+
+}  // namespace
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int provided = 0;
+  ZP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
+
+}  // namespace zp::runtime

@@ -1,0 +1,223 @@
+// device.cpp: the tagged arena and the cpu backend (host memory regions, cpu_kernels.hpp).
+#include "zp/runtime/device.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_kernels.hpp"
+#include "zp/units.hpp"
+
+namespace zp::runtime {
+
+// ---- Arena ---------------------------------------------------------------------------------
+
+Arena::Arena(Tier tier, std::byte* base, uint64_t capacity)
+    : tier_(tier), base_(base), capacity_(capacity),
+      model_(planner::kArenaAlignment, capacity) {}
+
+void* Arena::alloc(uint64_t bytes, Category c, std::string_view name) {
+  planner::BlockId id = 0;
+  const auto off = model_.try_alloc(bytes, &id);
+  if (!off) {
+    const uint64_t need = planner::round_up(std::max<uint64_t>(bytes, 1), planner::kArenaAlignment);
+    throw Error(
+        fmt::format("out of {} memory allocating {} ({}, {}): {} in use of {}, largest free block "
+                    "{}; short by {}",
+                    planner::to_string(tier_), name, planner::to_string(c), format_bytes(bytes),
+                    format_bytes(in_use_), format_bytes(capacity_),
+                    format_bytes(model_.largest_free()),
+                    format_bytes(need > model_.largest_free() ? need - model_.largest_free() : need)),
+        tier_ == Tier::gpu ? "give the device more memory (--device-memory) or plan a strategy "
+                             "that fits (zero-plan estimate --hardware ...)"
+                           : "give the host tier more memory (--host-memory)");
+  }
+  void* p = base_ + *off;
+  live_.emplace(p, Live{id, c});
+  const uint64_t size = model_.size(id);
+  const std::size_t k = static_cast<std::size_t>(c);
+  cur_[k] += size;
+  high_[k] = std::max(high_[k], cur_[k]);
+  in_use_ += size;
+  peak_in_use_ = std::max(peak_in_use_, in_use_);
+  return p;
+}
+
+void Arena::free(void* p) {
+  auto it = live_.find(p);
+  if (it == live_.end())
+    throw Error(fmt::format("{} arena: free of a pointer it does not hold", planner::to_string(tier_)));
+  const uint64_t size = model_.size(it->second.id);
+  cur_[static_cast<std::size_t>(it->second.category)] -= size;
+  in_use_ -= size;
+  model_.free(it->second.id);
+  live_.erase(it);
+}
+
+planner::Breakdown Arena::high_water() const {
+  planner::Breakdown b;
+  for (Category c : planner::kCategories) b[c] = high_[static_cast<std::size_t>(c)];
+  b[Category::overhead] = model_.peak_reserved() - peak_in_use_;
+  return b;
+}
+
+planner::PerDevice Device::measured() const {
+  planner::PerDevice d;
+  for (Tier t : planner::kTiers) {
+    const auto& a = arenas_[static_cast<std::size_t>(t)];
+    if (!a) continue;
+    d[t] = a->high_water();
+    d.set_peak(t, a->peak_reserved());
+  }
+  return d;
+}
+
+// ---- cpu backend ---------------------------------------------------------------------------
+
+namespace {
+
+// A lazily committed anonymous mapping: pages cost memory only once touched.
+class Region {
+ public:
+  explicit Region(uint64_t bytes, std::string_view what) : bytes_(bytes) {
+    if (bytes == 0) return;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error(fmt::format("cannot reserve {} for the {} arena: {}", format_bytes(bytes), what,
+                              std::strerror(errno)),
+                  "ask for less memory (--device-memory / --host-memory)");
+    base_ = static_cast<std::byte*>(p);
+  }
+  ~Region() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  std::byte* base() const { return base_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const DeviceConfig& cfg)
+      : gpu_(cfg.gpu_bytes, "device"), cpu_(cfg.cpu_bytes, "host") {
+    arenas_[static_cast<std::size_t>(Tier::gpu)] = std::make_unique<Arena>(Tier::gpu, gpu_.base(), cfg.gpu_bytes);
+    arenas_[static_cast<std::size_t>(Tier::cpu)] = std::make_unique<Arena>(Tier::cpu, cpu_.base(), cfg.cpu_bytes);
+    arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, 0);
+    const int n = cfg.n_threads > 0 ? cfg.n_threads
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu::set_threads(n);
+  }
+  std::string_view name() const override { return "cpu"; }
+
+  void zero(void* p, uint64_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, uint64_t bytes) override { std::memmove(dst, src, bytes); }
+  void synchronize() override {}
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int64_t B, int64_t T, int64_t C) override {
+    cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int64_t B, int64_t T, int64_t C) override {
+    cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int64_t C) override {
+    cpu::layernorm_forward(out, stats, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* stats, int64_t N,
+                          int64_t C) override {
+    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, stats, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                      int64_t N, int64_t C, int64_t OC) override {
+    cpu::matmul_forward(out, inp, weight, bias, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int64_t N, int64_t C,
+                       int64_t OC) override {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  }
+  void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override {
+    cpu::attention_scores(preatt, qkv, B, T, C, NH);
+  }
+  void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH,
+                         int64_t T) override {
+    cpu::attention_softmax(att, preatt, B, NH, T);
+  }
+  void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
+                        int64_t C, int64_t NH) override {
+    cpu::attention_values(out, att, qkv, B, T, C, NH);
+  }
+  void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                                 const float* qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t NH) override {
+    cpu::attention_values_backward(datt, dqkv, dout, att, qkv, B, T, C, NH);
+  }
+  void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
+                                  int64_t NH, int64_t T) override {
+    cpu::attention_softmax_backward(dpreatt, datt, att, B, NH, T);
+  }
+  void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) override {
+    cpu::attention_scores_backward(dqkv, dpreatt, qkv, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    cpu::gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    cpu::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    cpu::residual_forward(out, a, b, n);
+  }
+  void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
+                            int64_t V) override {
+    cpu::crossentropy_forward(logits, losses, targets, N, V);
+  }
+  void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
+                             int64_t V) override {
+    cpu::crossentropy_backward(probs, targets, dloss, N, V);
+  }
+  void to_f32(float* dst, const void* src, DType t, int64_t n) override {
+    cpu::to_f32(dst, src, t, n);
+  }
+  void accumulate_to(void* dst, const float* src, DType t, int64_t n) override {
+    cpu::accumulate_to(dst, src, t, n);
+  }
+  void add(void* dst, const void* src, DType t, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      store_from_f32(dst, static_cast<std::size_t>(i), t,
+                     load_as_f32(dst, static_cast<std::size_t>(i), t) +
+                         load_as_f32(src, static_cast<std::size_t>(i), t));
+  }
+  double sum(const float* p, int64_t n) override {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += p[i];
+    return s;
+  }
+
+ private:
+  Region gpu_, cpu_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(const DeviceConfig& cfg) {
+  return std::make_unique<CpuDevice>(cfg);
+}
+
+}  // namespace zp::runtime

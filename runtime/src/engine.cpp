@@ -1,0 +1,683 @@
+// engine.cpp: the ZeRO engine: layout and partitioning, the graph walk with liveness, ZeRO's
+// buckets and gathers, and the optimizer step. The order of allocations within an op is
+// part of the contract with the planner (planner/src/schedule.cpp builds its prediction in
+// the same order): gathers for a new ZeRO-3 run, then the op's inputs and outputs seen for
+// the first time, its scratch, the gradient buckets it starts; then the scratch is freed,
+// the tensors whose last use it was, full reduce buckets, and finished ZeRO-3 groups.
+#include "zp/runtime/engine.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "zp/checked.hpp"
+#include "zp/error.hpp"
+#include "zp/planner/schedule.hpp"
+#include "zp/runtime/rng.hpp"
+
+namespace zp::runtime {
+
+using models::Op;
+using models::OpKind;
+using models::Phase;
+using models::Tensor;
+using models::TensorId;
+using models::TensorKind;
+using planner::Precision;
+
+namespace {
+
+DType dtype_of(Precision p) {
+  return p == Precision::fp32 ? DType::fp32 : (p == Precision::fp16 ? DType::fp16 : DType::bf16);
+}
+
+std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
+  return static_cast<std::byte*>(base) + elem * elem_bytes;
+}
+
+// What this engine cannot run is refused before anything is allocated.
+void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) {
+  const auto& s = plan.strategy;
+  const auto& m = plan.model;
+  const int dp_ = comm.size();
+  if (s.dp != dp_)
+    throw Error(fmt::format("the plan is for --dp {}, but {} rank{} running", s.dp, dp_,
+                            dp_ == 1 ? " is" : "s are"),
+                fmt::format("run it with mpirun -np {}, or make a plan with --dp {}", s.dp, dp_));
+  if (m.family != models::Family::gpt2)
+    throw Error(fmt::format("zero-run trains GPT-2-family models; {} is {}", m.name, m.family_name()),
+                "plan LLaMA models with zero-plan; run a GPT-2 config (e.g. gpt2-tiny) here");
+  if (s.mp != 1 || s.partition_activations)
+    throw Error("zero-run has no tensor parallelism: --mp must be 1",
+                "plan model parallelism with zero-plan; run data parallelism here");
+  if (s.flash_attention && dev.name() == "cpu")
+    throw Error("--flash-attention: the cpu backend computes attention in three steps",
+                "drop --flash-attention, or run on --device cuda");
+  if (s.checkpointing == planner::Checkpointing::selective)
+    throw Error("--checkpointing selective is planned but not executed by zero-run",
+                "use --checkpointing none or full");
+  if (s.offload_optimizer != planner::Offload::none || s.offload_param != planner::Offload::none)
+    throw Error("zero-run does not execute offloading yet",
+                "run without --offload-optimizer/--offload-param");
+  if (plan.options.backend == planner::Backend::cpu && dev.name() != "cpu")
+    throw Error(fmt::format("the plan was made for --device cpu, this is {}", dev.name()),
+                fmt::format("make the plan with --device {}", dev.name()));
+  if (plan.options.backend == planner::Backend::cuda && dev.name() == "cpu")
+    throw Error("the plan was made for --device cuda, this run is on the cpu",
+                "make the plan with --device cpu (the default of zero-plan plan)");
+  if (plan.options.profile != planner::Profile::zeroplan)
+    throw Error("the plan predicts DeepSpeed (--profile deepspeed); zero-run executes zeroplan plans",
+                "make the plan with --profile zeroplan");
+  const uint64_t n = static_cast<uint64_t>(models::count_params(m).total);
+  if (plan.n_params != 0 && plan.n_params != n)
+    throw Error(fmt::format("the plan was made for a model of {} parameters; its config has {}",
+                            plan.n_params, n),
+                "the plan file was edited or belongs to another model; make it again");
+}
+
+models::TrainingGraph checked_graph(const planner::Plan& plan, const Device& dev, const Comm& comm) {
+  check_plan(plan, dev, comm);
+  return models::build_training_graph(plan.model,
+                                      planner::graph_options(plan.model, plan.strategy, plan.options));
+}
+
+}  // namespace
+
+Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data,
+               EngineOptions opt)
+    : plan_(plan), dev_(dev), comm_(comm), data_(std::move(data)), opt_(opt),
+      g_(checked_graph(plan, dev, comm)), lv_(models::liveness(g_)) {
+  rank_ = comm.rank();
+  dp_ = comm.size();
+  stage_ = plan.strategy.stage;
+  pdt_ = dtype_of(plan.strategy.precision);
+  pbytes_ = dtype_bytes(pdt_);
+  loss_scale_ = plan.strategy.precision == Precision::fp16 ? opt.initial_loss_scale : 1.0f;
+  B_ = g_.options.batch;
+  T_ = g_.options.seq;
+  C_ = plan.model.n_embd;
+  NH_ = plan.model.n_head;
+  n_pos_ = static_cast<int32_t>(g_.order.size());
+  for (int32_t i = 0; i < n_pos_; ++i) {
+    const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
+    if (op.phase == Phase::backward) last_bwd_ = i;
+    if (op.phase == Phase::optimizer) opt_pos_ = i;
+  }
+  layout();
+  if (stage_ == 3) find_runs();
+  buf_.assign(g_.tensors.size(), nullptr);
+  allocate_states();
+  init_weights();
+}
+
+Engine::~Engine() {
+  // Model states go back to their arenas (in reverse); step tensors were freed by the step.
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) dev_.arena(it->first).free(it->second);
+}
+
+// ---- layout --------------------------------------------------------------------------------
+
+void Engine::layout() {
+  flat_off_.assign(g_.tensors.size(), 0);
+  const uint64_t dp = static_cast<uint64_t>(dp_);
+  // Flat order: the graph's param tensors in creation order (embed, h.0 .. h.L-1, head).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_group;  // group -> (offset, elems)
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& x = g_.tensors[t];
+    if (x.kind != TensorKind::param) continue;
+    const uint64_t n = x.bytes / x.elem_bytes;
+    flat_off_[t] = n_params_;
+    auto [it, fresh] = by_group.try_emplace(x.group, n_params_, 0);
+    it->second.second += n;
+    n_params_ = checked_add(n_params_, n, "parameters");
+  }
+  // Each grad shares its param's offset (the graph creates them as pairs).
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
+    if (g_.tensors[t].kind == TensorKind::grad) flat_off_[t] = flat_off_[t - 1];
+
+  if (stage_ < 3) {
+    Group all{"all", 0, n_params_, stage_ == 0 ? n_params_ : zp::partition_elems(n_params_, dp), 0};
+    groups_.push_back(all);
+    part_ = all.shard;
+  } else {
+    for (const std::string& name : g_.groups) {
+      const auto [off, elems] = by_group.at(name);
+      groups_.push_back({name, off, elems, zp::partition_elems(elems, dp), part_});
+      part_ += groups_.back().shard;
+    }
+  }
+  for (std::size_t i = 0; i < groups_.size(); ++i) group_index_[groups_[i].name] = i;
+}
+
+std::pair<uint64_t, uint64_t> Engine::owned(const Group& gr) const {
+  if (stage_ == 0) return {0, gr.elems};
+  const uint64_t lo = std::min(gr.elems, static_cast<uint64_t>(rank_) * gr.shard);
+  return {lo, std::min(gr.elems, lo + gr.shard)};
+}
+
+void* Engine::alloc(Tier t, uint64_t bytes, Category c, const std::string& name) {
+  return dev_.arena(t).alloc(bytes, c, name);
+}
+
+// Model states, before the first op, in the planner's order: params, grads, master, moments.
+void Engine::allocate_states() {
+  const bool mixed = pdt_ != DType::fp32;
+  const uint64_t held_p = stage_ >= 3 ? part_ : n_params_;
+  const uint64_t held_g = stage_ >= 2 ? part_ : n_params_;
+  const uint64_t held_os = stage_ >= 1 ? part_ : n_params_;
+  auto state = [&](uint64_t elems, uint64_t eb, Category c, const char* name) -> void* {
+    const uint64_t bytes = checked_mul(elems, eb, name);
+    if (bytes == 0) return nullptr;
+    void* p = alloc(Tier::gpu, bytes, c, name);
+    dev_.zero(p, bytes);
+    held_.emplace_back(Tier::gpu, p);
+    return p;
+  };
+  params_ = state(held_p, pbytes_, Category::params, "params");
+  grads_ = state(held_g, pbytes_, Category::grads, "grads");
+  if (mixed) master_ = static_cast<float*>(state(held_os, 4, Category::master, "master"));
+  if (plan_.strategy.optimizer == planner::OptimizerKind::sgd) {
+    exp_avg_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "momentum"));
+  } else {
+    exp_avg_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "exp_avg"));
+    exp_avg_sq_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "exp_avg_sq"));
+  }
+}
+
+// GPT-2's initialisation (Radford et al. 2019, as in llm.c and Hugging Face): weights
+// N(0, 0.02), the two residual projections N(0, 0.02 / sqrt(2 L)), biases 0, norms 1 and 0.
+// The value of flat element i depends only on (seed, i).
+void Engine::init_range(uint64_t lo, uint64_t hi, const std::function<void(uint64_t, float)>& put) const {
+  const uint64_t C = static_cast<uint64_t>(C_);
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& x = g_.tensors[t];
+    if (x.kind != TensorKind::param) continue;
+    const uint64_t off = flat_off_[t], numel = x.bytes / x.elem_bytes;
+    const uint64_t a = std::max(lo, off), b = std::min(hi, off + numel);
+    if (a >= b) continue;
+    const std::string& n = x.name;
+    auto ends = [&](std::string_view suf) {
+      return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
+    };
+    const bool norm = ends("norm1") || ends("norm2") || ends("norm_f");
+    const bool proj = ends(".attn.proj") || ends(".mlp.proj");
+    const double sd = proj ? 0.02 / std::sqrt(2.0 * static_cast<double>(plan_.model.n_layer)) : 0.02;
+    // A linear module is weight (OC, in) then bias (OC); embeddings are all weight.
+    const uint64_t in = ends(".mlp.proj") ? static_cast<uint64_t>(plan_.model.n_inner) : C;
+    const bool embedding = n == "wte" || n == "wpe";
+    const uint64_t weight_elems = embedding ? numel : (numel % (in + 1) == 0 ? numel / (in + 1) * in : numel);
+    for (uint64_t i = a; i < b; ++i) {
+      const uint64_t local = i - off;
+      float v;
+      if (norm) v = local < C ? 1.0f : 0.0f;
+      else if (local >= weight_elems) v = 0.0f;
+      else v = static_cast<float>(sd * normal_at(plan_.seed, i));
+      put(i, v);
+    }
+  }
+}
+
+void Engine::init_weights() {
+  // Each rank fills only what it holds: its owned master/partition, and the full params
+  // below stage 3.
+  for (const Group& gr : groups_) {
+    const auto [lo, hi] = owned(gr);
+    init_range(gr.flat_off + lo, gr.flat_off + hi, [&](uint64_t flat, float v) {
+      const uint64_t k = stage_ == 0 ? flat : gr.part_off + (flat - gr.flat_off - lo);
+      if (master_) master_[k] = v;
+      if (stage_ == 3) store_from_f32(params_, k, pdt_, v);
+    });
+  }
+  if (stage_ < 3)
+    init_range(0, n_params_, [&](uint64_t i, float v) { store_from_f32(params_, i, pdt_, v); });
+}
+
+void Engine::find_runs() {
+  run_at_.assign(static_cast<std::size_t>(n_pos_), -1);
+  for (int32_t i = 0; i < n_pos_; ++i) {
+    const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
+    if (op.phase == Phase::optimizer || op.params.empty()) continue;
+    const std::string& grp = g_.tensor(op.params.front()).group;
+    if (runs_.empty() || runs_.back().group != grp) runs_.push_back({grp, i, i});
+    runs_.back().end = i;
+  }
+  for (std::size_t r = 0; r < runs_.size(); ++r)
+    for (int32_t i = runs_[r].start; i <= runs_[r].end; ++i)
+      run_at_[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
+}
+
+// ---- the walk ------------------------------------------------------------------------------
+
+void Engine::touch(TensorId t) {
+  const Tensor& x = g_.tensor(t);
+  if (buf_[static_cast<std::size_t>(t)] != nullptr || !models::is_dynamic(x.kind)) return;
+  const Category c = x.kind == TensorKind::workspace ? Category::workspace
+                     : (x.kind == TensorKind::logits || x.kind == TensorKind::input)
+                         ? Category::buffers
+                         : Category::activations;
+  void* p = alloc(Tier::gpu, x.bytes, c, x.name);
+  buf_[static_cast<std::size_t>(t)] = p;
+  if (x.kind == TensorKind::act_grad) dev_.zero(p, x.bytes);
+  if (x.kind == TensorKind::input) {
+    // tokens (first used by the embedding) or targets (by the loss).
+    const bool is_tokens = x.name == "tokens";
+    data_.fill(is_tokens ? static_cast<int32_t*>(p) : nullptr,
+               is_tokens ? nullptr : static_cast<int32_t*>(p), B_, T_, plan_.seed, step_, micro_,
+               static_cast<int64_t>(rank_) * B_);
+  }
+}
+
+void* Engine::ptr(TensorId t) const {
+  const Tensor& x = g_.tensor(t);
+  if (x.kind == TensorKind::param) {
+    if (stage_ < 3) return at(params_, flat_off_[static_cast<std::size_t>(t)], pbytes_);
+    const Group& gr = groups_[group_index_.at(x.group)];
+    return at(gathered_.at(x.group), flat_off_[static_cast<std::size_t>(t)] - gr.flat_off, pbytes_);
+  }
+  if (x.kind == TensorKind::grad && stage_ < 2)
+    return at(grads_, flat_off_[static_cast<std::size_t>(t)], pbytes_);
+  void* p = buf_[static_cast<std::size_t>(t)];
+  if (p == nullptr) throw Error(fmt::format("internal: tensor {} used before it exists", x.name));
+  return p;
+}
+
+// Stages 2-3: a weight gradient lives in its own bucket buffer from its first accumulation
+// until the bucket is reduced into its owners' partitions.
+void Engine::alloc_grad(TensorId gt) {
+  if (buf_[static_cast<std::size_t>(gt)] != nullptr) return;
+  const Tensor& x = g_.tensor(gt);
+  void* p = alloc(Tier::gpu, x.bytes, Category::buffers, "bucket." + x.name);
+  dev_.zero(p, x.bytes);
+  buf_[static_cast<std::size_t>(gt)] = p;
+}
+
+void Engine::reduce_to_owners(TensorId gt) {
+  const Tensor& x = g_.tensor(gt);
+  const Group& gr = groups_[stage_ < 3 ? 0 : group_index_.at(x.group)];
+  const uint64_t n = x.bytes / x.elem_bytes;
+  const uint64_t a = flat_off_[static_cast<std::size_t>(gt)] - gr.flat_off;
+  void* bucket = buf_[static_cast<std::size_t>(gt)];
+  for (int r = 0; r < dp_; ++r) {
+    const uint64_t lo = std::max(a, static_cast<uint64_t>(r) * gr.shard);
+    const uint64_t hi = std::min({a + n, static_cast<uint64_t>(r + 1) * gr.shard, gr.elems});
+    if (lo >= hi) continue;
+    void* seg = at(bucket, lo - a, pbytes_);
+    if (dp_ > 1) comm_.reduce_sum(seg, hi - lo, pdt_, r);
+    if (r == rank_)
+      dev_.add(at(grads_, gr.part_off + (lo - static_cast<uint64_t>(r) * gr.shard), pbytes_), seg,
+               pdt_, static_cast<int64_t>(hi - lo));
+  }
+}
+
+// Final gradients are reduced together once they reach reduce_bucket_size elements, and
+// whatever remains at the end of the backward pass.
+void Engine::flush_if_full(bool end_of_backward) {
+  uint64_t elems = 0;
+  for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
+  if (pending_.empty() || (elems < plan_.strategy.buffers.reduce_bucket_size && !end_of_backward))
+    return;
+  for (TensorId gt : pending_) reduce_to_owners(gt);
+  for (TensorId gt : pending_) {
+    dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(gt)]);
+    buf_[static_cast<std::size_t>(gt)] = nullptr;
+  }
+  pending_.clear();
+}
+
+void Engine::gather(const std::string& grp, int32_t hold_until) {
+  auto it = holder_.find(grp);
+  if (it != holder_.end()) {
+    it->second = std::max(it->second, hold_until);
+    return;
+  }
+  const Group& gr = groups_[group_index_.at(grp)];
+  holder_[grp] = hold_until;
+  const uint64_t total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
+  void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
+                  "gathered." + grp);
+  comm_.all_gather(at(params_, gr.part_off, pbytes_), p, gr.shard, pdt_);
+  gathered_[grp] = p;
+  live_gathered_elems_ += gr.elems;
+}
+
+// ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
+// newly gathered elements stay within stage3_prefetch_bucket_size and everything gathered
+// within stage3_max_live_parameters.
+void Engine::start_run(int32_t r) {
+  gather(runs_[static_cast<std::size_t>(r)].group, r);
+  uint64_t prefetched = 0;
+  for (std::size_t j = static_cast<std::size_t>(r) + 1; j < runs_.size(); ++j) {
+    const std::string& grp = runs_[j].group;
+    auto it = holder_.find(grp);
+    if (it != holder_.end()) {
+      it->second = std::max(it->second, static_cast<int32_t>(j));
+      continue;
+    }
+    const uint64_t e = groups_[group_index_.at(grp)].elems;
+    if (prefetched + e > plan_.strategy.buffers.prefetch_bucket_size) break;
+    if (live_gathered_elems_ + e > plan_.strategy.buffers.max_live_parameters) break;
+    prefetched += e;
+    gather(grp, static_cast<int32_t>(j));
+  }
+}
+
+void Engine::end_run(int32_t r) {
+  for (auto it = holder_.begin(); it != holder_.end();) {
+    if (it->second <= r) {
+      dev_.arena(Tier::gpu).free(gathered_.at(it->first));
+      live_gathered_elems_ -= groups_[group_index_.at(it->first)].elems;
+      gathered_.erase(it->first);
+      it = holder_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::micro_step() {
+  for (int32_t i = 0; i < n_pos_; ++i) {
+    const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
+    if (op.phase == Phase::optimizer) continue;  // after the last micro-step only
+    const int32_t run = stage_ == 3 ? run_at_[static_cast<std::size_t>(i)] : -1;
+    if (run >= 0 && runs_[static_cast<std::size_t>(run)].start == i) start_run(run);
+    for (TensorId t : op.inputs) touch(t);
+    for (TensorId t : op.outputs) touch(t);
+    // Scratch: fp32 copies of 16-bit weights (filled) and fp32 weight gradients (zeroed).
+    std::vector<float*>& w32 = w32_;
+    std::vector<std::pair<TensorId, float*>>& dw32 = dw32_;
+    w32.assign(op.params.size(), nullptr);
+    dw32.clear();
+    for (TensorId s : op.scratch) {
+      touch(s);
+      const Tensor& x = g_.tensor(s);
+      float* p = static_cast<float*>(buf_[static_cast<std::size_t>(s)]);
+      if (x.source < 0) continue;
+      if (g_.tensor(x.source).kind == TensorKind::param) {
+        const auto k = std::find(op.params.begin(), op.params.end(), x.source) - op.params.begin();
+        w32[static_cast<std::size_t>(k)] = p;  // filled below, once the grads are in place
+      } else {
+        dev_.zero(p, x.bytes);
+        dw32.emplace_back(x.source, p);
+      }
+    }
+    if (stage_ >= 2)
+      for (TensorId gt : op.grads) alloc_grad(gt);
+    for (std::size_t k = 0; k < op.params.size(); ++k)
+      if (w32[k] != nullptr) {
+        const Tensor& w = g_.tensor(op.params[k]);
+        dev_.to_f32(w32[k], ptr(op.params[k]), pdt_, static_cast<int64_t>(w.bytes / w.elem_bytes));
+      }
+
+    run_op(op, w32);
+
+    for (auto& [gt, p] : dw32) {
+      const Tensor& gx = g_.tensor(gt);
+      dev_.accumulate_to(ptr(gt), p, pdt_, static_cast<int64_t>(gx.bytes / gx.elem_bytes));
+    }
+    for (TensorId s : op.scratch) {
+      dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(s)]);
+      buf_[static_cast<std::size_t>(s)] = nullptr;
+    }
+    for (TensorId t : lv_.dies_at[static_cast<std::size_t>(i)]) {
+      dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(t)]);
+      buf_[static_cast<std::size_t>(t)] = nullptr;
+    }
+    if (stage_ >= 2) {
+      for (TensorId gt : op.grads)
+        if (lv_.last_grad_write[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
+      flush_if_full(i == last_bwd_);
+    }
+    if (run >= 0 && runs_[static_cast<std::size_t>(run)].end == i) end_run(run);
+  }
+}
+
+void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
+  auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
+  auto i32 = [&](TensorId t) { return static_cast<const int32_t*>(ptr(t)); };
+  auto weight = [&](std::size_t k) { return w32[k] != nullptr ? w32[k] : f(op.params[k]); };
+  // The fp32 gradient an op accumulates into: its scratch, or the fp32 gradient itself.
+  auto dweight = [&](std::size_t k) -> float* {
+    const TensorId gt = op.grads[k];
+    for (TensorId s : op.scratch)
+      if (g_.tensor(s).source == gt) return static_cast<float*>(buf_[static_cast<std::size_t>(s)]);
+    return f(gt);
+  };
+  auto last_dim = [&](TensorId t) { return g_.tensor(t).shape.back(); };
+  auto numel = [&](TensorId t) {
+    const Tensor& x = g_.tensor(t);
+    return static_cast<int64_t>(x.bytes / x.elem_bytes);
+  };
+  const int64_t N = B_ * T_;
+  switch (op.kind) {
+    case OpKind::embedding:
+      dev_.embedding_forward(f(op.outputs[0]), i32(op.inputs[0]), weight(0),
+                             op.params.size() > 1 ? weight(1) : nullptr, B_, T_, C_);
+      break;
+    case OpKind::layernorm: {
+      const float* w = weight(0);
+      dev_.layernorm_forward(f(op.outputs[0]), f(op.outputs[1]), f(op.inputs[0]), w, w + C_, N, C_);
+      break;
+    }
+    case OpKind::matmul: {
+      const int64_t in = last_dim(op.inputs[0]), out = last_dim(op.outputs[0]);
+      const float* w = weight(0);
+      const bool bias = numel(op.params[0]) == in * out + out;
+      dev_.matmul_forward(f(op.outputs[0]), f(op.inputs[0]), w, bias ? w + in * out : nullptr, N,
+                          in, out);
+      break;
+    }
+    case OpKind::attn_scores:
+      dev_.attention_scores(f(op.outputs[0]), f(op.inputs[0]), B_, T_, C_, NH_);
+      break;
+    case OpKind::softmax:
+      dev_.attention_softmax(f(op.outputs[0]), f(op.inputs[0]), B_, NH_, T_);
+      break;
+    case OpKind::attn_values:
+      dev_.attention_values(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, T_, C_, NH_);
+      break;
+    case OpKind::residual:
+      dev_.residual_forward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), numel(op.outputs[0]));
+      break;
+    case OpKind::gelu:
+      dev_.gelu_forward(f(op.outputs[0]), f(op.inputs[0]), numel(op.outputs[0]));
+      break;
+    case OpKind::cross_entropy: {
+      const int64_t V = last_dim(op.inputs[0]);
+      dev_.crossentropy_forward(f(op.inputs[0]), f(op.outputs[1]), i32(op.inputs[1]), N, V);
+      loss_sum_ += dev_.sum(f(op.outputs[1]), N);
+      break;
+    }
+    case OpKind::cross_entropy_bwd: {
+      const int64_t V = last_dim(op.inputs[0]);
+      // d(mean loss over the global batch of every micro-step), times the loss scale.
+      const double denom = static_cast<double>(N) * dp_ * static_cast<double>(plan_.strategy.grad_accum);
+      dev_.crossentropy_backward(f(op.inputs[0]), i32(op.inputs[1]),
+                                 static_cast<float>(loss_scale_ / denom), N, V);
+      break;
+    }
+    case OpKind::matmul_bwd: {
+      const int64_t in = last_dim(op.inputs[1]), out = last_dim(op.inputs[0]);
+      float* dw = dweight(0);
+      const bool bias = numel(op.params[0]) == in * out + out;
+      dev_.matmul_backward(f(op.outputs[0]), dw, bias ? dw + in * out : nullptr, f(op.inputs[0]),
+                           f(op.inputs[1]), weight(0), N, in, out);
+      break;
+    }
+    case OpKind::layernorm_bwd: {
+      float* dw = dweight(0);
+      dev_.layernorm_backward(f(op.outputs[0]), dw, dw + C_, f(op.inputs[0]), f(op.inputs[1]),
+                              weight(0), f(op.inputs[2]), N, C_);
+      break;
+    }
+    case OpKind::gelu_bwd:
+      dev_.gelu_backward(f(op.outputs[0]), f(op.inputs[1]), f(op.inputs[0]), numel(op.outputs[0]));
+      break;
+    case OpKind::attn_values_bwd:
+      dev_.attention_values_backward(f(op.outputs[0]), f(op.outputs[1]), f(op.inputs[0]),
+                                     f(op.inputs[1]), f(op.inputs[2]), B_, T_, C_, NH_);
+      break;
+    case OpKind::softmax_bwd:
+      dev_.attention_softmax_backward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, NH_, T_);
+      break;
+    case OpKind::attn_scores_bwd:
+      dev_.attention_scores_backward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, T_, C_, NH_);
+      break;
+    case OpKind::embedding_bwd:
+      dev_.embedding_backward(dweight(0), op.grads.size() > 1 ? dweight(1) : nullptr,
+                              f(op.inputs[0]), i32(op.inputs[1]), B_, T_, C_);
+      break;
+    default:
+      throw Error(fmt::format("zero-run cannot execute op {} ({})", op.name, models::to_string(op.kind)),
+                  "this op belongs to a feature the runtime does not execute");
+  }
+}
+
+// ---- the optimizer -------------------------------------------------------------------------
+
+StepStats Engine::optimizer_step() {
+  StepStats st;
+  const bool replicated = stage_ == 0;
+  // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
+  // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
+  if (stage_ <= 1 && dp_ > 1) comm_.all_reduce_sum(grads_, n_params_, pdt_);
+  const float inv_scale = 1.0f / loss_scale_;
+  // The owned gradient of group gr as (pointer, count) in grads_.
+  auto owned_grads = [&](const Group& gr) {
+    const auto [lo, hi] = owned(gr);
+    const uint64_t k = stage_ >= 2 ? gr.part_off : gr.flat_off + lo;
+    return std::pair<std::byte*, uint64_t>(at(grads_, k, pbytes_), hi - lo);
+  };
+  double sq = 0;
+  for (const Group& gr : groups_) {
+    const auto [g, n] = owned_grads(gr);
+    for (uint64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(load_as_f32(g, i, pdt_)) * inv_scale;
+      sq += v * v;
+    }
+  }
+  if (!replicated && dp_ > 1) sq = comm_.all_reduce_sum(sq);
+  st.grad_norm = std::sqrt(sq);
+  st.loss_scale = loss_scale_;
+  auto zero_grads = [&] {
+    dev_.zero(grads_, (stage_ >= 2 ? part_ : n_params_) * pbytes_);
+  };
+  if (!std::isfinite(sq)) {
+    st.skipped = true;
+    loss_scale_ = std::max(1.0f, loss_scale_ / 2);
+    good_steps_ = 0;
+    zero_grads();
+    return st;
+  }
+  const float clip = opt_.grad_clip > 0 && st.grad_norm > opt_.grad_clip
+                         ? static_cast<float>(opt_.grad_clip / (st.grad_norm + 1e-6))
+                         : 1.0f;
+  const auto kind = plan_.strategy.optimizer;
+  const double t = static_cast<double>(step_ + 1);
+  const float bc1 = static_cast<float>(1.0 - std::pow(opt_.beta1, t));
+  const float bc2 = static_cast<float>(1.0 - std::pow(opt_.beta2, t));
+  std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
+  for (const Group& gr : groups_) {
+    const auto [lo, hi] = owned(gr);
+    const auto [g, n] = owned_grads(gr);
+    const uint64_t k0 = replicated ? gr.flat_off : gr.part_off;  // state index of lo
+    // Where the updated 16-bit (or fp32) parameter goes.
+    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t k = k0 + i;
+      const float grad = load_as_f32(g, i, pdt_) * inv_scale * clip;
+      float w = master_ ? master_[k] : load_as_f32(params_, p0 + i, pdt_);
+      if (kind == planner::OptimizerKind::sgd) {
+        const float d = grad + opt_.weight_decay * w;
+        exp_avg_[k] = opt_.momentum * exp_avg_[k] + d;
+        w -= opt_.lr * exp_avg_[k];
+      } else {
+        float d = grad;
+        if (kind == planner::OptimizerKind::adamw) w -= opt_.lr * opt_.weight_decay * w;
+        else d += opt_.weight_decay * w;
+        exp_avg_[k] = opt_.beta1 * exp_avg_[k] + (1 - opt_.beta1) * d;
+        exp_avg_sq_[k] = opt_.beta2 * exp_avg_sq_[k] + (1 - opt_.beta2) * d * d;
+        const float mhat = exp_avg_[k] / bc1, vhat = exp_avg_sq_[k] / bc2;
+        w -= opt_.lr * mhat / (std::sqrt(vhat) + opt_.eps);
+      }
+      if (master_) master_[k] = w;
+      store_from_f32(params_, p0 + i, pdt_, w);
+    }
+    if (stage_ == 1 || stage_ == 2)
+      for (int r = 0; r < dp_; ++r) {
+        const uint64_t rlo = std::min(gr.elems, static_cast<uint64_t>(r) * gr.shard);
+        counts[static_cast<std::size_t>(r)] = std::min(gr.elems, rlo + gr.shard) - rlo;
+      }
+  }
+  // Stages 1-2: every rank updated its slice of the flat params; share them, in place.
+  if ((stage_ == 1 || stage_ == 2) && dp_ > 1) comm_.all_gather_in_place(params_, counts, pdt_);
+  zero_grads();
+  if (pdt_ == DType::fp16 && ++good_steps_ >= opt_.loss_scale_window) {
+    loss_scale_ *= 2;
+    good_steps_ = 0;
+  }
+  return st;
+}
+
+StepStats Engine::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  loss_sum_ = 0;
+  for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) micro_step();
+  StepStats st = optimizer_step();
+  ++step_;
+  st.step = step_;
+  const double tokens = static_cast<double>(B_ * T_ * plan_.strategy.grad_accum);
+  st.loss = (dp_ > 1 ? comm_.all_reduce_sum(loss_sum_) : loss_sum_) / (tokens * dp_);
+  dev_.synchronize();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+void Engine::save_weights(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  if (rank_ == 0) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n_params_ * 4)) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+    }
+    ::close(fd);
+  }
+  comm_.barrier();
+  const int fd = ::open(tmp.c_str(), O_WRONLY);
+  if (fd < 0) throw Error(fmt::format("cannot open {}: {}", tmp, std::strerror(errno)));
+  const bool writer = stage_ > 0 || rank_ == 0;
+  for (const Group& gr : groups_) {
+    if (!writer) break;
+    const auto [lo, hi] = owned(gr);
+    const uint64_t k0 = stage_ == 0 ? gr.flat_off : gr.part_off;
+    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+    // Through a small staging block, so the file gets fp32 whatever the storage.
+    float block[1024];
+    for (uint64_t i = 0; i < hi - lo; i += 1024) {
+      const uint64_t m = std::min<uint64_t>(1024, hi - lo - i);
+      for (uint64_t j = 0; j < m; ++j)
+        block[j] = master_ ? master_[k0 + i + j] : load_as_f32(params_, p0 + i + j, pdt_);
+      const off_t off = static_cast<off_t>((gr.flat_off + lo + i) * 4);
+      if (::pwrite(fd, block, m * 4, off) != static_cast<ssize_t>(m * 4)) {
+        ::close(fd);
+        throw Error(fmt::format("write {}: {}", tmp, std::strerror(errno)));
+      }
+    }
+  }
+  ::close(fd);
+  comm_.barrier();
+  if (rank_ == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error(fmt::format("rename {} to {}: {}", tmp, path, std::strerror(errno)));
+  comm_.barrier();
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,220 @@
+// The ZeRO engine in one process (one MPI rank): its gradients against central finite
+// differences of an independent float64 GPT-2 (tests/support/gpt2_f64.hpp) for every
+// parameter tensor, under every stage; its memory against the plan; its refusals.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "gpt2_f64.hpp"
+#include "process.hpp"
+#include "zp/error.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/plan.hpp"
+#include "zp/runtime/comm.hpp"
+#include "zp/runtime/device.hpp"
+#include "zp/runtime/engine.hpp"
+
+using namespace zp;
+using namespace zp::runtime;
+
+namespace {
+
+Comm& comm() {
+  static MpiSession session(nullptr, nullptr);
+  static std::unique_ptr<Comm> c = make_mpi_comm();
+  return *c;
+}
+
+planner::Plan tiny_plan(planner::Strategy s) {
+  return planner::make_plan(models::load_model("gpt2-tiny"), s,
+                            {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);
+}
+
+std::unique_ptr<Device> device_for(const planner::Plan& p) {
+  DeviceConfig dc;
+  dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) * 2 + (16 << 20);
+  dc.cpu_bytes = 16 << 20;
+  dc.n_threads = 1;
+  return make_cpu_device(dc);
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  const std::string bytes = test::slurp(path);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+// Flat offsets of gpt2-tiny's parameter tensors, from GPT-2's shapes (V=256, P=64, C=64, L=2).
+struct TensorRange {
+  std::string name;
+  std::size_t off, n;
+};
+std::vector<TensorRange> tiny_tensors() {
+  const std::size_t V = 256, P = 64, C = 64, F = 4 * C;
+  std::vector<TensorRange> r;
+  std::size_t at = 0;
+  auto add = [&](std::string name, std::size_t n) {
+    r.push_back({std::move(name), at, n});
+    at += n;
+  };
+  add("wte", V * C);
+  add("wpe", P * C);
+  for (int l = 0; l < 2; ++l) {
+    const std::string h = "h." + std::to_string(l);
+    add(h + ".ln1", 2 * C);
+    add(h + ".qkv", 3 * C * C + 3 * C);
+    add(h + ".proj", C * C + C);
+    add(h + ".ln2", 2 * C);
+    add(h + ".fc", F * C + F);
+    add(h + ".fc2", C * F + C);
+  }
+  add("ln_f", 2 * C);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("engine gradients equal float64 finite differences for every parameter tensor") {
+  const int64_t B = 2, T = 8;
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    planner::Strategy s;
+    s.stage = stage;
+    s.precision = planner::Precision::fp32;
+    s.optimizer = planner::OptimizerKind::sgd;
+    s.micro_batch = B;
+    s.seq = T;
+    s.buffers.reduce_bucket_size = 10'000;  // several buckets
+    const planner::Plan plan = tiny_plan(s);
+    auto dev = device_for(plan);
+    EngineOptions opt;
+    opt.lr = 1.0f;  // the first SGD step is w -= lr * g exactly: g = w0 - w1
+    Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+    test::TempDir dir;
+    engine.save_weights(dir.file("w0.bin"));
+    engine.step();
+    engine.save_weights(dir.file("w1.bin"));
+    const std::vector<float> w0 = read_floats(dir.file("w0.bin")), w1 = read_floats(dir.file("w1.bin"));
+    REQUIRE(w0.size() == 120576);
+    REQUIRE(w1.size() == w0.size());
+
+    std::vector<int32_t> tokens(B * T), targets(B * T);
+    TokenData::load("").fill(tokens.data(), targets.data(), B, T, 1234, 0, 0, 0);
+    std::vector<double> w(w0.begin(), w0.end());
+    const test::Gpt2Shape shape;
+    std::mt19937 rng(stage + 1);
+    for (const TensorRange& tr : tiny_tensors()) {
+      CAPTURE(tr.name);
+      // The element with the largest gradient and four random ones.
+      double gmax = 0;
+      std::size_t imax = tr.off;
+      for (std::size_t i = tr.off; i < tr.off + tr.n; ++i) {
+        const double g = static_cast<double>(w0[i]) - w1[i];
+        if (std::fabs(g) > gmax) gmax = std::fabs(g), imax = i;
+      }
+      REQUIRE(gmax > 0);  // every tensor takes part in the loss
+      std::vector<std::size_t> picks = {imax};
+      std::uniform_int_distribution<std::size_t> pick(tr.off, tr.off + tr.n - 1);
+      for (int k = 0; k < 4; ++k) picks.push_back(pick(rng));
+      for (std::size_t i : picks) {
+        const double h = 1e-5;
+        const double keep = w[i];
+        w[i] = keep + h;
+        const double lp = test::gpt2_mean_loss(w, shape, tokens, targets, B, T);
+        w[i] = keep - h;
+        const double lm = test::gpt2_mean_loss(w, shape, tokens, targets, B, T);
+        w[i] = keep;
+        const double fd = (lp - lm) / (2 * h);
+        const double an = static_cast<double>(w0[i]) - w1[i];
+        // fp32 forward and backward against float64 differences: agreement to 1e-3 of the
+        // tensor's largest gradient (fp32 sums over a few thousand terms lose ~1e-5 relative).
+        CAPTURE(i);
+        CHECK(std::fabs(an - fd) <= 1e-3 * gmax + 1e-7);
+      }
+    }
+  }
+}
+
+TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32") {
+  for (auto prec : {planner::Precision::bf16, planner::Precision::fp32, planner::Precision::fp16}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
+        planner::Strategy s;
+        s.stage = stage;
+        s.precision = prec;
+        s.checkpointing = ck;
+        s.micro_batch = 2;
+        s.seq = 32;
+        s.grad_accum = 2;
+        const planner::Plan plan = tiny_plan(s);
+        auto dev = device_for(plan);
+        {
+          Engine engine(plan, *dev, comm(), TokenData::load(""), {});
+          const double l1 = engine.step().loss;
+          engine.step();
+          const double l3 = engine.step().loss;
+          CHECK(l3 < l1);
+        }
+        const planner::PerDevice m = dev->measured();
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(prec));
+        CAPTURE(static_cast<int>(ck));
+        for (auto tier : planner::kTiers) {
+          CHECK(m.peak(tier) == plan.predicted.peak(tier));
+          for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
+        }
+        // Everything went back to the arena.
+        CHECK(dev->arena(planner::Tier::gpu).in_use() == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("engine refuses what it cannot run, naming why") {
+  auto error_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  planner::Strategy s;
+  s.seq = 16;
+  {
+    planner::Strategy two = s;
+    two.dp = 2;
+    const planner::Plan p = tiny_plan(two);
+    auto dev = device_for(p);
+    CHECK(error_of([&] { Engine(p, *dev, comm(), TokenData::load(""), {}); })
+              .find("the plan is for --dp 2, but 1 rank is running") != std::string::npos);
+  }
+  {
+    const planner::Plan p = planner::make_plan(models::load_model("llama-2-7b"), s,
+                                               {planner::Profile::zeroplan, planner::Backend::cpu});
+    DeviceConfig dc;
+    dc.gpu_bytes = 1 << 20;
+    auto dev = make_cpu_device(dc);
+    CHECK(error_of([&] { Engine(p, *dev, comm(), TokenData::load(""), {}); })
+              .find("trains GPT-2-family models") != std::string::npos);
+  }
+  {
+    // An arena smaller than the plan's peak runs out mid-step: the error names the tensor,
+    // its category and the shortfall.
+    const planner::Plan p = tiny_plan(s);
+    DeviceConfig dc;
+    dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) - 4096;
+    dc.n_threads = 1;
+    auto dev = make_cpu_device(dc);
+    const std::string e = error_of([&] {
+      Engine engine(p, *dev, comm(), TokenData::load(""), {});
+      engine.step();
+    });
+    CHECK(e.find("out of gpu memory allocating") != std::string::npos);
+    CHECK(e.find("short by") != std::string::npos);
+  }
+}
