@@ -2,6 +2,7 @@
 // stderr, for CLI tests that judge the tools by what a user would see.
 #pragma once
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,12 +42,14 @@ struct TempDir {
   }
 };
 
-// Runs argv[0] (a path) with the rest as arguments; stdin is /dev/null.
-inline Result run(const std::vector<std::string>& argv, const std::vector<std::string>& env = {}) {
-  TempDir tmp;
-  const std::string out = tmp.file("out"), err = tmp.file("err");
+// Starts argv[0] (a path) with the rest as arguments, stdin /dev/null, stdout and stderr to
+// the given files; returns the child's pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out,
+                   const std::string& err, const std::vector<std::string>& env = {}) {
+  std::fflush(nullptr);  // or the child's freopen writes our pending output a second time
   pid_t pid = ::fork();
   if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group, so a timeout can end it and its children
     std::freopen("/dev/null", "r", stdin);
     std::freopen(out.c_str(), "w", stdout);
     std::freopen(err.c_str(), "w", stderr);
@@ -57,10 +60,32 @@ inline Result run(const std::vector<std::string>& argv, const std::vector<std::s
     ::execv(args[0], args.data());
     std::_Exit(127);
   }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+// Waits up to `timeout_s` seconds for pid; on timeout kills its process group and returns
+// -1 ("hung"). Otherwise the exit code, or 128 + signal.
+inline int wait_for(pid_t pid, int timeout_s) {
+  for (int i = 0; i < timeout_s * 20; ++i) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    ::usleep(50'000);
+  }
+  ::kill(-pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Runs argv[0] (a path) with the rest as arguments; stdin is /dev/null. A run that takes
+// longer than timeout_s is killed and reported with rc -1.
+inline Result run(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
+                  int timeout_s = 300) {
+  TempDir tmp;
+  const std::string out = tmp.file("out"), err = tmp.file("err");
+  const pid_t pid = spawn(argv, out, err, env);
   Result r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.rc = wait_for(pid, timeout_s);
   r.out = slurp(out);
   r.err = slurp(err);
   return r;

@@ -1,0 +1,64 @@
+// zp/reports/comparison.hpp: predicted against measured memory for a run, per rank, tier and
+// category, with the steps it took and the verdict; the one type every run report is rendered
+// from (text side by side, markdown, csv, and the zero-run/report/v1 JSON contract). No
+// numbers are made here: the planner predicts them and the runtime measures them.
+//
+// Example usage:
+//   Comparison c;
+//   c.ranks.push_back({0, plan.predicted, device->measured()});
+//   c.tolerance_pct = 2;
+//   if (!c.within_tolerance()) return 1;
+//   write_file_atomic("run.json", to_json(c).dump(2));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zp/planner/memory.hpp"
+#include "zp/planner/strategy.hpp"
+#include "zp/reports/table.hpp"
+
+namespace zp::reports {
+
+struct RankMemory {
+  int rank = 0;
+  planner::PerDevice predicted, measured;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, seconds = 0, grad_norm = 0;
+  double loss_scale = 1;
+  bool skipped = false;
+};
+
+struct Comparison {
+  std::string model;            // name
+  uint64_t n_params = 0;
+  planner::Strategy strategy;
+  std::string device = "cpu";   // backend
+  std::vector<RankMemory> ranks;
+  std::vector<StepRecord> steps;
+  double tolerance_pct = 2.0;
+
+  // Largest |measured - predicted| / predicted over every rank's per-tier peak, in percent
+  // (a tier predicted empty that is used counts as 100%).
+  double max_error_pct() const;
+  bool within_tolerance() const { return max_error_pct() <= tolerance_pct; }
+};
+
+// |measured - predicted| / predicted in percent; 0 when both are 0.
+double error_pct(uint64_t predicted, uint64_t measured);
+
+// {"schema":"zero-run/report/v1","ranks":[{"rank":0,"predicted":{per_device},"measured":{...}}],
+//  "steps":[{"step":1,"loss":x,"seconds":t}],"verdict":{"max_error_pct":e,"within_tolerance":b}}
+nlohmann::json to_json(const Comparison& c);
+
+// text/markdown: a side-by-side table per rank (tier, category, predicted, measured, error)
+// and the verdict; csv: one row per rank, tier and category.
+std::string render_comparison(const Comparison& c, Format f);
+
+}  // namespace zp::reports

@@ -1,0 +1,188 @@
+// zero-run under mpirun, judged through its exit code and its report, as a user runs it:
+// measured memory against the plan for stages 0-3 on 1, 2 and 4 ranks; the same weights
+// whatever the stage and the number of ranks; refusals and faults that end every rank
+// without a hang.
+#include <dirent.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "process.hpp"
+
+using zp::test::Result;
+
+namespace {
+
+const std::string kRun = std::string(ZP_BIN_DIR) + "/zero-run";
+const std::string kPlan = std::string(ZP_BIN_DIR) + "/zero-plan";
+// Open MPI refuses root and more ranks than cores unless told.
+const std::vector<std::string> kEnv = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                       "OMPI_MCA_rmaps_base_oversubscribe=1"};
+
+Result mpirun(int np, std::vector<std::string> args, int timeout_s = 120) {
+  std::vector<std::string> argv = {ZP_MPIEXEC, "-np", std::to_string(np), kRun};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return zp::test::run(argv, kEnv, timeout_s);
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  const std::string bytes = zp::test::slurp(path);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    n += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
+}
+
+}  // namespace
+
+TEST_CASE("measured peaks within 2% of the plan: stages 0-3, dp 1/2/4, checkpointing none/full") {
+  zp::test::TempDir dir;
+  for (const char* ck : {"none", "full"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int np : {1, 2, 4}) {
+        const std::string report = dir.file("r.json");
+        const Result r = mpirun(np, {"--model", "gpt2-tiny", "--stage", std::to_string(stage),
+                                     "--checkpointing", ck, "--micro-batch", "2", "--seq", "32",
+                                     "--steps", "2", "--report", report});
+        CAPTURE(stage);
+        CAPTURE(np);
+        CAPTURE(ck);
+        CAPTURE(r.err);
+        REQUIRE(r.rc == 0);
+        const auto j = nlohmann::json::parse(zp::test::slurp(report));
+        CHECK(j["schema"] == "zero-run/report/v1");
+        REQUIRE(j["ranks"].size() == static_cast<std::size_t>(np));
+        // The verdict is recomputed here from the numbers, not taken from the report.
+        for (const auto& rank : j["ranks"])
+          for (const char* tier : {"gpu", "cpu", "nvme"}) {
+            const double p = rank["predicted"][tier]["total"].get<double>();
+            const double m = rank["measured"][tier]["total"].get<double>();
+            if (p == 0) CHECK(m == 0);
+            else CHECK(std::fabs(m - p) / p <= 0.02);
+          }
+        CHECK(j["verdict"]["within_tolerance"] == true);
+        CHECK(j["steps"].size() == 2);
+      }
+    }
+  }
+}
+
+TEST_CASE("stages 0-3 on 1, 2 and 4 ranks reach the same weights (fp32), and the loss falls") {
+  zp::test::TempDir dir;
+  // The same global batch of 4 sequences: micro-batch 4 on one rank, 2 on two, 1 on four.
+  const std::string init = dir.file("init.bin");
+  REQUIRE(mpirun(1, {"--model", "gpt2-tiny", "--precision", "fp32", "--micro-batch", "4",
+                     "--seq", "32", "--steps", "0", "--save-weights", init}).rc == 0);
+  std::vector<float> ref;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int np : {1, 2, 4}) {
+      const std::string w = dir.file("w.bin"), report = dir.file("r.json");
+      const Result r = mpirun(np, {"--model", "gpt2-tiny", "--stage", std::to_string(stage),
+                                   "--precision", "fp32", "--micro-batch", std::to_string(4 / np),
+                                   "--seq", "32", "--steps", "5", "--save-weights", w, "--report",
+                                   report});
+      CAPTURE(stage);
+      CAPTURE(np);
+      CAPTURE(r.err);
+      REQUIRE(r.rc == 0);
+      const std::vector<float> weights = read_floats(w);
+      REQUIRE(weights.size() == 120576);
+      if (ref.empty()) {
+        ref = weights;
+        // Training moved the weights, and the loss fell over the five steps.
+        CHECK(rel_l2(weights, read_floats(init)) > 1e-3);
+        const auto steps = nlohmann::json::parse(zp::test::slurp(report))["steps"];
+        CHECK(steps.back()["loss"].get<double>() < steps.front()["loss"].get<double>() - 0.1);
+      }
+      CHECK(rel_l2(weights, ref) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a plan file runs on the ranks it was made for") {
+  zp::test::TempDir dir;
+  const std::string plan = dir.file("plan.json");
+  REQUIRE(zp::test::run({kPlan, "plan", "--model", "gpt2-tiny", "--stage", "3", "--dp", "2",
+                         "--seq", "32", "-o", plan}).rc == 0);
+  const Result ok = mpirun(2, {plan, "--steps", "2"});
+  CAPTURE(ok.err);
+  CHECK(ok.rc == 0);
+  CHECK(ok.out.find("ok: every peak within") != std::string::npos);
+
+  auto bad = [](const Result& r, const std::string& needle) {
+    CAPTURE(r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find("error: ") != std::string::npos);
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(r.err.find("hint: ") != std::string::npos);
+  };
+  bad(mpirun(1, {plan}), "the plan is for --dp 2, but 1 rank is running");
+  bad(mpirun(2, {plan, "--model", "gpt2"}), "is a plan for gpt2-tiny, not for --model gpt2");
+  bad(mpirun(2, {plan, "--stage", "1"}), "strategy flags given with a plan file");
+  bad(mpirun(2, {plan, "--device-memory", "1MiB"}), "the plan needs");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--data", dir.file("missing.txt")}), "missing.txt");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--flash-attention"}), "--flash-attention");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--device", "tpu"}), "--device");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--steps", "-3"}), "--steps");
+}
+
+TEST_CASE("faults end every rank with an error, never a hang") {
+  zp::test::TempDir dir;
+  // A plan that claims less than the run needs, and an arena of exactly that size: it passes
+  // the up-front check, then runs out mid-step on every rank.
+  const std::string plan = dir.file("plan.json");
+  REQUIRE(zp::test::run({kPlan, "plan", "--model", "gpt2-tiny", "--stage", "2", "--dp", "2",
+                         "--seq", "32", "-o", plan}).rc == 0);
+  auto j = nlohmann::json::parse(zp::test::slurp(plan));
+  const uint64_t claimed = j["prediction"]["per_device"]["gpu"]["total"].get<uint64_t>() / 2;
+  j["prediction"]["per_device"]["gpu"]["total"] = claimed;
+  std::ofstream(dir.file("small.json")) << j.dump();
+  const Result oom = mpirun(2, {dir.file("small.json"), "--device-memory", std::to_string(claimed)}, 60);
+  CAPTURE(oom.err);
+  CHECK(oom.rc != 0);
+  CHECK(oom.rc != -1);  // not hung
+  CHECK(oom.err.find("out of gpu memory allocating") != std::string::npos);
+  CHECK(oom.err.find("short by") != std::string::npos);
+
+  // A rank killed mid-run: mpirun ends the others and fails.
+  const std::string out = dir.file("out"), err = dir.file("err");
+  const pid_t pid = zp::test::spawn({ZP_MPIEXEC, "-np", "2", kRun, "--model", "gpt2-tiny",
+                                     "--seq", "32", "--steps", "100000000"},
+                                    out, err, kEnv);
+  // Wait until a rank is training, then kill it.
+  pid_t victim = -1;
+  for (int i = 0; i < 200 && victim < 0; ++i) {
+    ::usleep(50'000);
+    if (zp::test::slurp(out).find("step 3/") == std::string::npos) continue;
+    DIR* d = ::opendir("/proc");
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string cmd = zp::test::slurp("/proc/" + name + "/cmdline");
+      const std::string stat = zp::test::slurp("/proc/" + name + "/stat");
+      // A zero-run whose parent is our mpirun.
+      const auto close = stat.rfind(')');
+      if (cmd.rfind(kRun, 0) == 0 && close != std::string::npos &&
+          std::stoi(stat.substr(close + 4, stat.find(' ', close + 4) - close - 4)) == pid)
+        victim = std::stoi(name);
+    }
+    ::closedir(d);
+  }
+  REQUIRE(victim > 0);
+  ::kill(victim, SIGKILL);
+  const int rc = zp::test::wait_for(pid, 60);
+  CHECK(rc != 0);
+  CHECK(rc != -1);  // not hung
+}

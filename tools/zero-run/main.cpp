@@ -1,0 +1,310 @@
+// zero-run: executes a plan for real on every MPI rank (the cpu backend emulates the device
+// in host memory), measures memory per rank, tier and category, and holds the measurement
+// against the plan's prediction. Thin: parse, build the engine, loop, report. Not a trainer
+// for real workloads (no checkpoints, no evaluation).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "zp/error.hpp"
+#include "zp/json_fields.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/plan.hpp"
+#include "zp/reports/comparison.hpp"
+#include "zp/runtime/comm.hpp"
+#include "zp/runtime/data.hpp"
+#include "zp/runtime/device.hpp"
+#include "zp/runtime/engine.hpp"
+#include "zp/units.hpp"
+
+namespace {
+
+using namespace zp;
+
+struct Args {
+  std::string plan_path, model, data, report, format, save_weights, device = "cpu";
+  std::string steps = "10", seed = "1234", tolerance = "2", device_memory, host_memory;
+  std::string lr = "1e-3", weight_decay, grad_clip = "0";
+  cli::StrategyFlags flags;
+};
+
+double parse_number(const std::string& s, const char* what, double lo) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used == s.size() && std::isfinite(v) && v >= lo) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("{}: '{}' is not a number >= {}", what, s, lo),
+              fmt::format("e.g. {} {}", what, lo > 0 ? "0.5" : "0.01"));
+}
+
+// What the run needs, resolved identically on every rank.
+struct Setup {
+  planner::Plan plan;
+  runtime::EngineOptions opt;
+  int64_t steps = 10;
+  double tolerance = 2;
+  uint64_t gpu_bytes = 0, cpu_bytes = 0;
+};
+
+Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
+  Setup s;
+  const bool flags_given = [&] {
+    for (const char* f : {"--stage", "--dp", "--micro-batch", "--seq", "--grad-accum",
+                          "--precision", "--optimizer", "--checkpointing", "--ds-config",
+                          "--offload-optimizer", "--offload-param"})
+      if (app.count(f) > 0) return true;
+    return false;
+  }();
+  if (!a.plan_path.empty()) {
+    if (flags_given)
+      throw Error("strategy flags given with a plan file: the plan already holds the strategy",
+                  "run 'zero-run plan.json' alone, or 'zero-run --model ... [strategy flags]'");
+    const std::string text = read_text_file(a.plan_path);
+    s.plan = planner::plan_from_json(parse_json_text(text, a.plan_path), a.plan_path);
+    if (!a.model.empty()) {
+      const auto m = models::load_model(a.model);
+      if (models::to_hf_config(m) != models::to_hf_config(s.plan.model))
+        throw Error(fmt::format("{} is a plan for {}, not for --model {}", a.plan_path,
+                                s.plan.model.name, a.model),
+                    "make a plan for this model with zero-plan plan --model ... -o plan.json");
+    }
+  } else {
+    if (a.model.empty())
+      throw Error("nothing to run: give a plan file or --model",
+                  "zero-run plan.json, or zero-run --model gpt2-tiny --stage 2 --dp 2");
+    planner::Strategy st = a.flags.resolve();
+    // Without --dp, the ranks that are running are the data-parallel degree.
+    if (app.count("--dp") == 0) st.dp = n_ranks;
+    auto backend = planner::backend_from_string(a.device);
+    if (!backend) throw Error(fmt::format("--device: unknown value '{}'", a.device), "expected cpu or cuda");
+    s.plan = planner::make_plan(models::load_model(a.model), st,
+                                {planner::Profile::zeroplan, *backend},
+                                parse_count(a.seed, "--seed"));
+  }
+  if (app.count("--seed") > 0 && !a.plan_path.empty()) s.plan.seed = parse_count(a.seed, "--seed");
+  // 0 steps is allowed: it initialises and measures (and --save-weights writes the start).
+  s.steps = a.steps == "0" ? 0 : static_cast<int64_t>(parse_count(a.steps, "--steps"));
+  s.tolerance = parse_number(a.tolerance, "--tolerance", 0);
+  s.opt.lr = static_cast<float>(parse_number(a.lr, "--lr", 0));
+  s.opt.weight_decay = a.weight_decay.empty()
+                           ? (s.plan.strategy.optimizer == planner::OptimizerKind::adamw ? 0.01f : 0.0f)
+                           : static_cast<float>(parse_number(a.weight_decay, "--weight-decay", 0));
+  s.opt.grad_clip = static_cast<float>(parse_number(a.grad_clip, "--grad-clip", 0));
+
+  // Arena capacities: what the plan predicts with room to spare, or what the user gives, in
+  // which case a plan that does not fit is refused before anything runs.
+  const uint64_t gpu_pred = s.plan.predicted.peak(planner::Tier::gpu);
+  const uint64_t cpu_pred = s.plan.predicted.peak(planner::Tier::cpu);
+  auto with_room = [](uint64_t b) { return b + b / 2 + (64ULL << 20); };
+  s.gpu_bytes = with_room(gpu_pred);
+  s.cpu_bytes = with_room(cpu_pred);
+  if (!a.device_memory.empty()) {
+    s.gpu_bytes = parse_bytes(a.device_memory, "--device-memory");
+    if (gpu_pred > s.gpu_bytes)
+      throw Error(fmt::format("the plan needs {} on the device, --device-memory gives {}",
+                              format_bytes(gpu_pred), format_bytes(s.gpu_bytes)),
+                  "give more memory, or plan a smaller footprint (higher --stage, "
+                  "--checkpointing full, smaller --micro-batch)");
+  }
+  if (!a.host_memory.empty()) {
+    s.cpu_bytes = parse_bytes(a.host_memory, "--host-memory");
+    if (cpu_pred > s.cpu_bytes)
+      throw Error(fmt::format("the plan needs {} on the host, --host-memory gives {}",
+                              format_bytes(cpu_pred), format_bytes(s.cpu_bytes)),
+                  "give more host memory");
+  }
+  return s;
+}
+
+reports::Format report_format(const std::string& path) {
+  auto ends = [&](std::string_view e) {
+    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  if (ends(".json")) return reports::Format::json;
+  if (ends(".md")) return reports::Format::markdown;
+  if (ends(".csv")) return reports::Format::csv;
+  if (ends(".txt")) return reports::Format::text;
+  throw Error(fmt::format("--report {}: unknown extension", path), "use .json, .md, .csv or .txt");
+}
+
+std::string progress_bar(int64_t done, int64_t total) {
+  const int width = 20;
+  const int filled = static_cast<int>(done * width / std::max<int64_t>(total, 1));
+  return "[" + std::string(static_cast<std::size_t>(filled), '#') +
+         std::string(static_cast<std::size_t>(width - filled), '.') + "]";
+}
+
+constexpr int kPacked = static_cast<int>(planner::kTiers.size() * (planner::kCategories.size() + 1));
+std::vector<uint64_t> pack(const planner::PerDevice& d) {
+  std::vector<uint64_t> v;
+  for (auto t : planner::kTiers) {
+    for (auto c : planner::kCategories) v.push_back(d[t][c]);
+    v.push_back(d.peak(t));
+  }
+  return v;
+}
+planner::PerDevice unpack(const uint64_t* v) {
+  planner::PerDevice d;
+  for (auto t : planner::kTiers) {
+    for (auto c : planner::kCategories) d[t][c] = *v++;
+    d.set_peak(t, *v++);
+  }
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  runtime::MpiSession mpi(&argc, &argv);
+  std::unique_ptr<runtime::Comm> comm;
+  try {
+    comm = runtime::make_mpi_comm();
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return cli::kExitBadInput;
+  }
+  const int rank = comm->rank();
+  const bool lead = rank == 0;
+  if (!lead) {  // one voice: only rank 0 prints help and usage errors
+    std::fclose(stdout);
+  }
+
+  Args a;
+  CLI::App app{"zero-run: execute a zeroplan plan on every MPI rank, measure memory per rank, "
+               "tier and category, and check it against the prediction.\n"
+               "Run N ranks with: mpirun -np N zero-run plan.json (a single process is one rank)."};
+  app.name("zero-run");
+  app.add_option("plan", a.plan_path, "a plan file from 'zero-plan plan -o plan.json'");
+  app.add_option("--model", a.model, "catalog name or HF config.json (instead of a plan file)");
+  cli::add_strategy_flags(app, a.flags);
+  app.add_option("--steps", a.steps, "optimizer steps to run [10]");
+  app.add_option("--data", a.data, "a text file to train on, byte by byte [an embedded text]");
+  app.add_option("--seed", a.seed, "seed of the weights and the data order [the plan's, 1234]");
+  app.add_option("--lr", a.lr, "learning rate [1e-3]");
+  app.add_option("--weight-decay", a.weight_decay, "weight decay [0; adamw 0.01]");
+  app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm to this [0: off]");
+  app.add_option("--device", a.device, "cpu (the device tier emulated in host memory) or cuda [cpu]");
+  app.add_option("--device-memory", a.device_memory,
+                 "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");
+  app.add_option("--host-memory", a.host_memory, "host arena size [prediction + 50%]");
+  app.add_option("--report", a.report, "write the predicted-vs-measured report: .json, .md, .csv or .txt");
+  app.add_option("--tolerance", a.tolerance, "largest allowed error of a measured peak, percent [2]");
+  app.add_option("--save-weights", a.save_weights, "write the final fp32 weights (flat, n_params floats)");
+  cli::add_format_flag(app, a.format);
+  app.footer(
+      "Examples:\n"
+      "  zero-run --model gpt2-tiny --stage 2 --steps 5\n"
+      "  zero-plan plan --model gpt2-tiny --stage 3 --dp 4 -o plan.json && mpirun -np 4 zero-run plan.json\n"
+      "  mpirun -np 2 zero-run --model gpt2-tiny --stage 1 --checkpointing full --report run.json\n"
+      "Exit codes: 0 measured within tolerance, 1 a peak is off by more than the tolerance,\n"
+      "2 bad input (one error line and a hint).");
+
+  // Parse and resolve on every rank (same argv, same answer); agree on failure before any
+  // rank starts a collective, so a bad input never leaves ranks waiting.
+  std::optional<Setup> setup;
+  int rc = cli::run(app, argc, argv, [&]() -> int {
+    setup = resolve(a, app, comm->size());
+    return cli::kExitOk;
+  });
+  if (rc == cli::kExitOk && !setup) return cli::kExitOk;  // --help
+  const double failed = comm->all_reduce_sum(rc != cli::kExitOk || !setup ? 1.0 : 0.0);
+  if (failed > 0) return rc != cli::kExitOk ? rc : cli::kExitBadInput;
+
+  const Setup& s = *setup;
+  std::unique_ptr<runtime::Device> dev;
+  std::unique_ptr<runtime::Engine> engine;
+  reports::Comparison cmp;
+  // Errors after this point may strike one rank only (an arena running out): that rank
+  // reports and ends the whole job, so no rank hangs in a collective.
+  auto fail = [&](const Error& e, int code) {
+    std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
+    if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    std::cerr.flush();
+    comm->abort(code);
+  };
+  try {
+    if (a.device != "cpu")
+      throw Error(fmt::format("--device {}: this zero-run has only the cpu backend", a.device),
+                  "run with --device cpu");
+    runtime::DeviceConfig dc;
+    dc.gpu_bytes = s.gpu_bytes;
+    dc.cpu_bytes = s.cpu_bytes;
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    dc.n_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(comm->local_size())));
+    dev = runtime::make_cpu_device(dc);
+    engine = std::make_unique<runtime::Engine>(s.plan, *dev, *comm,
+                                               runtime::TokenData::load(a.data), s.opt);
+  } catch (const Error& e) {
+    // Setup errors are the same on every rank (the plan, the data): exit 2 everywhere.
+    if (lead) {
+      std::cerr << "error: " << e.what() << "\n";
+      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    }
+    comm->barrier();
+    return cli::kExitBadInput;
+  }
+
+  if (lead)
+    std::printf("zero-run: %s, %s, %lld rank%s, %s backend, %s parameters\n",
+                s.plan.model.name.c_str(), planner::describe(s.plan.strategy).c_str(),
+                static_cast<long long>(comm->size()), comm->size() == 1 ? "" : "s", dev->name().data(),
+                format_count(engine->n_params()).c_str());
+  try {
+    for (int64_t i = 0; i < s.steps; ++i) {
+      const runtime::StepStats st = engine->step();
+      cmp.steps.push_back({st.step, st.loss, st.seconds, st.grad_norm, st.loss_scale, st.skipped});
+      if (lead) {
+        std::printf("%s step %lld/%lld  loss %.4f  %.3f s%s\n", progress_bar(i + 1, s.steps).c_str(),
+                    static_cast<long long>(st.step), static_cast<long long>(s.steps), st.loss,
+                    st.seconds, st.skipped ? "  (fp16 overflow: step skipped, loss scale halved)" : "");
+        std::fflush(stdout);
+      }
+    }
+    if (!a.save_weights.empty()) engine->save_weights(a.save_weights);
+  } catch (const Error& e) {
+    fail(e, 1);
+  }
+
+  // Every rank's measurement to rank 0.
+  const std::vector<uint64_t> mine = pack(dev->measured());
+  std::vector<uint64_t> all(static_cast<std::size_t>(kPacked * comm->size()));
+  comm->gather_u64(mine.data(), all.data(), kPacked);
+  int exit_code = cli::kExitOk;
+  if (lead) {
+    cmp.model = s.plan.model.name;
+    cmp.n_params = engine->n_params();
+    cmp.strategy = s.plan.strategy;
+    cmp.device = std::string(dev->name());
+    cmp.tolerance_pct = s.tolerance;
+    // Without a step there is nothing to hold against the step's prediction.
+    if (s.steps > 0)
+      for (int r = 0; r < comm->size(); ++r)
+        cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked)});
+    else
+      std::printf("no step ran: memory not compared\n");
+    try {
+      std::printf("\n%s", reports::render_comparison(cmp, cli::parse_format(a.format)).c_str());
+      if (!a.report.empty())
+        reports::write_file_atomic(a.report, reports::render_comparison(cmp, report_format(a.report)));
+    } catch (const Error& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+      exit_code = cli::kExitBadInput;
+    }
+    if (exit_code == cli::kExitOk && !cmp.within_tolerance()) exit_code = cli::kExitCheckFailed;
+  }
+  // Every rank leaves with rank 0's verdict.
+  exit_code = static_cast<int>(comm->all_reduce_sum(static_cast<double>(exit_code)));
+  engine.reset();
+  return exit_code;
+}
