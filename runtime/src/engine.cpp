@@ -383,7 +383,18 @@ void Engine::end_run(int32_t r) {
   }
 }
 
+void Engine::sample(int32_t pos) {
+  planner::TimelineSample t;
+  t.pos = pos;
+  for (Tier tier : planner::kTiers)
+    for (Category c : planner::kCategories)
+      t.bytes[static_cast<std::size_t>(tier)][static_cast<std::size_t>(c)] = dev_.arena(tier).in_use(c);
+  timeline_.push_back(t);
+}
+
 void Engine::micro_step() {
+  const bool record = step_ == 0 && micro_ == 0;
+  if (record) sample(-1);
   for (int32_t i = 0; i < n_pos_; ++i) {
     const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
     if (op.phase == Phase::optimizer) continue;  // after the last micro-step only
@@ -417,6 +428,7 @@ void Engine::micro_step() {
         dev_.to_f32(w32[k], ptr(op.params[k]), pdt_, static_cast<int64_t>(w.bytes / w.elem_bytes));
       }
 
+    if (record) sample(i);
     run_op(op, w32);
 
     for (auto& [gt, p] : dw32) {
@@ -631,6 +643,7 @@ StepStats Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
   loss_sum_ = 0;
   for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) micro_step();
+  if (step_ == 0) sample(opt_pos_);
   StepStats st = optimizer_step();
   ++step_;
   st.step = step_;

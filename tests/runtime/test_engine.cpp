@@ -13,6 +13,7 @@
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/device.hpp"
 #include "zp/runtime/engine.hpp"
@@ -152,14 +153,29 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
         s.grad_accum = 2;
         const planner::Plan plan = tiny_plan(s);
         auto dev = device_for(plan);
+        std::vector<planner::TimelineSample> timeline;
         {
           Engine engine(plan, *dev, comm(), TokenData::load(""), {});
           const double l1 = engine.step().loss;
           engine.step();
           const double l3 = engine.step().loss;
           CHECK(l3 < l1);
+          timeline = engine.timeline();
         }
         const planner::PerDevice m = dev->measured();
+        // The measured timeline of the first micro-step matches the predicted one op by op.
+        {
+          const auto& m_tl = timeline;
+          const auto g = models::build_training_graph(
+              plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
+          const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
+                                           plan.options);
+          REQUIRE(m_tl.size() == rep.timeline.size());
+          for (std::size_t k = 0; k < m_tl.size(); ++k) {
+            CHECK(m_tl[k].pos == rep.timeline[k].pos);
+            CHECK(m_tl[k].bytes == rep.timeline[k].bytes);
+          }
+        }
         CAPTURE(stage);
         CAPTURE(static_cast<int>(prec));
         CAPTURE(static_cast<int>(ck));

@@ -22,6 +22,7 @@
 
 #include "zp/models/graph.hpp"
 #include "zp/planner/plan.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
@@ -64,6 +65,11 @@ class Engine {
   // Every rank writes the weights it owns (fp32 master, or the fp32 params) into one file of
   // n_params fp32 values in the model's flat order; the file appears whole (temp + rename).
   void save_weights(const std::string& path);
+
+  // Bytes in use per tier and category at each op of the first micro-step, at the op's high
+  // point (after its allocations, before its frees), as the planner's timeline samples it;
+  // position -1 holds the model states alone.
+  const std::vector<planner::TimelineSample>& timeline() const { return timeline_; }
 
   uint64_t n_params() const { return n_params_; }
   uint64_t partition_elems() const { return part_; }
@@ -115,6 +121,7 @@ class Engine {
   uint64_t live_gathered_elems_ = 0;
   std::vector<float*> w32_;                            // per op: fp32 copies of its weights
   std::vector<std::pair<models::TensorId, float*>> dw32_;  // and its fp32 weight gradients
+  std::vector<planner::TimelineSample> timeline_;
   double loss_sum_ = 0;
   int64_t step_ = 0, micro_ = 0, good_steps_ = 0;
   float loss_scale_ = 1;
@@ -137,6 +144,7 @@ class Engine {
   void end_run(int32_t r);
 
   void micro_step();
+  void sample(int32_t pos);
   void run_op(const models::Op& op, const std::vector<float*>& w32);
   StepStats optimizer_step();
   // The owned range of a group for this rank, in group-local elements.
