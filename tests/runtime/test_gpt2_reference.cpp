@@ -67,7 +67,8 @@ Fixture load_fixture() {
 }
 
 // Every element within tol * (the tensor's largest |want|); returns the worst error / scale.
-double check_tensor(const float* got, const float* want, int64_t n, double tol, const std::string& what) {
+double check_tensor(const float* got, const float* want, int64_t n, double tol,
+                    const std::string& what) {
   double scale = 0.0, worst = 0.0;
   for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(static_cast<double>(want[i])));
   REQUIRE_MESSAGE(scale > 0.0, what << ": reference is all zero");
@@ -76,7 +77,8 @@ double check_tensor(const float* got, const float* want, int64_t n, double tol, 
     const double err = std::abs(static_cast<double>(got[i]) - want[i]);
     worst = std::max(worst, err / scale);
     if (!(err <= tol * scale) && ++n_bad <= 3)
-      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale " << scale << ")");
+      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale "
+                      << scale << ")");
   }
   CHECK_MESSAGE(n_bad == 0, what << ": " << n_bad << " of " << n << " elements off");
   return worst;
@@ -97,7 +99,8 @@ TEST_CASE("gpt2-tiny forward and backward through the CPU kernels match PyTorch"
   REQUIRE(step.n_params() == static_cast<int64_t>(fx.params.size()));
 
   const float loss = step.forward(fx.params.data(), fx.tokens.data(), fx.targets.data(), true);
-  double worst = check_tensor(step.logits().data(), fx.logits.data(), d.B * d.T * d.V, kLogitTol, "logits");
+  double worst =
+      check_tensor(step.logits().data(), fx.logits.data(), d.B * d.T * d.V, kLogitTol, "logits");
   CHECK(std::abs(loss - fx.loss) <= kLogitTol * std::abs(fx.loss));
   MESSAGE("loss " << loss << " (PyTorch " << fx.loss << "), logits worst error/scale " << worst);
 

@@ -111,12 +111,15 @@ class Gpt2Step {
       cpu::attention_scores(a.preatt.data(), a.qkv.data(), B, T, C, NH);
       cpu::attention_softmax(a.att.data(), a.preatt.data(), B, NH, T);
       cpu::attention_values(a.atty.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
-      cpu::matmul_forward(dln_.data(), a.atty.data(), w.projw, w.projb, N, C, C);  // attproj
+      // attproj, into dln_ as scratch (dln_ is backward's, zeroed before each use there)
+      cpu::matmul_forward(dln_.data(), a.atty.data(), w.projw, w.projb, N, C, C);
       cpu::residual_forward(a.residual2.data(), residual, dln_.data(), N * C);
-      cpu::layernorm_forward(a.ln2.data(), a.ln2_stats.data(), a.residual2.data(), w.ln2w, w.ln2b, N, C);
+      cpu::layernorm_forward(a.ln2.data(), a.ln2_stats.data(), a.residual2.data(), w.ln2w, w.ln2b,
+                             N, C);
       cpu::matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, w.fcb, N, C, 4 * C);
       cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * C);
-      cpu::matmul_forward(dln_.data(), a.fch_gelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);  // fcproj
+      // fcproj, into dln_ as scratch
+      cpu::matmul_forward(dln_.data(), a.fch_gelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
       cpu::residual_forward(a.residual3.data(), a.residual2.data(), dln_.data(), N * C);
       residual = a.residual3.data();
     }
@@ -156,7 +159,8 @@ class Gpt2Step {
                            a.fch_gelu.data(), w.fcprojw, N, 4 * C, C);
       cpu::gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), N * 4 * C);
       zero(dln_);
-      cpu::matmul_backward(dln_.data(), gw.fcw, gw.fcb, dfch_.data(), a.ln2.data(), w.fcw, N, C, 4 * C);
+      cpu::matmul_backward(dln_.data(), gw.fcw, gw.fcb, dfch_.data(), a.ln2.data(), w.fcw, N, C,
+                           4 * C);
       cpu::layernorm_backward(dresidual_.data(), gw.ln2w, gw.ln2b, dln_.data(), a.residual2.data(),
                               w.ln2w, a.ln2_stats.data(), N, C);
       zero(datty_);
@@ -168,8 +172,8 @@ class Gpt2Step {
       cpu::attention_softmax_backward(datt_.data(), datt_.data(), a.att.data(), B, NH, T);
       cpu::attention_scores_backward(dqkv_.data(), datt_.data(), a.qkv.data(), B, T, C, NH);
       zero(dln_);
-      cpu::matmul_backward(dln_.data(), gw.qkvw, gw.qkvb, dqkv_.data(), a.ln1.data(), w.qkvw, N,
-                           C, 3 * C);
+      cpu::matmul_backward(dln_.data(), gw.qkvw, gw.qkvb, dqkv_.data(), a.ln1.data(), w.qkvw, N, C,
+                           3 * C);
       cpu::layernorm_backward(dresidual_.data(), gw.ln1w, gw.ln1b, dln_.data(), residual, w.ln1w,
                               a.ln1_stats.data(), N, C);
     }

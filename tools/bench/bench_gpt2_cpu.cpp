@@ -49,8 +49,8 @@ struct SplitMix {
 
 void BM_Gpt2Step(benchmark::State& state, Config cfg) {
   const auto m = zp::models::load_model(cfg.model);
-  const zp::testing::Gpt2Dims d{cfg.B, cfg.T, m.n_embd, m.n_head, m.n_layer, m.n_positions,
-                                m.vocab_size};
+  const zp::testing::Gpt2Dims d{cfg.B,     cfg.T,         m.n_embd,    m.n_head,
+                                m.n_layer, m.n_positions, m.vocab_size};
   zp::runtime::cpu::set_threads(cfg.n_threads);
   zp::testing::Gpt2Step step(d);
   // The layout of the flat parameter buffer must hold exactly the catalog's parameter count.
@@ -64,7 +64,8 @@ void BM_Gpt2Step(benchmark::State& state, Config cfg) {
   for (auto& p : params) p = 0.02f * std::sqrt(3.0f) * rng.uniform();
   const zp::testing::Gpt2Tensors<float> t(params.data(), d);
   auto fill = [&](float* p, float v) { std::fill(p, p + d.C, v); };
-  for (const auto& b : t.blocks) fill(b.ln1w, 1.f), fill(b.ln1b, 0.f), fill(b.ln2w, 1.f), fill(b.ln2b, 0.f);
+  for (const auto& b : t.blocks)
+    fill(b.ln1w, 1.f), fill(b.ln1b, 0.f), fill(b.ln2w, 1.f), fill(b.ln2b, 0.f);
   fill(t.lnfw, 1.f), fill(t.lnfb, 0.f);
   std::vector<int32_t> tokens(d.B * d.T), targets(d.B * d.T);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -81,7 +82,8 @@ void BM_Gpt2Step(benchmark::State& state, Config cfg) {
   const double ln_v = std::log(static_cast<double>(d.V));
   if (!(std::abs(loss - ln_v) < 0.5) || !std::isfinite(grad_sq) || grad_sq == 0.0) {
     state.SkipWithError(fmt::format("wrong answer: loss {} (want about ln V = {:.3f}), |grad|^2 {}",
-                                    loss, ln_v, grad_sq).c_str());
+                                    loss, ln_v, grad_sq)
+                            .c_str());
     return;
   }
 
@@ -91,8 +93,8 @@ void BM_Gpt2Step(benchmark::State& state, Config cfg) {
     step.backward(params.data(), grads.data());
     benchmark::ClobberMemory();
   }
-  state.counters["tokens_per_s"] =
-      benchmark::Counter(static_cast<double>(d.B * d.T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(d.B * d.T), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = cfg.n_threads;
   state.counters["loss0"] = loss;
 }
