@@ -161,8 +161,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // ---- Linear layers (OpenBLAS) ---------------------------------------------------------------
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t N, int64_t C, int64_t OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
+                    int64_t C, int64_t OC) {
   const int n = blas_dim(N, "matmul_forward N"), c = blas_dim(C, "matmul_forward C"),
             oc = blas_dim(OC, "matmul_forward OC");
   // out = bias (broadcast over rows), then out = 1 * inp @ W^T + beta * out.
@@ -172,17 +172,17 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 #pragma omp parallel for if (N * OC > kParallelElems)
     for (int64_t r = 0; r < N; ++r) std::copy(bias, bias + OC, out + r * OC);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, oc, c, 1.0f, inp, c, weight, c, beta,
-              out, oc);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, oc, c, 1.0f, inp, c, weight, c, beta, out,
+              oc);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int64_t C, int64_t OC) {
   const int n = blas_dim(N, "matmul_backward N"), c = blas_dim(C, "matmul_backward C"),
             oc = blas_dim(OC, "matmul_backward OC");
   // dinp (N,C) += dout (N,OC) @ W (OC,C)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c, oc, 1.0f, dout, oc, weight, c,
-              1.0f, dinp, c);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c, oc, 1.0f, dout, oc, weight, c, 1.0f,
+              dinp, c);
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, c, n, 1.0f, dout, oc, inp, c, 1.0f,
               dweight, c);
@@ -245,7 +245,8 @@ void attention_values(float* out, const float* att, const float* qkv, int64_t B,
         float* o = out + (b * T + t) * C + h * HS;
         const float* a = att + ((b * NH + h) * T + t) * T;
         std::fill(o, o + HS, 0.0f);
-        for (int64_t t2 = 0; t2 <= t; ++t2) axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * HS, HS);
+        for (int64_t t2 = 0; t2 <= t; ++t2)
+          axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * HS, HS);
       }
 }
 
@@ -344,20 +345,60 @@ void crossentropy_backward(float* probs, const int32_t* targets, float dloss, in
 }
 
 // ---- 16-bit storage -------------------------------------------------------------------------
+// One loop per storage type (the type test hoisted out of the loop), each element through
+// dtype.hpp's scalar conversions.
+
+namespace {
+template <typename Op>
+void for_each_elem(int64_t n, Op op) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) op(static_cast<std::size_t>(i));
+}
+}  // namespace
 
 void to_f32(float* dst, const void* src, DType t, int64_t n) {
-#pragma omp parallel for if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_f32(src, static_cast<std::size_t>(i), t);
+  const auto* h = static_cast<const uint16_t*>(src);
+  switch (t) {
+    case DType::fp32:
+      for_each_elem(n, [&](std::size_t i) { dst[i] = static_cast<const float*>(src)[i]; });
+      break;
+    case DType::fp16:
+      for_each_elem(n, [&](std::size_t i) { dst[i] = fp16_to_fp32(h[i]); });
+      break;
+    case DType::bf16:
+      for_each_elem(n, [&](std::size_t i) { dst[i] = bf16_to_fp32(h[i]); });
+      break;
+  }
 }
 
 void from_f32(void* dst, const float* src, DType t, int64_t n) {
-#pragma omp parallel for if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) store_from_f32(dst, static_cast<std::size_t>(i), t, src[i]);
+  auto* h = static_cast<uint16_t*>(dst);
+  switch (t) {
+    case DType::fp32:
+      for_each_elem(n, [&](std::size_t i) { static_cast<float*>(dst)[i] = src[i]; });
+      break;
+    case DType::fp16:
+      for_each_elem(n, [&](std::size_t i) { h[i] = fp32_to_fp16(src[i]); });
+      break;
+    case DType::bf16:
+      for_each_elem(n, [&](std::size_t i) { h[i] = fp32_to_bf16(src[i]); });
+      break;
+  }
 }
 
+// accumulate_as with a literal type: the compiler folds its switch away.
 void accumulate_to(void* dst, const float* src, DType t, int64_t n) {
-#pragma omp parallel for if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) accumulate_as(dst, static_cast<std::size_t>(i), t, src[i]);
+  switch (t) {
+    case DType::fp32:
+      for_each_elem(n, [&](std::size_t i) { accumulate_as(dst, i, DType::fp32, src[i]); });
+      break;
+    case DType::fp16:
+      for_each_elem(n, [&](std::size_t i) { accumulate_as(dst, i, DType::fp16, src[i]); });
+      break;
+    case DType::bf16:
+      for_each_elem(n, [&](std::size_t i) { accumulate_as(dst, i, DType::bf16, src[i]); });
+      break;
+  }
 }
 
 }  // namespace zp::runtime::cpu

@@ -41,7 +41,9 @@ Vec randn(std::size_t n, float stddev, std::mt19937& rng) {
   return v;
 }
 
-DVec to_d(const Vec& v) { return DVec(v.begin(), v.end()); }
+DVec to_d(const Vec& v) {
+  return DVec(v.begin(), v.end());
+}
 
 std::vector<int32_t> rand_tokens(std::size_t n, int32_t vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> d(0, vocab - 1);
@@ -115,8 +117,8 @@ DVec fd_grad(const std::function<double(const DVec&)>& f, DVec x) {
 
 // At sizes too large for per-element differences: for a random direction u,
 // (f(x + h u) - f(x - h u)) / 2h must equal sum_i grad_i u_i, within tol * sum_i |grad_i u_i|.
-void check_directional(const std::function<double(const DVec&)>& f, const DVec& x,
-                       const Vec& grad, std::mt19937& rng, const char* what) {
+void check_directional(const std::function<double(const DVec&)>& f, const DVec& x, const Vec& grad,
+                       std::mt19937& rng, const char* what) {
   REQUIRE(grad.size() == x.size());
   std::normal_distribution<double> normal;
   DVec u(x.size()), xp(x), xm(x);
@@ -308,12 +310,16 @@ TEST_CASE("embedding: forward, backward (repeated tokens accumulate), optional p
   const Vec dwte0 = randn(V * C, 0.1f, rng), dwpe0 = randn(T * C, 0.1f, rng);
   Vec dwte = dwte0, dwpe = dwpe0;
   cpu::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
-  check_delta(dwte, dwte0,
-              fd_grad([&](const DVec& x) { return weighted_sum(ref_embedding(tok, x, &wpe_d), dout); }, wte_d),
-              kBwdTol, "dwte");
-  check_delta(dwpe, dwpe0,
-              fd_grad([&](const DVec& x) { return weighted_sum(ref_embedding(tok, wte_d, &x), dout); }, wpe_d),
-              kBwdTol, "dwpe");
+  check_delta(
+      dwte, dwte0,
+      fd_grad([&](const DVec& x) { return weighted_sum(ref_embedding(tok, x, &wpe_d), dout); },
+              wte_d),
+      kBwdTol, "dwte");
+  check_delta(
+      dwpe, dwpe0,
+      fd_grad([&](const DVec& x) { return weighted_sum(ref_embedding(tok, wte_d, &x), dout); },
+              wpe_d),
+      kBwdTol, "dwpe");
 
   Vec dwte_only = dwte0;
   cpu::embedding_backward(dwte_only.data(), nullptr, dout.data(), tok.data(), B, T, C);
@@ -341,12 +347,18 @@ TEST_CASE("layernorm: forward (out and stats) and backward against finite differ
   Vec dx = dx0, dw = dw0, db = db0;
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                           stats.data(), N, C);
-  check_delta(dx, dx0, fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(v, wd, bd), dout); }, xd),
-              kBwdTol, "layernorm dinp");
-  check_delta(dw, dw0, fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(xd, v, bd), dout); }, wd),
-              kBwdTol, "layernorm dweight");
-  check_delta(db, db0, fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(xd, wd, v), dout); }, bd),
-              kBwdTol, "layernorm dbias");
+  check_delta(
+      dx, dx0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(v, wd, bd), dout); }, xd),
+      kBwdTol, "layernorm dinp");
+  check_delta(
+      dw, dw0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(xd, v, bd), dout); }, wd),
+      kBwdTol, "layernorm dweight");
+  check_delta(
+      db, db0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_layernorm(xd, wd, v), dout); }, bd),
+      kBwdTol, "layernorm dbias");
 }
 
 TEST_CASE("matmul: forward with and without bias, backward against finite differences") {
@@ -362,22 +374,33 @@ TEST_CASE("matmul: forward with and without bias, backward against finite differ
   check_close(out, ref_matmul(xd, wd, nullptr), kFwdTol, "matmul out (no bias)");
 
   const Vec dout = randn(N * OC, 1.0f, rng);
-  const Vec dx0 = randn(N * C, 0.1f, rng), dw0 = randn(OC * C, 0.1f, rng), db0 = randn(OC, 0.1f, rng);
+  const Vec dx0 = randn(N * C, 0.1f, rng), dw0 = randn(OC * C, 0.1f, rng),
+            db0 = randn(OC, 0.1f, rng);
   Vec dx = dx0, dw = dw0, db = db0;
   cpu::matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
-  check_delta(dx, dx0, fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(v, wd, &bd), dout); }, xd),
-              kBwdTol, "matmul dinp");
-  check_delta(dw, dw0, fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, v, &bd), dout); }, wd),
-              kBwdTol, "matmul dweight");
-  check_delta(db, db0, fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, wd, &v), dout); }, bd),
-              kBwdTol, "matmul dbias");
+  check_delta(
+      dx, dx0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(v, wd, &bd), dout); }, xd),
+      kBwdTol, "matmul dinp");
+  check_delta(
+      dw, dw0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, v, &bd), dout); }, wd),
+      kBwdTol, "matmul dweight");
+  check_delta(
+      db, db0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, wd, &v), dout); }, bd),
+      kBwdTol, "matmul dbias");
 
   Vec dx2 = dx0, dw2 = dw0;
   cpu::matmul_backward(dx2.data(), dw2.data(), nullptr, dout.data(), x.data(), w.data(), N, C, OC);
-  check_delta(dx2, dx0, fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(v, wd, nullptr), dout); }, xd),
-              kBwdTol, "matmul dinp (no bias)");
-  check_delta(dw2, dw0, fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, v, nullptr), dout); }, wd),
-              kBwdTol, "matmul dweight (no bias)");
+  check_delta(
+      dx2, dx0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(v, wd, nullptr), dout); }, xd),
+      kBwdTol, "matmul dinp (no bias)");
+  check_delta(
+      dw2, dw0,
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_matmul(xd, v, nullptr), dout); }, wd),
+      kBwdTol, "matmul dweight (no bias)");
 }
 
 TEST_CASE("attention scores: forward on the causal triangle, backward ignores masked entries") {
@@ -396,7 +419,8 @@ TEST_CASE("attention scores: forward on the causal triangle, backward ignores ma
   const Vec dqkv0 = randn(N * 3 * C, 0.1f, rng);
   Vec dqkv = dqkv0;
   cpu::attention_scores_backward(dqkv.data(), dpreatt.data(), qkv.data(), B, T, C, NH);
-  check_delta(dqkv, dqkv0, fd_grad([&](const DVec& v) { return weighted_sum(ref_scores(v), dpre_tri); }, qkvd),
+  check_delta(dqkv, dqkv0,
+              fd_grad([&](const DVec& v) { return weighted_sum(ref_scores(v), dpre_tri); }, qkvd),
               kBwdTol, "scores dqkv (q, k; v untouched)");
 }
 
@@ -413,7 +437,8 @@ TEST_CASE("attention softmax: forward, backward out of place and in place") {
   // L = sum of datt * att over all entries; the reference's att is 0 (constant) above the
   // diagonal, so the finite differences there are 0 and the kernel must write 0.
   const Vec datt = randn(B * NH * T * T, 1.0f, rng);
-  const DVec want = fd_grad([&](const DVec& v) { return weighted_sum(ref_softmax(v), datt); }, pred);
+  const DVec want =
+      fd_grad([&](const DVec& v) { return weighted_sum(ref_softmax(v), datt); }, pred);
   Vec dpre(B * NH * T * T, 1e30f);  // garbage: this backward overwrites
   cpu::attention_softmax_backward(dpre.data(), datt.data(), att.data(), B, NH, T);
   check_close(dpre, want, kBwdTol, "dpreatt");
@@ -436,9 +461,11 @@ TEST_CASE("attention values: forward and backward (datt and the v part of dqkv)"
   cpu::attention_values_backward(datt.data(), dqkv.data(), dout.data(), att.data(), qkv.data(), B,
                                  T, C, NH);
   // The finite differences above the diagonal are 0 (out ignores them): datt stays untouched there.
-  check_delta(datt, datt0, fd_grad([&](const DVec& v) { return weighted_sum(ref_values(v, qkvd), dout); }, attd),
+  check_delta(datt, datt0,
+              fd_grad([&](const DVec& v) { return weighted_sum(ref_values(v, qkvd), dout); }, attd),
               kBwdTol, "values datt");
-  check_delta(dqkv, dqkv0, fd_grad([&](const DVec& v) { return weighted_sum(ref_values(attd, v), dout); }, qkvd),
+  check_delta(dqkv, dqkv0,
+              fd_grad([&](const DVec& v) { return weighted_sum(ref_values(attd, v), dout); }, qkvd),
               kBwdTol, "values dqkv (v; q, k untouched)");
 }
 
@@ -459,8 +486,8 @@ TEST_CASE("attention, the three steps chained: backward through all of them") {
                                  T, C, NH);
   cpu::attention_softmax_backward(datt.data(), datt.data(), att.data(), B, NH, T);
   cpu::attention_scores_backward(dqkv.data(), datt.data(), qkv.data(), B, T, C, NH);
-  check_close(dqkv, fd_grad([&](const DVec& v) { return weighted_sum(ref(v), dout); }, qkvd), kBwdTol,
-              "attention dqkv");
+  check_close(dqkv, fd_grad([&](const DVec& v) { return weighted_sum(ref(v), dout); }, qkvd),
+              kBwdTol, "attention dqkv");
 }
 
 TEST_CASE("gelu: forward in place, backward out of place and in place") {
@@ -542,12 +569,15 @@ TEST_CASE("accumulating backwards: a second call adds the same gradient again") 
     for (std::size_t i = 0; i < once.size(); ++i) want[i] = 2.0 * once[i];
     check_close(two, want, kFwdTol, what);
   };
-  const Vec x = randn(N * C, 1.0f, rng), w = randn(OC * C, 1.0f, rng), dout = randn(N * OC, 1.0f, rng);
+  const Vec x = randn(N * C, 1.0f, rng), w = randn(OC * C, 1.0f, rng),
+            dout = randn(N * OC, 1.0f, rng);
   {
     Vec dx1(N * C, 0.f), dw1(OC * C, 0.f), db1(OC, 0.f);
-    cpu::matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, C, OC);
+    cpu::matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, C,
+                         OC);
     Vec dx2 = dx1, dw2 = dw1, db2 = db1;
-    cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, C, OC);
+    cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, C,
+                         OC);
     twice(dx1, dx2, "matmul dinp x2");
     twice(dw1, dw2, "matmul dweight x2");
     twice(db1, db2, "matmul dbias x2");
@@ -557,9 +587,11 @@ TEST_CASE("accumulating backwards: a second call adds the same gradient again") 
     Vec y(N * C), stats(2 * N);
     cpu::layernorm_forward(y.data(), stats.data(), x.data(), lw.data(), lb.data(), N, C);
     Vec dx1(N * C, 0.f), dw1(C, 0.f), db1(C, 0.f);
-    cpu::layernorm_backward(dx1.data(), dw1.data(), db1.data(), g.data(), x.data(), lw.data(), stats.data(), N, C);
+    cpu::layernorm_backward(dx1.data(), dw1.data(), db1.data(), g.data(), x.data(), lw.data(),
+                            stats.data(), N, C);
     Vec dx2 = dx1, dw2 = dw1, db2 = db1;
-    cpu::layernorm_backward(dx2.data(), dw2.data(), db2.data(), g.data(), x.data(), lw.data(), stats.data(), N, C);
+    cpu::layernorm_backward(dx2.data(), dw2.data(), db2.data(), g.data(), x.data(), lw.data(),
+                            stats.data(), N, C);
     twice(dx1, dx2, "layernorm dinp x2");
     twice(dw1, dw2, "layernorm dweight x2");
     twice(db1, db2, "layernorm dbias x2");
@@ -578,10 +610,12 @@ TEST_CASE("accumulating backwards: a second call adds the same gradient again") 
     const Vec qkv = randn(N * 3 * C, 1.0f, rng), att = causal_probs(rng);
     const Vec g = randn(N * C, 1.0f, rng), dpre = causal_randn(1.0f, 0.0f, rng);
     Vec datt1(B * NH * T * T, 0.f), dqkv1(N * 3 * C, 0.f);
-    cpu::attention_values_backward(datt1.data(), dqkv1.data(), g.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_values_backward(datt1.data(), dqkv1.data(), g.data(), att.data(), qkv.data(), B,
+                                   T, C, NH);
     cpu::attention_scores_backward(dqkv1.data(), dpre.data(), qkv.data(), B, T, C, NH);
     Vec datt2 = datt1, dqkv2 = dqkv1;
-    cpu::attention_values_backward(datt2.data(), dqkv2.data(), g.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_values_backward(datt2.data(), dqkv2.data(), g.data(), att.data(), qkv.data(), B,
+                                   T, C, NH);
     cpu::attention_scores_backward(dqkv2.data(), dpre.data(), qkv.data(), B, T, C, NH);
     twice(datt1, datt2, "datt x2");
     twice(dqkv1, dqkv2, "dqkv x2");
@@ -599,7 +633,8 @@ TEST_CASE("threaded paths: large sizes against the reference, and 1 thread == 2 
   const Dims d{2, 96, 200, 4, 50, 320};
   const int64_t b = d.B, t = d.T, c = d.C, nh = d.NH, oc = d.OC, n = b * t;
   const Vec x = randn(n * c, 1.0f, rng), lw = randn(c, 1.0f, rng), lb = randn(c, 1.0f, rng);
-  const Vec w = randn(oc * c, 0.1f, rng), bias = randn(oc, 1.0f, rng), g_oc = randn(n * oc, 1.0f, rng);
+  const Vec w = randn(oc * c, 0.1f, rng), bias = randn(oc, 1.0f, rng),
+            g_oc = randn(n * oc, 1.0f, rng);
   const Vec qkv = randn(n * 3 * c, 0.3f, rng), g_c = randn(n * c, 1.0f, rng);
   const auto tok = rand_tokens(n, static_cast<int32_t>(d.V), rng);
   const Vec wte = randn(d.V * c, 1.0f, rng), wpe = randn(t * c, 1.0f, rng);
@@ -645,7 +680,8 @@ TEST_CASE("threaded paths: large sizes against the reference, and 1 thread == 2 
   cpu::set_threads(1);
 
   check_close(two.emb, ref_embedding(tok, wted, &wped, d), kFwdTol, "embedding (large)");
-  check_close(two.ln, ref_layernorm(xd, lwd, lbd, nullptr, nullptr, d), kFwdTol, "layernorm (large)");
+  check_close(two.ln, ref_layernorm(xd, lwd, lbd, nullptr, nullptr, d), kFwdTol,
+              "layernorm (large)");
   check_close(two.mm, ref_matmul(xd, wd, &bd, d), kFwdTol, "matmul (large)");
   const DVec ref_pre = ref_scores(qkvd, d), ref_att = ref_softmax(ref_pre, d);
   check_close(two.preatt, ref_pre, kFwdTol, "preatt (large)");
@@ -655,21 +691,35 @@ TEST_CASE("threaded paths: large sizes against the reference, and 1 thread == 2 
   for (int64_t i = 0; i < n * oc; ++i) ref_gelu_out[i] = ref_gelu(g_oc[i]);
   check_close(two.gelu, ref_gelu_out, kFwdTol, "gelu (large)");
 
-  auto embed = [&](const DVec& te, const DVec& pe) { return weighted_sum(ref_embedding(tok, te, &pe, d), g_c); };
-  check_directional([&](const DVec& v) { return embed(v, wped); }, wted, two.dwte, rng, "dwte (large)");
-  check_directional([&](const DVec& v) { return embed(wted, v); }, wped, two.dwpe, rng, "dwpe (large)");
+  auto embed = [&](const DVec& te, const DVec& pe) {
+    return weighted_sum(ref_embedding(tok, te, &pe, d), g_c);
+  };
+  check_directional([&](const DVec& v) { return embed(v, wped); }, wted, two.dwte, rng,
+                    "dwte (large)");
+  check_directional([&](const DVec& v) { return embed(wted, v); }, wped, two.dwpe, rng,
+                    "dwpe (large)");
   auto ln = [&](const DVec& xv, const DVec& wv, const DVec& bv) {
     return weighted_sum(ref_layernorm(xv, wv, bv, nullptr, nullptr, d), g_c);
   };
-  check_directional([&](const DVec& v) { return ln(v, lwd, lbd); }, xd, two.dln_x, rng, "layernorm dinp (large)");
-  check_directional([&](const DVec& v) { return ln(xd, v, lbd); }, lwd, two.dln_w, rng, "layernorm dweight (large)");
-  check_directional([&](const DVec& v) { return ln(xd, lwd, v); }, lbd, two.dln_b, rng, "layernorm dbias (large)");
-  auto mm = [&](const DVec& xv, const DVec& wv, const DVec& bv) { return weighted_sum(ref_matmul(xv, wv, &bv, d), g_oc); };
-  check_directional([&](const DVec& v) { return mm(v, wd, bd); }, xd, two.dmm_x, rng, "matmul dinp (large)");
-  check_directional([&](const DVec& v) { return mm(xd, v, bd); }, wd, two.dmm_w, rng, "matmul dweight (large)");
-  check_directional([&](const DVec& v) { return mm(xd, wd, v); }, bd, two.dmm_b, rng, "matmul dbias (large)");
+  check_directional([&](const DVec& v) { return ln(v, lwd, lbd); }, xd, two.dln_x, rng,
+                    "layernorm dinp (large)");
+  check_directional([&](const DVec& v) { return ln(xd, v, lbd); }, lwd, two.dln_w, rng,
+                    "layernorm dweight (large)");
+  check_directional([&](const DVec& v) { return ln(xd, lwd, v); }, lbd, two.dln_b, rng,
+                    "layernorm dbias (large)");
+  auto mm = [&](const DVec& xv, const DVec& wv, const DVec& bv) {
+    return weighted_sum(ref_matmul(xv, wv, &bv, d), g_oc);
+  };
+  check_directional([&](const DVec& v) { return mm(v, wd, bd); }, xd, two.dmm_x, rng,
+                    "matmul dinp (large)");
+  check_directional([&](const DVec& v) { return mm(xd, v, bd); }, wd, two.dmm_w, rng,
+                    "matmul dweight (large)");
+  check_directional([&](const DVec& v) { return mm(xd, wd, v); }, bd, two.dmm_b, rng,
+                    "matmul dbias (large)");
   check_directional(
-      [&](const DVec& v) { return weighted_sum(ref_values(ref_softmax(ref_scores(v, d), d), v, d), g_c); },
+      [&](const DVec& v) {
+        return weighted_sum(ref_values(ref_softmax(ref_scores(v, d), d), v, d), g_c);
+      },
       qkvd, two.dqkv, rng, "attention dqkv (large)");
 
   CHECK(one.emb == two.emb);
@@ -703,7 +753,9 @@ TEST_CASE("to_f32 / from_f32 / accumulate_to for fp32, fp16, bf16 at awkward siz
   std::mt19937 rng(23);
   std::uniform_int_distribution<uint32_t> bits32;
   std::normal_distribution<float> normal(0.0f, 100.0f);
-  auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || f32_bits(a) == f32_bits(b); };
+  auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || f32_bits(a) == f32_bits(b);
+  };
   for (int64_t n : {1, 7, 1000, 100003}) {
     CAPTURE(n);
     // Sources: random bit patterns (every class: NaN, inf, subnormal) and ordinary values.

@@ -20,10 +20,11 @@
 namespace zp::runtime::cpu {
 
 // The number of threads OpenBLAS and the OpenMP loops use (1 when several ranks share the
-// cores). Call once per process before the first kernel.
+// cores). Call once per process before the first kernel. n_threads < 1 throws zp::Error.
 void set_threads(int n_threads);
 
-// out (B,T,C) = wte[tokens] + wpe[t]; wpe may be null (no learned positions).
+// out (B,T,C) = wte[tokens] + wpe[t]; wpe may be null (no learned positions). Tokens must be
+// in [0, V): not checked here (V is not an argument).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);
 // dwte[tokens] += dout, dwpe[t] += dout (dwpe may be null).
@@ -51,17 +52,19 @@ void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int
                       int64_t NH);
 // att = softmax over keys <= query of preatt; entries above the diagonal are set to 0.
 void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T);
-// out (B,T,C) = att @ v, heads side by side.
+// out (B,T,C) = att @ v, heads side by side (reads att on and below the diagonal only).
 void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
                       int64_t C, int64_t NH);
-// datt += dout @ v^T; dqkv (v part) += att^T @ dout.
+// datt += dout @ v^T; dqkv (v part) += att^T @ dout. datt above the diagonal is not touched.
 void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
                                const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
 // dpreatt = att * (datt - sum(att * datt)) per row; dpreatt may equal datt (in place). This
-// one overwrites rather than accumulates, which is what in-place use needs.
+// one overwrites rather than accumulates, which is what in-place use needs; entries above the
+// diagonal are set to 0 (datt's there are ignored).
 void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
                                 int64_t NH, int64_t T);
-// dqkv (q and k parts) += the gradient of q.k/sqrt(HS) for key <= query.
+// dqkv (q and k parts) += the gradient of q.k/sqrt(HS) for key <= query (dpreatt above the
+// diagonal is ignored). The attention kernels throw zp::Error unless NH divides C.
 void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
                                int64_t T, int64_t C, int64_t NH);
 
@@ -72,7 +75,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n);
 
-// logits (N,V) are replaced by their softmax probabilities in place; losses (N) = -log p[target].
+// logits (N,V) are replaced by their softmax probabilities in place; losses (N) = -log p[target]
+// (computed as logsumexp - logit, finite even where p underflows). Both cross-entropy kernels
+// throw zp::Error if a target is outside [0, V).
 void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
                           int64_t V);
 // In place: probs (N,V) become dlogits = (probs - onehot(target)) * dloss, where dloss is the

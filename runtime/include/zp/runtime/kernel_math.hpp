@@ -6,8 +6,9 @@
 // Example usage (one LayerNorm row, then one softmax row in place):
 //   float mean, rstd;
 //   zp::runtime::layernorm_row_stats(x, C, &mean, &rstd);
-//   for (int64_t i = 0; i < C; ++i) y[i] = zp::runtime::layernorm_apply(x[i], mean, rstd, w[i], b[i]);
-//   float lse = zp::runtime::softmax_row(p, p, n);  // p becomes softmax(p); returns log-sum-exp
+//   for (int64_t i = 0; i < C; ++i)
+//     y[i] = zp::runtime::layernorm_apply(x[i], mean, rstd, w[i], b[i]);
+//   float lse = zp::runtime::softmax_row(p, p, n);  // p = softmax(p); returns log-sum-exp
 #pragma once
 
 #include <cmath>
