@@ -1,0 +1,250 @@
+// cpu_adam.cpp: the CPU Adam entry points: argument checks, per-step constants, the ISA
+// choice (cpuid, logged once, or forced), OpenMP over per-thread ranges, and the scalar
+// kernels that are the reference. Not the vector bodies (cpu_adam_avx2.cpp, _avx512.cpp).
+#include "zp/runtime/cpu_adam.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cpu_adam_kernels.hpp"
+#include "zp/checked.hpp"
+#include "zp/error.hpp"
+
+namespace zp::runtime {
+namespace detail {
+namespace {
+
+template <DType G, DType M, ParamOut P>
+void adam_scalar(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin, std::size_t end) {
+  adam_scalar_range<G, M, P>(c, t, begin, end);
+}
+
+template <DType G>
+double sum_squares_scalar(const void* g, std::size_t begin, std::size_t end) {
+  return sum_squares_scalar_range<G>(g, begin, end);
+}
+
+}  // namespace
+
+const KernelTable kScalarTable = ZP_KERNEL_TABLE(adam_scalar, sum_squares_scalar, 1);
+
+}  // namespace detail
+
+namespace {
+
+using detail::AdamCoeffs;
+using detail::KernelTable;
+
+// Below this many elements a step runs on the calling thread (an OpenMP fork costs a few
+// microseconds; 32K elements of an fp16 offload step move ~1 MB, tens of microseconds).
+constexpr std::size_t kParallelMinElems = std::size_t{1} << 15;
+// Thread ranges start on multiples of 64 elements: whole cache lines of fp32 and 16-bit
+// arrays (no false sharing on the outputs) and whole vector blocks (16 or 32 elements).
+constexpr std::size_t kRangeAlignElems = 64;
+
+struct Range {
+  std::size_t begin, end;
+};
+
+// Thread t's contiguous share of n elements: ceil(n / n_threads) rounded up to the alignment.
+Range thread_range(std::size_t n, int n_threads, int t) {
+  std::size_t per = partition_elems(n, static_cast<std::size_t>(n_threads));
+  per = partition_elems(per, kRangeAlignElems) * kRangeAlignElems;
+  const std::size_t begin = std::min(n, per * static_cast<std::size_t>(t));
+  return {begin, std::min(n, begin + per)};
+}
+
+bool detect(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::scalar: return true;
+    case CpuIsa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case CpuIsa::avx512: return detect(CpuIsa::avx2) && __builtin_cpu_supports("avx512f");
+  }
+  return false;
+}
+
+CpuIsa best_isa_logged() {
+  static const CpuIsa best = [] {
+    const CpuIsa isa = detect(CpuIsa::avx512) ? CpuIsa::avx512
+                       : detect(CpuIsa::avx2) ? CpuIsa::avx2
+                                              : CpuIsa::scalar;
+    fmt::print(stderr, "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads)\n",
+               to_string(isa), omp_get_max_threads());
+    return isa;
+  }();
+  return best;
+}
+
+std::atomic<int> g_forced_isa{-1};  // -1: automatic, else a CpuIsa
+
+const KernelTable& table(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::avx512: return detail::kAvx512Table;
+    case CpuIsa::avx2: return detail::kAvx2Table;
+    default: return detail::kScalarTable;
+  }
+}
+
+void require_supported(CpuIsa isa) {
+  if (!cpu_supports(isa))
+    throw Error(fmt::format("CPU Adam: this CPU cannot run the {} kernels", to_string(isa)),
+                fmt::format("use cpu_adam_isa() (here: {}) or force a lower ISA",
+                            to_string(best_isa_logged())));
+}
+
+void require(bool ok, std::string_view what, std::string_view hint) {
+  if (!ok) throw Error(fmt::format("CPU Adam: {}", what), std::string(hint));
+}
+
+void check_args(const AdamConfig& cfg, const AdamStepArgs& s, const AdamTensors& t) {
+  require(std::isfinite(cfg.lr) && cfg.lr >= 0, fmt::format("lr must be finite and >= 0, got {}", cfg.lr),
+          "pass a learning rate such as 1e-3");
+  require(cfg.beta1 >= 0 && cfg.beta1 < 1, fmt::format("beta1 must be in [0, 1), got {}", cfg.beta1),
+          "the usual value is 0.9");
+  require(cfg.beta2 >= 0 && cfg.beta2 < 1, fmt::format("beta2 must be in [0, 1), got {}", cfg.beta2),
+          "the usual value is 0.999");
+  require(std::isfinite(cfg.eps) && cfg.eps >= 0, fmt::format("eps must be finite and >= 0, got {}", cfg.eps),
+          "the usual value is 1e-8");
+  require(std::isfinite(cfg.weight_decay) && cfg.weight_decay >= 0,
+          fmt::format("weight_decay must be finite and >= 0, got {}", cfg.weight_decay),
+          "pass 0 for no decay, e.g. 0.01 for AdamW");
+  require(s.step >= 1, fmt::format("step must be >= 1 (1-based), got {}", s.step),
+          "the first update of a parameter is step 1");
+  require(std::isfinite(s.inv_loss_scale) && s.inv_loss_scale > 0,
+          fmt::format("inv_loss_scale must be finite and > 0, got {}", s.inv_loss_scale),
+          "pass 1 / loss_scale, or 1 without loss scaling");
+  require(std::isfinite(s.clip_coef) && s.clip_coef > 0,
+          fmt::format("clip_coef must be finite and > 0, got {}", s.clip_coef),
+          "use clip_coefficient(); a non-finite gradient norm means: skip the step");
+  if (t.n == 0) return;
+  require(t.master && t.exp_avg && t.exp_avg_sq && t.grads,
+          "master, exp_avg, exp_avg_sq and grads must all be non-null when n > 0",
+          "pass the caller-owned buffers of the partition");
+  require(t.moment_dtype != DType::fp16, "moments cannot be fp16 (v = g^2 underflows)",
+          "use fp32 moments, or bf16 to halve their memory");
+  require(!t.param_out || t.param_out_dtype != DType::fp32,
+          "param_out must be a 16-bit type (fp16 or bf16)",
+          "the fp32 copy is the master itself; pass param_out = nullptr for none");
+}
+
+// Per-step constants in double (as PyTorch computes them in Python), rounded to fp32 once.
+AdamCoeffs coeffs(const AdamConfig& cfg, const AdamStepArgs& s) {
+  const double t = static_cast<double>(s.step);
+  const double bc1 = cfg.bias_correction ? 1.0 - std::pow(cfg.beta1, t) : 1.0;
+  const double bc2 = cfg.bias_correction ? 1.0 - std::pow(cfg.beta2, t) : 1.0;
+  AdamCoeffs c{};
+  c.grad_scale = static_cast<float>(s.inv_loss_scale * s.clip_coef);
+  c.l2 = cfg.adamw ? 0.0f : static_cast<float>(cfg.weight_decay);
+  c.beta1 = static_cast<float>(cfg.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
+  c.beta2 = static_cast<float>(cfg.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
+  c.neg_step_size = static_cast<float>(-cfg.lr / bc1);
+  // bc2 > 0 for t >= 1 and beta2 < 1, unless beta2^t rounds to 1 (beta2 within 1e-16 of 1).
+  require(bc2 > 0, fmt::format("1 - beta2^t is 0 (beta2 = {}, t = {})", cfg.beta2, s.step),
+          "beta2 is too close to 1 for bias correction");
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = static_cast<float>(cfg.eps);
+  c.decay = cfg.adamw ? static_cast<float>(1.0 - cfg.lr * cfg.weight_decay) : 1.0f;
+  return c;
+}
+
+std::size_t moment_index(DType t) { return t == DType::bf16 ? 1 : 0; }
+std::size_t param_out_index(const AdamTensors& t) {
+  return !t.param_out ? 0 : (t.param_out_dtype == DType::fp16 ? 1 : 2);
+}
+
+}  // namespace
+
+std::string_view to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+    default: return "scalar";
+  }
+}
+
+bool cpu_supports(CpuIsa isa) {
+  static const bool has_avx2 = detect(CpuIsa::avx2), has_avx512 = detect(CpuIsa::avx512);
+  return isa == CpuIsa::scalar || (isa == CpuIsa::avx2 && has_avx2) ||
+         (isa == CpuIsa::avx512 && has_avx512);
+}
+
+CpuIsa cpu_adam_isa() {
+  const int forced = g_forced_isa.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<CpuIsa>(forced) : best_isa_logged();
+}
+
+void force_cpu_adam_isa(std::optional<CpuIsa> isa) {
+  if (isa) require_supported(*isa);
+  g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
+                   const AdamTensors& ts) {
+  require_supported(isa);
+  check_args(cfg, step, ts);
+  if (ts.n == 0) return;
+  const AdamCoeffs c = coeffs(cfg, step);
+  const detail::AdamKernel kernel = table(isa).adam[static_cast<std::size_t>(ts.grad_dtype)]
+                                                   [moment_index(ts.moment_dtype)]
+                                                   [param_out_index(ts)];
+  // One contiguous range per thread: the hardware prefetchers see long streams.
+#pragma omp parallel if (ts.n >= kParallelMinElems)
+  {
+    const Range r = thread_range(ts.n, omp_get_num_threads(), omp_get_thread_num());
+    if (r.begin < r.end) kernel(c, ts, r.begin, r.end);
+  }
+}
+
+void cpu_adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) {
+  cpu_adam_step(cpu_adam_isa(), cfg, step, ts);
+}
+
+GradSumSquares grad_sum_squares(CpuIsa isa, const void* grads, DType grad_dtype, std::size_t n) {
+  require_supported(isa);
+  if (n == 0) return {};
+  require(grads != nullptr, "grad_sum_squares: grads is null with n > 0",
+          "pass the gradient buffer of the partition");
+  const detail::SumSquaresKernel kernel =
+      table(isa).sum_squares[static_cast<std::size_t>(grad_dtype)];
+  double total = 0.0;
+  // Each thread sums its range; the partial sums are added in thread order (ordered loop,
+  // iteration k runs on thread k), so the result does not depend on scheduling.
+#pragma omp parallel if (n >= kParallelMinElems)
+  {
+    const int n_threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const Range r = thread_range(n, n_threads, me);
+    const double partial = r.begin < r.end ? kernel(grads, r.begin, r.end) : 0.0;
+#pragma omp for ordered schedule(static, 1)
+    for (int k = 0; k < n_threads; ++k) {
+#pragma omp ordered
+      total += partial;
+    }
+  }
+  return {total, std::isfinite(total)};
+}
+
+GradSumSquares grad_sum_squares(const void* grads, DType grad_dtype, std::size_t n) {
+  return grad_sum_squares(cpu_adam_isa(), grads, grad_dtype, n);
+}
+
+double clip_coefficient(double sum_sq, double inv_loss_scale, double max_norm) {
+  require(max_norm > 0, fmt::format("clip_coefficient: max_norm must be > 0, got {}", max_norm),
+          "gradient clipping needs a positive maximum norm, e.g. 1.0");
+  require(std::isfinite(sum_sq), "clip_coefficient: the gradient norm is not finite",
+          "a non-finite norm means an inf/NaN gradient: skip this step instead");
+  // torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1.
+  const double norm = std::sqrt(sum_sq) * inv_loss_scale;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+}  // namespace zp::runtime

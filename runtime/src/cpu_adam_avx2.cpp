@@ -1,0 +1,131 @@
+// cpu_adam_avx2.cpp: the AVX2+FMA+F16C kernels of the CPU Adam (8 floats per vector, 2
+// vectors per iteration) and of the gradient sum of squares, with the scalar tail of
+// cpu_adam_kernels.hpp. Not dispatch or threading (cpu_adam.cpp). Built with the baseline
+// flags: only these functions carry target("avx2,fma,f16c"), so no AVX2 code can leak into
+// inline functions the rest of the library shares (which per-file -mavx2 would risk).
+#include <immintrin.h>
+
+#include "cpu_adam_kernels.hpp"
+
+#define ZP_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define ZP_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace zp::runtime::detail {
+namespace {
+
+constexpr std::size_t kWidth = 8;   // floats per __m256
+constexpr std::size_t kUnroll = 2;  // vectors per loop iteration
+constexpr std::size_t kBlock = kWidth * kUnroll;
+
+// Eight elements of any storage type, widened to fp32 exactly.
+template <DType T>
+ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
+  if constexpr (T == DType::fp32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);  // exact
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: << 16
+  }
+}
+
+// Eight fp32 values stored as T, rounded to nearest even exactly as dtype.hpp does.
+template <DType T>
+ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
+  if constexpr (T == DType::fp32) {
+    _mm256_storeu_ps(static_cast<float*>(base) + i, x);
+  } else {
+    __m128i h;
+    if constexpr (T == DType::fp16) {
+      // F16C rounds to nearest even, overflow to inf, subnormals correctly (= fp32_to_fp16;
+      // NaNs stay NaN but keep their top payload bits where the scalar writes 0x7e00).
+      h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+      // bf16 as fp32_to_bf16: (u + 0x7fff + ((u >> 16) & 1)) >> 16; NaN: (u >> 16) | 0x40.
+      const __m256i u = _mm256_castps_si256(x);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      const __m256i rounded = _mm256_srli_epi32(
+          _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+      const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+      const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+      // Each 32-bit lane holds a value <= 0xffff, so unsigned saturation packs it unchanged.
+      h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), h);
+  }
+}
+
+// The per-step constants, broadcast.
+struct Coeffs8 {
+  __m256 grad_scale, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
+      inv_sqrt_bc2, eps, decay;
+};
+
+ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
+  return {_mm256_set1_ps(c.grad_scale),   _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2),
+          _mm256_set1_ps(c.neg_step_size), _mm256_set1_ps(c.inv_sqrt_bc2),
+          _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.decay)};
+}
+
+// adam_element() on eight lanes, operation for operation.
+template <DType G, DType M, ParamOut P>
+ZP_AVX2_INLINE void adam8(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
+  __m256 p = _mm256_loadu_ps(t.master + i);
+  __m256 m = load8<M>(t.exp_avg, i);
+  __m256 v = load8<M>(t.exp_avg_sq, i);
+  __m256 g = _mm256_mul_ps(load8<G>(t.grads, i), c.grad_scale);
+  g = _mm256_fmadd_ps(c.l2, p, g);
+  m = _mm256_fmadd_ps(c.beta1, m, _mm256_mul_ps(c.one_minus_beta1, g));
+  v = _mm256_fmadd_ps(c.beta2, v, _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
+  p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, denom), _mm256_mul_ps(p, c.decay));
+  _mm256_storeu_ps(t.master + i, p);
+  store8<M>(t.exp_avg, i, m);
+  store8<M>(t.exp_avg_sq, i, v);
+  if constexpr (P != ParamOut::none) store8<param_out_dtype(P)>(t.param_out, i, p);
+}
+
+template <DType G, DType M, ParamOut P>
+ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                          std::size_t end) {
+  const Coeffs8 c8 = broadcast(c);
+  const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
+  std::size_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
+    adam8<G, M, P>(c8, local, i);
+    adam8<G, M, P>(c8, local, i + kWidth);
+  }
+  adam_scalar_range<G, M, P>(c, t, i, end);
+}
+
+// Sum of squares: each fp32 lane widened to double (exact), squared and accumulated with an
+// fma (x*x is exact in double, so fma(x, x, acc) rounds once, like acc + x*x in the tail).
+template <DType G>
+ZP_AVX2_FN double sum_squares_avx2(const void* g, std::size_t begin, std::size_t end) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  std::size_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
+    for (std::size_t u = 0; u < kUnroll; ++u) {
+      const __m256 x = load8<G>(g, i + u * kWidth);
+      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+      const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+      acc[2 * u] = _mm256_fmadd_pd(lo, lo, acc[2 * u]);
+      acc[2 * u + 1] = _mm256_fmadd_pd(hi, hi, acc[2 * u + 1]);
+    }
+  }
+  const __m256d s = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, s);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + sum_squares_scalar_range<G>(g, i, end);
+}
+
+}  // namespace
+
+const KernelTable kAvx2Table = ZP_KERNEL_TABLE(adam_avx2, sum_squares_avx2, kBlock);
+
+}  // namespace zp::runtime::detail

@@ -1,0 +1,108 @@
+// cpu_adam_kernels.hpp (internal): what every ISA's CPU Adam kernel shares: the per-step
+// constants, the one-element update that is the scalar reference (and every vector tail), and
+// the kernel tables keyed by (grad dtype, moment dtype, param-out dtype), as DeepSpeed's.
+// Not public API and not a place for threading: kernels run on [begin, end) of one thread.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "zp/runtime/cpu_adam.hpp"
+#include "zp/runtime/dtype.hpp"
+
+namespace zp::runtime::detail {
+
+// Per-step constants, derived in double from AdamConfig/AdamStepArgs, rounded to fp32 once.
+struct AdamCoeffs {
+  float grad_scale;     // inv_loss_scale * clip_coef
+  float l2;             // Adam: weight_decay (g += wd*p); AdamW: 0
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float neg_step_size;  // -lr / (1 - beta1^t)      (-lr without bias correction)
+  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)    (1 without bias correction)
+  float eps;
+  float decay;          // AdamW: 1 - lr*wd; Adam: 1
+};
+
+// The fused update of one element, in fp32. Every vector body performs exactly these
+// operations in this order (same fmas, IEEE sqrt and division), so vector and scalar results
+// are bit-identical; the sources are built with -ffp-contract=off so that the compiler adds
+// no fma of its own. With l2 = 0 the second line is exact (g + 0*p = g), and so is p*1.
+inline void adam_element(const AdamCoeffs& c, float g, float& p, float& m, float& v) {
+  g = g * c.grad_scale;
+  g = std::fma(c.l2, p, g);
+  m = std::fma(c.beta1, m, c.one_minus_beta1 * g);
+  v = std::fma(c.beta2, v, (c.one_minus_beta2 * g) * g);
+  const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
+  p = std::fma(c.neg_step_size, m / denom, p * c.decay);
+}
+
+// Typed element access for the kernels (dtype.hpp's exact conversions).
+template <DType T>
+inline float load_elem(const void* base, std::size_t i) {
+  return load_as_f32(base, i, T);
+}
+template <DType T>
+inline void store_elem(void* base, std::size_t i, float x) {
+  store_from_f32(base, i, T, x);
+}
+
+// The 16-bit output, or none.
+enum class ParamOut : uint8_t { none, fp16, bf16 };
+constexpr DType param_out_dtype(ParamOut p) { return p == ParamOut::bf16 ? DType::bf16 : DType::fp16; }
+
+// The scalar tail every vector kernel ends with: the scalar reference, element by element.
+template <DType G, DType M, ParamOut P>
+inline void adam_scalar_range(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                              std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = t.master[i];
+    float m = load_elem<M>(t.exp_avg, i);
+    float v = load_elem<M>(t.exp_avg_sq, i);
+    adam_element(c, load_elem<G>(t.grads, i), p, m, v);
+    t.master[i] = p;
+    store_elem<M>(t.exp_avg, i, m);
+    store_elem<M>(t.exp_avg_sq, i, v);
+    if constexpr (P != ParamOut::none) store_elem<param_out_dtype(P)>(t.param_out, i, p);
+  }
+}
+
+// Sum of squares in double, element by element (the scalar reference and the vector tails).
+template <DType G>
+inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::size_t end) {
+  double acc = 0.0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const double x = load_elem<G>(g, i);
+    acc += x * x;  // exact: a float squared has at most 48 significant bits
+  }
+  return acc;
+}
+
+using AdamKernel = void (*)(const AdamCoeffs&, const AdamTensors&, std::size_t, std::size_t);
+using SumSquaresKernel = double (*)(const void*, std::size_t, std::size_t);
+
+// Index order: [grad dtype: fp32, fp16, bf16][moments: fp32, bf16][param out: none, fp16, bf16].
+struct KernelTable {
+  AdamKernel adam[3][2][3];
+  SumSquaresKernel sum_squares[3];
+  std::size_t block_elems;  // width * unroll of the vector body (1 for scalar)
+};
+
+// Fill a KernelTable from kernel templates K<G, M, P> and S<G>.
+#define ZP_ADAM_ROW(K, G)                                                                    \
+  {{K<G, DType::fp32, ParamOut::none>, K<G, DType::fp32, ParamOut::fp16>,                    \
+    K<G, DType::fp32, ParamOut::bf16>},                                                      \
+   {K<G, DType::bf16, ParamOut::none>, K<G, DType::bf16, ParamOut::fp16>,                    \
+    K<G, DType::bf16, ParamOut::bf16>}}
+#define ZP_KERNEL_TABLE(K, S, BLOCK)                                                         \
+  KernelTable {                                                                              \
+    {ZP_ADAM_ROW(K, DType::fp32), ZP_ADAM_ROW(K, DType::fp16), ZP_ADAM_ROW(K, DType::bf16)}, \
+        {S<DType::fp32>, S<DType::fp16>, S<DType::bf16>}, BLOCK                              \
+  }
+
+// One table per ISA (defined in cpu_adam.cpp, cpu_adam_avx2.cpp, cpu_adam_avx512.cpp).
+extern const KernelTable kScalarTable;
+extern const KernelTable kAvx2Table;
+extern const KernelTable kAvx512Table;
+
+}  // namespace zp::runtime::detail

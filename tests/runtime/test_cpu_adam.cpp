@@ -1,0 +1,503 @@
+// The CPU Adam against independent references: PyTorch's AdamW/Adam (a fixture written by
+// tools/fixtures/gen_torch_adam.py), the paper's formula in double, long-double sums; and
+// every vector ISA this CPU has against the scalar reference, bit for bit.
+// Not a speed test (tools/bench/bench_cpu_adam.cpp measures speed).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_adam.hpp"
+
+using namespace zp::runtime;
+
+namespace {
+
+// ---- small pieces -------------------------------------------------------------------------
+
+std::vector<CpuIsa> supported_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512})
+    if (cpu_supports(isa)) out.push_back(isa);
+  return out;
+}
+
+// Elements per vector-loop iteration (width x unroll, see cpu_adam_avx2.cpp / _avx512.cpp).
+std::size_t block_elems(CpuIsa isa) {
+  return isa == CpuIsa::avx512 ? 32 : (isa == CpuIsa::avx2 ? 16 : 1);
+}
+
+// Distance in units in the last place between two finite 16-bit floats (fp16 or bf16).
+int64_t ulp_distance16(uint16_t a, uint16_t b) {
+  auto key = [](uint16_t h) { return (h & 0x8000) ? -int64_t(h & 0x7fff) : int64_t(h); };
+  return std::llabs(key(a) - key(b));
+}
+float ulp_of(float x) {
+  const float ax = std::fabs(x);
+  return std::nextafter(ax, INFINITY) - ax;
+}
+
+// A buffer of n elements of a storage type, filled from fp32 values (exact conversions).
+struct Buffer {
+  DType dtype = DType::fp32;
+  std::vector<uint8_t> bytes;
+  Buffer() = default;
+  Buffer(DType t, const std::vector<float>& values) : dtype(t), bytes(values.size() * dtype_bytes(t)) {
+    for (std::size_t i = 0; i < values.size(); ++i) store_from_f32(bytes.data(), i, t, values[i]);
+  }
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+  float at(std::size_t i) const { return load_as_f32(bytes.data(), i, dtype); }
+  uint16_t bits16(std::size_t i) const {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    return h;
+  }
+};
+
+// ---- the PyTorch fixture (safetensors) ----------------------------------------------------
+
+struct StTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  float f32(std::size_t i) const {
+    if (dtype == "F32") return load_as_f32(bytes.data(), i, DType::fp32);
+    return load_as_f32(bytes.data(), i, dtype == "F16" ? DType::fp16 : DType::bf16);
+  }
+};
+
+struct SafeTensors {
+  nlohmann::json metadata;
+  std::map<std::string, StTensor> tensors;
+  const StTensor& at(const std::string& name) const {
+    const auto it = tensors.find(name);
+    REQUIRE_MESSAGE(it != tensors.end(), "fixture has no tensor " << name);
+    return it->second;
+  }
+};
+
+// safetensors: u64 little-endian header size, JSON header, then the data block.
+SafeTensors load_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "cannot open " << path);
+  uint64_t header_bytes = 0;
+  f.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_bytes));
+  const std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  SafeTensors st;
+  const nlohmann::json index = nlohmann::json::parse(header);
+  for (const auto& [name, e] : index.items()) {
+    if (name == "__metadata__") {
+      st.metadata = e;
+      continue;
+    }
+    StTensor t{e.at("dtype").get<std::string>(), e.at("shape").get<std::vector<int64_t>>(), {}};
+    const auto begin = e.at("data_offsets")[0].get<std::size_t>();
+    const auto end = e.at("data_offsets")[1].get<std::size_t>();
+    REQUIRE(end <= data.size());
+    t.bytes.assign(data.begin() + static_cast<std::ptrdiff_t>(begin),
+                   data.begin() + static_cast<std::ptrdiff_t>(end));
+    st.tensors.emplace(name, std::move(t));
+  }
+  return st;
+}
+
+DType dtype_named(const std::string& s) {
+  return s == "fp32" ? DType::fp32 : (s == "fp16" ? DType::fp16 : DType::bf16);
+}
+
+// ---- random state for the vector-vs-scalar tests ------------------------------------------
+
+struct State {
+  std::vector<float> master, m, v, grads;
+};
+
+// Masters of every scale (including ones that overflow fp16 or land in its subnormals),
+// small moments, heavy-tailed gradients with some zeros; seeded, so failures reproduce.
+State random_state(std::size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (std::size_t i = 0; i < n; ++i) {
+    float p = 0.5f * normal(rng);
+    if (i % 97 == 3) p *= 2e5f;   // |p| > 65504: fp16 copy overflows to inf
+    if (i % 89 == 5) p *= 1e-5f;  // fp16 subnormal range
+    s.master[i] = p;
+    s.m[i] = 1e-3f * normal(rng);
+    s.v[i] = 1e-6f * std::fabs(normal(rng));
+    const float g = normal(rng) * std::exp(normal(rng));
+    s.grads[i] = (i % 53 == 7) ? 0.0f : 100.0f * g;  // loss-scaled
+  }
+  return s;
+}
+
+// ---- the tests ----------------------------------------------------------------------------
+
+TEST_CASE("cpu_adam: names its ISA, forces a supported one, refuses an unsupported one") {
+  const CpuIsa best = cpu_adam_isa();
+  CHECK(cpu_supports(best));
+  CHECK(to_string(CpuIsa::scalar) == "scalar");
+  CHECK(to_string(CpuIsa::avx2) == "avx2");
+  CHECK(to_string(CpuIsa::avx512) == "avx512");
+  force_cpu_adam_isa(CpuIsa::scalar);
+  CHECK(cpu_adam_isa() == CpuIsa::scalar);
+  force_cpu_adam_isa(std::nullopt);
+  CHECK(cpu_adam_isa() == best);
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512})
+    if (!cpu_supports(isa)) {
+      CHECK_THROWS_AS(force_cpu_adam_isa(isa), zp::Error);
+      CHECK(cpu_adam_isa() == best);
+    }
+  MESSAGE("best ISA on this CPU: " << to_string(best));
+}
+
+TEST_CASE("cpu_adam: bad arguments are zp::Error, never a crash") {
+  std::vector<float> p(4, 1.0f), m(4), v(4), g(4, 0.5f);
+  std::vector<uint16_t> out(4);
+  AdamTensors ts{.n = 4, .master = p.data(), .exp_avg = m.data(), .exp_avg_sq = v.data(),
+                 .grads = g.data()};
+  const AdamConfig ok;
+  const AdamStepArgs step;
+  CHECK_NOTHROW(cpu_adam_step(ok, step, ts));
+  auto throws_with = [&](AdamConfig c, AdamStepArgs s, AdamTensors t) {
+    CHECK_THROWS_AS(cpu_adam_step(c, s, t), zp::Error);
+  };
+  throws_with({.lr = -1}, step, ts);
+  throws_with({.beta1 = 1.0}, step, ts);
+  throws_with({.beta2 = -0.1}, step, ts);
+  throws_with({.eps = NAN}, step, ts);
+  throws_with({.weight_decay = -0.01}, step, ts);
+  throws_with(ok, {.step = 0}, ts);
+  throws_with(ok, {.inv_loss_scale = INFINITY}, ts);
+  throws_with(ok, {.clip_coef = NAN}, ts);
+  AdamTensors bad = ts;
+  bad.grads = nullptr;
+  throws_with(ok, step, bad);
+  bad = ts;
+  bad.moment_dtype = DType::fp16;
+  throws_with(ok, step, bad);
+  bad = ts;
+  bad.param_out = out.data();
+  bad.param_out_dtype = DType::fp32;
+  throws_with(ok, step, bad);
+  CHECK_NOTHROW(cpu_adam_step(ok, step, AdamTensors{}));  // n = 0: nothing to do
+  CHECK_THROWS_AS(clip_coefficient(1.0, 1.0, 0.0), zp::Error);
+  CHECK_THROWS_AS(clip_coefficient(INFINITY, 1.0, 1.0), zp::Error);
+  CHECK_THROWS_AS(grad_sum_squares(nullptr, DType::fp16, 3), zp::Error);
+}
+
+TEST_CASE("cpu_adam: 10 steps agree with torch.optim.AdamW / Adam element by element") {
+  const SafeTensors fx = load_safetensors(std::string(ZP_TEST_DATA) + "/cpu_adam/torch_adam.safetensors");
+  const auto cases = nlohmann::json::parse(fx.metadata.at("cases").get<std::string>());
+  REQUIRE(cases.size() >= 4);
+  for (CpuIsa isa : supported_isas()) {
+    for (const auto& c : cases) {
+      const std::string name = c.at("name");
+      CAPTURE(name);
+      CAPTURE(to_string(isa));
+      const auto n = c.at("n").get<std::size_t>();
+      const int steps = c.at("steps");
+      const DType grad_dtype = dtype_named(c.at("grad_dtype"));
+      const DType p16_dtype = dtype_named(c.at("param16_dtype"));
+      const AdamConfig cfg{.lr = c.at("lr"), .beta1 = c.at("beta1"), .beta2 = c.at("beta2"),
+                           .eps = c.at("eps"), .weight_decay = c.at("weight_decay"),
+                           .adamw = c.at("optimizer") == "adamw", .bias_correction = true};
+      const double inv_scale = 1.0 / c.at("loss_scale").get<double>();
+      const double max_norm = c.at("max_norm");
+
+      const StTensor& p0 = fx.at(name + "/param0");
+      const StTensor& grads = fx.at(name + "/grads");
+      REQUIRE(grads.shape == std::vector<int64_t>{steps, static_cast<int64_t>(n)});
+      std::vector<float> master(n), m(n, 0.0f), v(n, 0.0f);
+      for (std::size_t i = 0; i < n; ++i) master[i] = p0.f32(i);
+      std::vector<uint16_t> p16(n);
+      // m is a signed sum that can cancel: its error is relative to the size of its terms,
+      // m_terms = b1*m_terms + (1-b1)*|g| (tracked in double alongside).
+      std::vector<double> m_terms(n, 0.0);
+
+      for (int k = 1; k <= steps; ++k) {
+        CAPTURE(k);
+        const void* g = grads.bytes.data() + (k - 1) * n * dtype_bytes(grad_dtype);
+        // The global norm and clipping factor, against clip_grad_norm_'s (fp32 accumulation
+        // in torch, so agreement to ~1e-6 relative).
+        const GradSumSquares ss = grad_sum_squares(isa, g, grad_dtype, n);
+        REQUIRE(ss.finite);
+        const double norm = std::sqrt(ss.sum_sq) * inv_scale;
+        CHECK(norm == doctest::Approx(fx.at(name + "/grad_norm").f32(k - 1)).epsilon(1e-6));
+        const double clip = clip_coefficient(ss.sum_sq, inv_scale, max_norm);
+        CHECK(clip == doctest::Approx(fx.at(name + "/clip_coef").f32(k - 1)).epsilon(1e-6));
+        for (std::size_t i = 0; i < n; ++i) {
+          const double g_i = load_as_f32(g, i, grad_dtype) * inv_scale * clip +
+                             (cfg.adamw ? 0.0 : cfg.weight_decay * master[i]);
+          m_terms[i] = cfg.beta1 * m_terms[i] + (1 - cfg.beta1) * std::fabs(g_i);
+        }
+
+        cpu_adam_step(isa, cfg, {.step = k, .inv_loss_scale = inv_scale, .clip_coef = clip},
+                      {.n = n, .master = master.data(), .exp_avg = m.data(),
+                       .exp_avg_sq = v.data(), .grads = g, .grad_dtype = grad_dtype,
+                       .param_out = p16.data(), .param_out_dtype = p16_dtype});
+
+        const std::string pre = name + "/step" + std::to_string(k);
+        if (!fx.tensors.contains(pre + "/param")) continue;
+        const StTensor &tp = fx.at(pre + "/param"), &tm = fx.at(pre + "/exp_avg"),
+                       &tv = fx.at(pre + "/exp_avg_sq"), &tp16 = fx.at(pre + "/param16");
+        // Tolerances. Torch and we do the same fp32 arithmetic in a slightly different order
+        // (torch unscales and clips in two multiplies, we in one; torch divides by
+        // sqrt(bc2), we multiply by its inverse; torch's clip factor comes from an fp32
+        // norm), so every quantity differs by a few fp32 roundings, relative to its terms:
+        //   v (a sum of positive terms): 1e-6 of v (~16 ulps);
+        //   m: 1e-6 of m_terms;
+        //   master: per step, 2 ulps of |p| (each step rounds p once) plus 1e-6 of lr (the
+        //   update is ~lr in size and accurate to a few fp32 roundings).
+        // The measured headroom is printed below (max difference / tolerance, about 0.1-0.6).
+        double worst_p = 0, worst_m = 0, worst_v = 0;  // max |difference| / tolerance
+        int64_t worst_p16 = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          CAPTURE(i);
+          const double tol_p = k * (2.0 * ulp_of(tp.f32(i)) + 1e-6 * cfg.lr);
+          const double tol_m = 1e-6 * m_terms[i] + 1e-30;
+          const double tol_v = 1e-6 * tv.f32(i) + 1e-30;
+          const double dp = std::fabs(double(master[i]) - tp.f32(i));
+          const double dm = std::fabs(double(m[i]) - tm.f32(i));
+          const double dv = std::fabs(double(v[i]) - tv.f32(i));
+          CHECK(dp <= tol_p);
+          CHECK(dm <= tol_m);
+          CHECK(dv <= tol_v);
+          worst_p = std::max(worst_p, dp / tol_p);
+          worst_m = std::max(worst_m, dm / tol_m);
+          worst_v = std::max(worst_v, dv / tol_v);
+          // The 16-bit copy is exactly our master rounded, and torch's within one 16-bit ulp
+          // (a master a few fp32 ulps away can sit across a 16-bit rounding boundary).
+          REQUIRE(p16[i] == (p16_dtype == DType::fp16 ? fp32_to_fp16(master[i])
+                                                       : fp32_to_bf16(master[i])));
+          uint16_t theirs;
+          std::memcpy(&theirs, tp16.bytes.data() + 2 * i, 2);
+          const int64_t d16 = ulp_distance16(p16[i], theirs);
+          worst_p16 = std::max(worst_p16, d16);
+          CHECK(d16 <= 1);
+        }
+        MESSAGE(to_string(isa) << " " << name << " step " << k
+                               << ": max |ours - torch| / tolerance: param " << worst_p
+                               << ", exp_avg " << worst_m << ", exp_avg_sq " << worst_v
+                               << "; param16 max ulps " << worst_p16);
+      }
+    }
+  }
+}
+
+// Adam written a second way, straight from the papers in double: Kingma & Ba (2015)
+// Algorithm 1 (m_hat = m/bc1, v_hat = v/bc2, p -= lr*m_hat/(sqrt(v_hat)+eps)); decoupled
+// decay p *= 1 - lr*wd for AdamW (Loshchilov & Hutter 2019), g += wd*p for Adam (L2).
+void reference_step(const AdamConfig& c, int64_t t, double grad_scale, double g_raw, double& p,
+                    double& m, double& v) {
+  double g = g_raw * grad_scale;
+  if (!c.adamw) g += c.weight_decay * p;
+  m = c.beta1 * m + (1 - c.beta1) * g;
+  v = c.beta2 * v + (1 - c.beta2) * g * g;
+  const double bc1 = c.bias_correction ? 1 - std::pow(c.beta1, double(t)) : 1.0;
+  const double bc2 = c.bias_correction ? 1 - std::pow(c.beta2, double(t)) : 1.0;
+  if (c.adamw) p *= 1 - c.lr * c.weight_decay;
+  p -= c.lr * (m / bc1) / (std::sqrt(v / bc2) + c.eps);
+}
+
+TEST_CASE("cpu_adam: bias correction off and bf16 moments follow the formula in double") {
+  // Each step starts both sides from the same (stored) state, so the only differences are
+  // the fp32 roundings of one step.
+  const std::size_t n = 4099;
+  const State s0 = random_state(n, 11);
+  for (CpuIsa isa : supported_isas()) {
+    for (DType moments : {DType::fp32, DType::bf16}) {
+      for (bool bias_correction : {false, true}) {
+        for (bool adamw : {true, false}) {
+          CAPTURE(to_string(isa));
+          CAPTURE(to_string(moments));
+          CAPTURE(bias_correction);
+          CAPTURE(adamw);
+          const AdamConfig cfg{.lr = 3e-3, .beta1 = 0.85, .beta2 = 0.98, .eps = 1e-7,
+                               .weight_decay = 0.02, .adamw = adamw,
+                               .bias_correction = bias_correction};
+          std::vector<float> master = s0.master;
+          Buffer m(moments, s0.m), v(moments, s0.v);
+          const Buffer g(DType::fp16, s0.grads);
+          int64_t n_moment_mismatches = 0;
+          for (int64_t t = 1; t <= 3; ++t) {
+            const double inv_scale = 1.0 / 128, clip = 0.75;
+            std::vector<double> rp(n), rm(n), rv(n), m_terms(n);
+            for (std::size_t i = 0; i < n; ++i) {
+              rp[i] = master[i], rm[i] = m.at(i), rv[i] = v.at(i);
+              const double g_i = g.at(i) * inv_scale * clip + (adamw ? 0.0 : cfg.weight_decay * rp[i]);
+              m_terms[i] = std::fabs(cfg.beta1 * rm[i]) + (1 - cfg.beta1) * std::fabs(g_i);
+              reference_step(cfg, t, inv_scale * clip, g.at(i), rp[i], rm[i], rv[i]);
+            }
+            cpu_adam_step(isa, cfg, {.step = t, .inv_loss_scale = inv_scale, .clip_coef = clip},
+                          {.n = n, .master = master.data(), .exp_avg = m.data(),
+                           .exp_avg_sq = v.data(), .moment_dtype = moments, .grads = g.data(),
+                           .grad_dtype = DType::fp16});
+            const double step_size =
+                cfg.lr / (bias_correction ? 1 - std::pow(cfg.beta1, double(t)) : 1.0);
+            for (std::size_t i = 0; i < n; ++i) {
+              CAPTURE(i);
+              // Master: 2 ulps (rounded once) plus 1e-6 of the step size (the update is at
+              // most a few step sizes, computed with a few fp32 roundings).
+              CHECK(std::fabs(master[i] - rp[i]) <= 2 * ulp_of(float(rp[i])) + 1e-6 * step_size);
+              if (moments == DType::fp32) {
+                // m is a signed sum: its rounding error is relative to its terms.
+                CHECK(std::fabs(m.at(i) - rm[i]) <= 1e-6 * m_terms[i]);
+                CHECK(v.at(i) == doctest::Approx(rv[i]).epsilon(1e-6));
+              } else {
+                // The same value rounded to bf16, except where the fp32 and the double value
+                // straddle a bf16 rounding boundary: then one bf16 ulp apart.
+                const uint16_t want_m = fp32_to_bf16(static_cast<float>(rm[i]));
+                const uint16_t want_v = fp32_to_bf16(static_cast<float>(rv[i]));
+                CHECK(ulp_distance16(m.bits16(i), want_m) <= 1);
+                CHECK(ulp_distance16(v.bits16(i), want_v) <= 1);
+                n_moment_mismatches += (m.bits16(i) != want_m) + (v.bits16(i) != want_v);
+              }
+            }
+          }
+          // Straddling is rare (~1e-3 of values here); truncating instead of rounding to
+          // nearest would be off in about half of them.
+          CHECK(n_moment_mismatches <= static_cast<int64_t>(6 * n) / 200);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") {
+  // Sizes: tiny, around one vector block (width x unroll), and large enough to be threaded;
+  // every (grad, moment, param-out) dtype combination, one step from a state with nonzero
+  // moments, alternating AdamW with bias correction and Adam (L2) without (the same kernel
+  // with other constants) so that each combination meets both at some sizes.
+  for (CpuIsa isa : supported_isas()) {
+    if (isa == CpuIsa::scalar) continue;
+    const std::size_t b = block_elems(isa);
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{22}, b - 1, b, b + 1,
+                          std::size_t{100'003}, std::size_t{1} << 20}) {
+      const State s = random_state(n, static_cast<uint32_t>(n));
+      for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
+        const Buffer g(gd, s.grads);
+        for (DType md : {DType::fp32, DType::bf16}) {
+          const Buffer m0(md, s.m), v0(md, s.v);
+          for (int out = 0; out < 3; ++out) {  // none, fp16, bf16
+            {
+              const bool adamw = (n + static_cast<std::size_t>(gd) + static_cast<std::size_t>(md) + out) % 2 == 0;
+              CAPTURE(to_string(isa));
+              CAPTURE(n);
+              CAPTURE(to_string(gd));
+              CAPTURE(to_string(md));
+              CAPTURE(out);
+              CAPTURE(adamw);
+              const AdamConfig cfg{.lr = 1e-2, .weight_decay = 0.1, .adamw = adamw,
+                                   .bias_correction = adamw};
+              const DType od = out == 1 ? DType::fp16 : DType::bf16;
+              struct Run {
+                std::vector<float> master;
+                Buffer m, v, out;
+              };
+              Run runs[2];
+              for (int r = 0; r < 2; ++r) {
+                Run& run = runs[r];
+                run = {s.master, m0, v0, Buffer(od, {})};
+                run.out.bytes.assign(n * 2, 0);
+                cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, cfg,
+                              {.step = 3, .inv_loss_scale = 1.0 / 100, .clip_coef = 0.6},
+                              {.n = n, .master = run.master.data(), .exp_avg = run.m.data(),
+                               .exp_avg_sq = run.v.data(), .moment_dtype = md,
+                               .grads = g.data(), .grad_dtype = gd,
+                               .param_out = out ? run.out.data() : nullptr,
+                               .param_out_dtype = od});
+              }
+              const bool same_master =
+                  std::memcmp(runs[0].master.data(), runs[1].master.data(), n * 4) == 0;
+              CHECK(same_master);
+              CHECK(runs[0].m.bytes == runs[1].m.bytes);
+              CHECK(runs[0].v.bytes == runs[1].v.bytes);
+              CHECK(runs[0].out.bytes == runs[1].out.bytes);
+              if (!same_master)
+                for (std::size_t i = 0; i < n; ++i)
+                  if (runs[0].master[i] != runs[1].master[i]) {
+                    FAIL_CHECK("first difference at " << i << ": scalar " << runs[0].master[i]
+                                                       << " vs " << runs[1].master[i]);
+                    break;
+                  }
+              // The step did something: the master moved (no silent no-op passes this).
+              CHECK(std::memcmp(runs[0].master.data(), s.master.data(), n * 4) != 0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("grad_sum_squares: equals a long-double sum on every ISA; flags inf and NaN") {
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{15},
+                        std::size_t{17}, std::size_t{22}, std::size_t{31}, std::size_t{33},
+                        std::size_t{100'003}, std::size_t{1} << 20}) {
+    const State s = random_state(n, 5 + static_cast<uint32_t>(n));
+    for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
+      const Buffer g(gd, s.grads);
+      long double want = 0;
+      for (std::size_t i = 0; i < n; ++i) want += static_cast<long double>(g.at(i)) * g.at(i);
+      for (CpuIsa isa : supported_isas()) {
+        CAPTURE(to_string(isa));
+        CAPTURE(to_string(gd));
+        CAPTURE(n);
+        const GradSumSquares got = grad_sum_squares(isa, g.data(), gd, n);
+        CHECK(got.finite);
+        // Positive terms: relative error of any summation order <= (n - 1) * 2^-53.
+        const double tol = static_cast<double>(n) * 0x1p-53 * static_cast<double>(want);
+        CHECK(std::fabs(got.sum_sq - static_cast<double>(want)) <= tol);
+      }
+    }
+  }
+  for (CpuIsa isa : supported_isas()) {
+    for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
+      CAPTURE(to_string(isa));
+      CAPTURE(to_string(gd));
+      // The largest finite values are not "overflow" (fp32 squares would overflow fp32).
+      const float big = gd == DType::fp32 ? FLT_MAX : (gd == DType::fp16 ? 65504.0f : 3.3895314e38f);
+      const Buffer g_big(gd, std::vector<float>(1000, big));
+      const GradSumSquares ss_big = grad_sum_squares(isa, g_big.data(), gd, 1000);
+      CHECK(ss_big.finite);
+      CHECK(ss_big.sum_sq == doctest::Approx(1000.0 * double(big) * double(big)));
+      // One inf or NaN anywhere (head, vector body, tail, another thread's range) is reported.
+      for (std::size_t n : {std::size_t{1000}, std::size_t{100'003}}) {
+        for (std::size_t pos : {std::size_t{0}, std::size_t{5}, std::size_t{40}, n / 2, n - 1}) {
+          for (float bad : {INFINITY, -INFINITY, NAN}) {
+            CAPTURE(pos);
+            CAPTURE(bad);
+            std::vector<float> values(n, 0.25f);
+            values[pos] = bad;
+            const Buffer g(gd, values);
+            CHECK_FALSE(grad_sum_squares(isa, g.data(), gd, n).finite);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("clip_coefficient: torch's clip_grad_norm_ factor, clamped to 1") {
+  // 3-4-12: sqrt(9 + 16 + 144) = 13; with loss scale 2, the true norm is 6.5.
+  CHECK(clip_coefficient(169.0, 0.5, 1.0) == doctest::Approx(1.0 / (6.5 + 1e-6)));
+  CHECK(clip_coefficient(169.0, 0.5, 100.0) == 1.0);
+  CHECK(clip_coefficient(0.0, 1.0, 1.0) == 1.0);
+}
+
+}  // namespace
