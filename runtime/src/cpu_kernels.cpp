@@ -401,4 +401,17 @@ void accumulate_to(void* dst, const float* src, DType t, int64_t n) {
   }
 }
 
+void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+              void* param_out, DType param_dtype, float lr, float momentum, float weight_decay,
+              float grad_scale, int64_t n) {
+  for_each_elem(n, [&](std::size_t i) {
+    float w = master[i];
+    const float d = load_as_f32(grads, i, grad_dtype) * grad_scale + weight_decay * w;
+    momentum_buf[i] = momentum * momentum_buf[i] + d;
+    w -= lr * momentum_buf[i];
+    master[i] = w;
+    if (param_out != nullptr) store_from_f32(param_out, i, param_dtype, w);
+  });
+}
+
 }  // namespace zp::runtime::cpu

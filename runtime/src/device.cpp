@@ -209,6 +209,18 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < n; ++i) s += p[i];
     return s;
   }
+  GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) override {
+    return zp::runtime::grad_sum_squares(grads, t, n);
+  }
+  void adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) override {
+    cpu_adam_step(cfg, step, ts);
+  }
+  void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+                void* param_out, DType param_dtype, float lr, float momentum, float weight_decay,
+                float grad_scale, uint64_t n) override {
+    cpu::sgd_step(master, momentum_buf, grads, grad_dtype, param_out, param_dtype, lr, momentum,
+                  weight_decay, grad_scale, static_cast<int64_t>(n));
+  }
 
  private:
   Region gpu_, cpu_;

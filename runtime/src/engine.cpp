@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -226,19 +227,34 @@ void Engine::init_range(uint64_t lo, uint64_t hi, const std::function<void(uint6
   }
 }
 
+// Values are computed on the host in blocks of kStage elements and copied into place with
+// Device::copy, so the same code fills a GPU's memory.
+namespace {
+constexpr uint64_t kStage = 1024;
+}
+
 void Engine::init_weights() {
+  float vals[kStage];
+  std::byte raw[kStage * 4];
+  // Fill dst[0, hi - lo) (elements of dtype t) with the initial values of flat [lo, hi).
+  auto fill = [&](void* dst, DType t, uint64_t lo, uint64_t hi) {
+    const uint64_t eb = dtype_bytes(t);
+    for (uint64_t c = lo; c < hi; c += kStage) {
+      const uint64_t m = std::min(kStage, hi - c);
+      init_range(c, c + m, [&](uint64_t flat, float v) { vals[flat - c] = v; });
+      for (uint64_t j = 0; j < m; ++j) store_from_f32(raw, j, t, vals[j]);
+      dev_.copy(at(dst, c - lo, eb), raw, m * eb);
+    }
+  };
   // Each rank fills only what it holds: its owned master/partition, and the full params
   // below stage 3.
   for (const Group& gr : groups_) {
     const auto [lo, hi] = owned(gr);
-    init_range(gr.flat_off + lo, gr.flat_off + hi, [&](uint64_t flat, float v) {
-      const uint64_t k = stage_ == 0 ? flat : gr.part_off + (flat - gr.flat_off - lo);
-      if (master_) master_[k] = v;
-      if (stage_ == 3) store_from_f32(params_, k, pdt_, v);
-    });
+    const uint64_t k = stage_ == 0 ? gr.flat_off + lo : gr.part_off;
+    if (master_) fill(master_ + k, DType::fp32, gr.flat_off + lo, gr.flat_off + hi);
+    if (stage_ == 3) fill(at(params_, k, pbytes_), pdt_, gr.flat_off + lo, gr.flat_off + hi);
   }
-  if (stage_ < 3)
-    init_range(0, n_params_, [&](uint64_t i, float v) { store_from_f32(params_, i, pdt_, v); });
+  if (stage_ < 3) fill(params_, pdt_, 0, n_params_);
 }
 
 void Engine::find_runs() {
@@ -561,23 +577,26 @@ StepStats Engine::optimizer_step() {
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
   if (stage_ <= 1 && dp_ > 1) comm_.all_reduce_sum(grads_, n_params_, pdt_);
-  const float inv_scale = 1.0f / loss_scale_;
+  const double inv_scale = 1.0 / static_cast<double>(loss_scale_);
   // The owned gradient of group gr as (pointer, count) in grads_.
   auto owned_grads = [&](const Group& gr) {
     const auto [lo, hi] = owned(gr);
     const uint64_t k = stage_ >= 2 ? gr.part_off : gr.flat_off + lo;
     return std::pair<std::byte*, uint64_t>(at(grads_, k, pbytes_), hi - lo);
   };
+  // Global norm: the sum of squares of the raw (loss-scaled) gradients each rank owns, summed
+  // over the ranks; an inf or NaN anywhere is fp16 overflow.
   double sq = 0;
+  bool finite = true;
   for (const Group& gr : groups_) {
     const auto [g, n] = owned_grads(gr);
-    for (uint64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(load_as_f32(g, i, pdt_)) * inv_scale;
-      sq += v * v;
-    }
+    const GradSumSquares ss = dev_.grad_sum_squares(g, pdt_, n);
+    sq += ss.sum_sq;
+    finite = finite && ss.finite;
   }
+  if (!finite) sq = std::numeric_limits<double>::infinity();
   if (!replicated && dp_ > 1) sq = comm_.all_reduce_sum(sq);
-  st.grad_norm = std::sqrt(sq);
+  st.grad_norm = std::sqrt(sq) * inv_scale;
   st.loss_scale = loss_scale_;
   auto zero_grads = [&] {
     dev_.zero(grads_, (stage_ >= 2 ? part_ : n_params_) * pbytes_);
@@ -589,39 +608,30 @@ StepStats Engine::optimizer_step() {
     zero_grads();
     return st;
   }
-  const float clip = opt_.grad_clip > 0 && st.grad_norm > opt_.grad_clip
-                         ? static_cast<float>(opt_.grad_clip / (st.grad_norm + 1e-6))
-                         : 1.0f;
+  const double clip = opt_.grad_clip > 0 ? clip_coefficient(sq, inv_scale, opt_.grad_clip) : 1.0;
   const auto kind = plan_.strategy.optimizer;
-  const double t = static_cast<double>(step_ + 1);
-  const float bc1 = static_cast<float>(1.0 - std::pow(opt_.beta1, t));
-  const float bc2 = static_cast<float>(1.0 - std::pow(opt_.beta2, t));
+  const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                        .weight_decay = opt_.weight_decay,
+                        .adamw = kind == planner::OptimizerKind::adamw};
+  const AdamStepArgs args{.step = step_ + 1, .inv_loss_scale = inv_scale, .clip_coef = clip};
   std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
   for (const Group& gr : groups_) {
-    const auto [lo, hi] = owned(gr);
     const auto [g, n] = owned_grads(gr);
     const uint64_t k0 = replicated ? gr.flat_off : gr.part_off;  // state index of lo
-    // Where the updated 16-bit (or fp32) parameter goes.
-    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t k = k0 + i;
-      const float grad = load_as_f32(g, i, pdt_) * inv_scale * clip;
-      float w = master_ ? master_[k] : load_as_f32(params_, p0 + i, pdt_);
-      if (kind == planner::OptimizerKind::sgd) {
-        const float d = grad + opt_.weight_decay * w;
-        exp_avg_[k] = opt_.momentum * exp_avg_[k] + d;
-        w -= opt_.lr * exp_avg_[k];
-      } else {
-        float d = grad;
-        if (kind == planner::OptimizerKind::adamw) w -= opt_.lr * opt_.weight_decay * w;
-        else d += opt_.weight_decay * w;
-        exp_avg_[k] = opt_.beta1 * exp_avg_[k] + (1 - opt_.beta1) * d;
-        exp_avg_sq_[k] = opt_.beta2 * exp_avg_sq_[k] + (1 - opt_.beta2) * d * d;
-        const float mhat = exp_avg_[k] / bc1, vhat = exp_avg_sq_[k] / bc2;
-        w -= opt_.lr * mhat / (std::sqrt(vhat) + opt_.eps);
-      }
-      if (master_) master_[k] = w;
-      store_from_f32(params_, p0 + i, pdt_, w);
+    // Where the updated 16-bit (or fp32) parameter goes: without fp32 master weights (fp32
+    // training) the parameters are the weights the optimizer updates.
+    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + owned(gr).first;
+    std::byte* param = at(params_, p0, pbytes_);
+    float* w = master_ ? master_ + k0 : reinterpret_cast<float*>(param);
+    void* out = master_ ? param : nullptr;
+    if (kind == planner::OptimizerKind::sgd) {
+      dev_.sgd_step(w, exp_avg_ + k0, g, pdt_, out, pdt_, opt_.lr, opt_.momentum,
+                    opt_.weight_decay, static_cast<float>(inv_scale * clip), n);
+    } else {
+      dev_.adam_step(adam, args,
+                     AdamTensors{.n = n, .master = w, .exp_avg = exp_avg_ + k0,
+                                 .exp_avg_sq = exp_avg_sq_ + k0, .grads = g, .grad_dtype = pdt_,
+                                 .param_out = out, .param_out_dtype = pdt_});
     }
     if (stage_ == 1 || stage_ == 2)
       for (int r = 0; r < dp_; ++r) {
@@ -674,11 +684,16 @@ void Engine::save_weights(const std::string& path) {
     const uint64_t k0 = stage_ == 0 ? gr.flat_off : gr.part_off;
     const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
     // Through a small staging block, so the file gets fp32 whatever the storage.
-    float block[1024];
-    for (uint64_t i = 0; i < hi - lo; i += 1024) {
-      const uint64_t m = std::min<uint64_t>(1024, hi - lo - i);
-      for (uint64_t j = 0; j < m; ++j)
-        block[j] = master_ ? master_[k0 + i + j] : load_as_f32(params_, p0 + i + j, pdt_);
+    float block[kStage];
+    std::byte raw[kStage * 4];
+    for (uint64_t i = 0; i < hi - lo; i += kStage) {
+      const uint64_t m = std::min<uint64_t>(kStage, hi - lo - i);
+      if (master_) {
+        dev_.copy(block, master_ + k0 + i, m * 4);
+      } else {
+        dev_.copy(raw, at(params_, p0 + i, pbytes_), m * pbytes_);
+        for (uint64_t j = 0; j < m; ++j) block[j] = load_as_f32(raw, j, pdt_);
+      }
       const off_t off = static_cast<off_t>((gr.flat_off + lo + i) * 4);
       if (::pwrite(fd, block, m * 4, off) != static_cast<ssize_t>(m * 4)) {
         ::close(fd);

@@ -92,4 +92,12 @@ void to_f32(float* dst, const void* src, DType t, int64_t n);
 void from_f32(void* dst, const float* src, DType t, int64_t n);
 void accumulate_to(void* dst, const float* src, DType t, int64_t n);
 
+// SGD with momentum over one partition (torch.optim.SGD, dampening 0, not Nesterov; its
+// first-step buf = d equals momentum*0 + d with a zeroed buffer):
+//   g = grad * grad_scale;  d = g + weight_decay*w;  buf = momentum*buf + d;  w -= lr*buf
+// w is master (fp32); param_out (optional) receives w rounded to param_dtype.
+void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+              void* param_out, DType param_dtype, float lr, float momentum, float weight_decay,
+              float grad_scale, int64_t n);
+
 }  // namespace zp::runtime::cpu

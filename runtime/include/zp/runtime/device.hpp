@@ -21,6 +21,7 @@
 
 #include "zp/planner/allocator.hpp"
 #include "zp/planner/memory.hpp"
+#include "zp/runtime/cpu_adam.hpp"
 #include "zp/runtime/dtype.hpp"
 
 namespace zp::runtime {
@@ -126,6 +127,15 @@ class Device {
   virtual void add(void* dst, const void* src, DType t, int64_t n) = 0;
   // Sum of a device buffer of fp32 values, read back to the host (the step's loss).
   virtual double sum(const float* p, int64_t n) = 0;
+
+  // The optimizer on buffers of this device's gpu tier (states not offloaded): the same
+  // contracts as cpu_adam.hpp's grad_sum_squares and cpu_adam_step, and cpu::sgd_step.
+  // Offloaded states live in the host tier and are updated by the CPU Adam directly.
+  virtual GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) = 0;
+  virtual void adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) = 0;
+  virtual void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+                        void* param_out, DType param_dtype, float lr, float momentum,
+                        float weight_decay, float grad_scale, uint64_t n) = 0;
 
  protected:
   std::array<std::unique_ptr<Arena>, planner::kTiers.size()> arenas_;
