@@ -205,6 +205,17 @@ class ScheduleBuilder {
         }
       }
     }
+    // The delayed parameter update (ZeRO-Offload paper sec. 5.2): the CPU step of step i reads
+    // its fp32 gradient partition while step i+1's backward fills a second one, and writes the
+    // new 16-bit parameters into a host copy of the partition that is copied to the device
+    // once step i+1's backward is done (zeroplan's double buffering; the paper's schedule).
+    if (s_.dpu && s_.offload_optimizer != Offload::none) {
+      alloc(-1, add_buffer("grads.dpu", Tier::cpu, Category::grads,
+                           checked_mul(4, part, "bytes of the second fp32 gradient partition")));
+      if (s_.precision != Precision::fp32)
+        alloc(-1, add_buffer("params.dpu", Tier::cpu, Category::params,
+                             checked_mul(p_bytes_, part, "bytes of the host parameter copy")));
+    }
   }
 
   void liveness() {
@@ -316,7 +327,21 @@ class ScheduleBuilder {
   // DeepSpeed (stages 1-3, no offload) upcasts the 16-bit gradient partition to fp32 for
   // its optimizer step (single_partition_of_fp32_groups[i].grad), freed after the step.
   // zeroplan's CPU Adam reads 16-bit gradients directly and needs no such buffer.
+  //
+  // With the optimizer offloaded (and no delayed update), the CPU Adam writes the new 16-bit
+  // parameters into two pinned host tiles of min(kOffloadTileElems, partition) elements,
+  // alternating, and each full tile is copied to the device while the next one is computed
+  // (DeepSpeed's cpu_adam double buffer of TILE elements); in fp32 training the master
+  // weights are copied directly.
   void optimizer_buffers(int32_t pos) {
+    if (s_.offload_optimizer != Offload::none && !s_.dpu && s_.precision != Precision::fp32) {
+      const uint64_t tile = checked_mul(std::min(kOffloadTileElems, out_.partition_elems), p_bytes_,
+                                        "bytes of a parameter tile");
+      const uint32_t a = alloc(pos, add_buffer("param_tile.0", Tier::cpu, Category::buffers, tile));
+      const uint32_t b = alloc(pos, add_buffer("param_tile.1", Tier::cpu, Category::buffers, tile));
+      free(pos, a);
+      free(pos, b);
+    }
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,

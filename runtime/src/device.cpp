@@ -204,6 +204,9 @@ class CpuDevice final : public Device {
                      load_as_f32(dst, static_cast<std::size_t>(i), t) +
                          load_as_f32(src, static_cast<std::size_t>(i), t));
   }
+  void add_f32(float* dst, const void* src, DType t, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
+  }
   double sum(const float* p, int64_t n) override {
     double s = 0;
     for (int64_t i = 0; i < n; ++i) s += p[i];

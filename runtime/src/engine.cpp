@@ -23,6 +23,7 @@
 #include "zp/checked.hpp"
 #include "zp/error.hpp"
 #include "zp/planner/schedule.hpp"
+#include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/rng.hpp"
 
 namespace zp::runtime {
@@ -66,9 +67,9 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
-  if (s.offload_optimizer != planner::Offload::none || s.offload_param != planner::Offload::none)
-    throw Error("zero-run does not execute offloading yet",
-                "run without --offload-optimizer/--offload-param");
+  if (s.offload_optimizer == planner::Offload::nvme || s.offload_param != planner::Offload::none)
+    throw Error("zero-run executes --offload-optimizer cpu; NVMe and parameter offload are planned only",
+                "run with --offload-optimizer cpu, or without offloading");
   if (plan.options.backend == planner::Backend::cpu && dev.name() != "cpu")
     throw Error(fmt::format("the plan was made for --device cpu, this is {}", dev.name()),
                 fmt::format("make the plan with --device {}", dev.name()));
@@ -113,6 +114,8 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
     if (op.phase == Phase::backward) last_bwd_ = i;
     if (op.phase == Phase::optimizer) opt_pos_ = i;
   }
+  offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
+  dpu_ = offload_ && plan.strategy.dpu;
   layout();
   if (stage_ == 3) find_runs();
   buf_.assign(g_.tensors.size(), nullptr);
@@ -121,6 +124,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
 }
 
 Engine::~Engine() {
+  if (dpu_thread_.joinable()) dpu_thread_.join();
   // Model states go back to their arenas (in reverse); step tensors were freed by the step.
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) dev_.arena(it->first).free(it->second);
 }
@@ -169,28 +173,38 @@ void* Engine::alloc(Tier t, uint64_t bytes, Category c, const std::string& name)
   return dev_.arena(t).alloc(bytes, c, name);
 }
 
-// Model states, before the first op, in the planner's order: params, grads, master, moments.
+// Model states, before the first op, in the planner's order (schedule.cpp model_states):
+// per tier params, grads, master, moments; then the delayed update's second gradient
+// partition and host parameter copy.
 void Engine::allocate_states() {
   const bool mixed = pdt_ != DType::fp32;
   const uint64_t held_p = stage_ >= 3 ? part_ : n_params_;
   const uint64_t held_g = stage_ >= 2 ? part_ : n_params_;
   const uint64_t held_os = stage_ >= 1 ? part_ : n_params_;
-  auto state = [&](uint64_t elems, uint64_t eb, Category c, const char* name) -> void* {
+  auto state = [&](Tier t, uint64_t elems, uint64_t eb, Category c, const char* name) -> void* {
     const uint64_t bytes = checked_mul(elems, eb, name);
     if (bytes == 0) return nullptr;
-    void* p = alloc(Tier::gpu, bytes, c, name);
+    void* p = alloc(t, bytes, c, name);
     dev_.zero(p, bytes);
-    held_.emplace_back(Tier::gpu, p);
+    held_.emplace_back(t, p);
     return p;
   };
-  params_ = state(held_p, pbytes_, Category::params, "params");
-  grads_ = state(held_g, pbytes_, Category::grads, "grads");
-  if (mixed) master_ = static_cast<float*>(state(held_os, 4, Category::master, "master"));
+  // ZeRO-Offload keeps master weights (also in fp32 training), moments and an fp32 gradient
+  // partition in the host tier; the device keeps 16-bit gradients only under stage 1.
+  const Tier os = offload_ ? Tier::cpu : Tier::gpu;
+  params_ = state(Tier::gpu, held_p, pbytes_, Category::params, "params");
+  if (!offload_ || stage_ < 2) grads_ = state(Tier::gpu, held_g, pbytes_, Category::grads, "grads");
+  if (offload_) host_grads_[0] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads"));
+  if (mixed || offload_) master_ = static_cast<float*>(state(os, held_os, 4, Category::master, "master"));
   if (plan_.strategy.optimizer == planner::OptimizerKind::sgd) {
-    exp_avg_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "momentum"));
+    exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "momentum"));
   } else {
-    exp_avg_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "exp_avg"));
-    exp_avg_sq_ = static_cast<float*>(state(held_os, 4, Category::optimizer, "exp_avg_sq"));
+    exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg"));
+    exp_avg_sq_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg_sq"));
+  }
+  if (dpu_) {
+    host_grads_[1] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads.dpu"));
+    if (mixed) dpu_params_ = state(Tier::cpu, part_, pbytes_, Category::params, "params.dpu");
   }
 }
 
@@ -328,9 +342,11 @@ void Engine::reduce_to_owners(TensorId gt) {
     if (lo >= hi) continue;
     void* seg = at(bucket, lo - a, pbytes_);
     if (dp_ > 1) comm_.reduce_sum(seg, hi - lo, pdt_, r);
-    if (r == rank_)
-      dev_.add(at(grads_, gr.part_off + (lo - static_cast<uint64_t>(r) * gr.shard), pbytes_), seg,
-               pdt_, static_cast<int64_t>(hi - lo));
+    if (r != rank_) continue;
+    const uint64_t k = gr.part_off + (lo - static_cast<uint64_t>(r) * gr.shard);
+    // Offloaded: the reduced segment streams into the host fp32 partition.
+    if (offload_) dev_.add_f32(host_grads_[cur_] + k, seg, pdt_, static_cast<int64_t>(hi - lo));
+    else dev_.add(at(grads_, k, pbytes_), seg, pdt_, static_cast<int64_t>(hi - lo));
   }
 }
 
@@ -571,26 +587,123 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
 
 // ---- the optimizer -------------------------------------------------------------------------
 
+Engine::OwnedGrads Engine::owned_grads(const Group& gr) const {
+  const auto [lo, hi] = owned(gr);
+  // Offloaded: the host fp32 partition the backward pass filled (stage 1 converts into it).
+  if (offload_) return {host_grads_[cur_] + gr.part_off, hi - lo, DType::fp32};
+  const uint64_t k = stage_ >= 2 ? gr.part_off : gr.flat_off + lo;
+  return {at(grads_, k, pbytes_), hi - lo, pdt_};
+}
+
+// Stages 1-2: every rank updated its slice of the flat params; share them, in place.
+void Engine::gather_params() {
+  if ((stage_ != 1 && stage_ != 2) || dp_ == 1) return;
+  std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
+  const Group& gr = groups_.front();
+  for (int r = 0; r < dp_; ++r) {
+    const uint64_t rlo = std::min(gr.elems, static_cast<uint64_t>(r) * gr.shard);
+    counts[static_cast<std::size_t>(r)] = std::min(gr.elems, rlo + gr.shard) - rlo;
+  }
+  comm_.all_gather_in_place(params_, counts, pdt_);
+}
+
+// The host partition of updated parameters (16-bit, partition layout; or the fp32 master
+// when training in fp32) goes to the device's params.
+void Engine::apply_host_params(const void* host_params) {
+  for (const Group& gr : groups_) {
+    const auto [lo, hi] = owned(gr);
+    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+    dev_.copy(at(params_, p0, pbytes_), at(const_cast<void*>(host_params), gr.part_off, pbytes_),
+              (hi - lo) * pbytes_);
+  }
+  gather_params();
+}
+
+// The CPU Adam (or SGD) over the owned partition in the host tier, reading host_grads_[g_buf],
+// which it zeroes afterwards. With `to_device` the new parameters return to the device now:
+// 16-bit ones through two alternating tiles of kOffloadTileElems, each copied while the next
+// is computed, fp32 ones straight from the master weights. Without (the delayed update), the
+// 16-bit parameters go to the host copy dpu_params_ and nothing touches the device or an
+// arena: safe on the delayed update's thread.
+void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
+  const auto kind = plan_.strategy.optimizer;
+  const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                        .weight_decay = opt_.weight_decay,
+                        .adamw = kind == planner::OptimizerKind::adamw};
+  const AdamStepArgs args{.step = t, .inv_loss_scale = inv_scale, .clip_coef = clip};
+  float* grads = host_grads_[g_buf];
+  const bool mixed = pdt_ != DType::fp32;
+  const uint64_t tile = std::min(planner::kOffloadTileElems, part_);
+  void* tiles[2] = {nullptr, nullptr};
+  void* param_out = to_device ? nullptr : dpu_params_;
+  if (to_device && mixed) {
+    tiles[0] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.0");
+    tiles[1] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.1");
+    if (step_ == 0) sample(opt_pos_);
+  }
+  int next = 0;
+  for (const Group& gr : groups_) {
+    const auto [lo, hi] = owned(gr);
+    const uint64_t n = hi - lo, k0 = gr.part_off;
+    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+    for (uint64_t c = 0; c < n; c += tile) {
+      const uint64_t m = std::min(tile, n - c);
+      void* out = param_out != nullptr ? at(param_out, k0 + c, pbytes_) : tiles[next];
+      if (!mixed) out = nullptr;  // fp32: the master weights are the parameters
+      if (kind == planner::OptimizerKind::sgd) {
+        cpu::sgd_step(master_ + k0 + c, exp_avg_ + k0 + c, grads + k0 + c, DType::fp32, out, pdt_,
+                      opt_.lr, opt_.momentum, opt_.weight_decay, static_cast<float>(inv_scale * clip),
+                      static_cast<int64_t>(m));
+      } else {
+        cpu_adam_step(adam, args,
+                      AdamTensors{.n = m, .master = master_ + k0 + c, .exp_avg = exp_avg_ + k0 + c,
+                                  .exp_avg_sq = exp_avg_sq_ + k0 + c, .grads = grads + k0 + c,
+                                  .grad_dtype = DType::fp32, .param_out = out,
+                                  .param_out_dtype = pdt_});
+      }
+      if (to_device) {
+        const void* src = mixed ? tiles[next] : static_cast<const void*>(master_ + k0 + c);
+        dev_.copy(at(params_, p0 + c, pbytes_), src, m * pbytes_);
+        next ^= 1;
+      }
+    }
+  }
+  if (tiles[0] != nullptr) {
+    dev_.arena(Tier::cpu).free(tiles[0]);
+    dev_.arena(Tier::cpu).free(tiles[1]);
+  }
+  std::memset(grads, 0, part_ * 4);
+}
+
+void Engine::flush() {
+  if (!dpu_pending_) return;
+  if (dpu_thread_.joinable()) dpu_thread_.join();
+  apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
+  dpu_pending_ = false;
+}
+
 StepStats Engine::optimizer_step() {
   StepStats st;
   const bool replicated = stage_ == 0;
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
   if (stage_ <= 1 && dp_ > 1) comm_.all_reduce_sum(grads_, n_params_, pdt_);
-  const double inv_scale = 1.0 / static_cast<double>(loss_scale_);
-  // The owned gradient of group gr as (pointer, count) in grads_.
-  auto owned_grads = [&](const Group& gr) {
+  // Stage 1 offloaded: the owned part of the summed 16-bit gradients goes to the host in fp32.
+  if (offload_ && stage_ == 1) {
+    const Group& gr = groups_.front();
     const auto [lo, hi] = owned(gr);
-    const uint64_t k = stage_ >= 2 ? gr.part_off : gr.flat_off + lo;
-    return std::pair<std::byte*, uint64_t>(at(grads_, k, pbytes_), hi - lo);
-  };
+    dev_.zero(host_grads_[cur_], part_ * 4);
+    dev_.add_f32(host_grads_[cur_], at(grads_, lo, pbytes_), pdt_, static_cast<int64_t>(hi - lo));
+  }
+  const double inv_scale = 1.0 / static_cast<double>(loss_scale_);
   // Global norm: the sum of squares of the raw (loss-scaled) gradients each rank owns, summed
   // over the ranks; an inf or NaN anywhere is fp16 overflow.
   double sq = 0;
   bool finite = true;
   for (const Group& gr : groups_) {
-    const auto [g, n] = owned_grads(gr);
-    const GradSumSquares ss = dev_.grad_sum_squares(g, pdt_, n);
+    const OwnedGrads g = owned_grads(gr);
+    const GradSumSquares ss = offload_ ? grad_sum_squares(g.ptr, g.dtype, g.n)
+                                       : dev_.grad_sum_squares(g.ptr, g.dtype, g.n);
     sq += ss.sum_sq;
     finite = finite && ss.finite;
   }
@@ -599,49 +712,71 @@ StepStats Engine::optimizer_step() {
   st.grad_norm = std::sqrt(sq) * inv_scale;
   st.loss_scale = loss_scale_;
   auto zero_grads = [&] {
-    dev_.zero(grads_, (stage_ >= 2 ? part_ : n_params_) * pbytes_);
+    if (grads_ != nullptr) dev_.zero(grads_, (stage_ >= 2 ? part_ : n_params_) * pbytes_);
+    if (offload_) std::memset(host_grads_[cur_], 0, part_ * 4);
   };
+  // The delayed update of the previous step is applied now, after this step's backward ran on
+  // the parameters it had not yet changed (ZeRO-Offload paper sec. 5.2).
+  flush();
   if (!std::isfinite(sq)) {
     st.skipped = true;
     loss_scale_ = std::max(1.0f, loss_scale_ / 2);
     good_steps_ = 0;
     zero_grads();
+    if (step_ == 0) sample(opt_pos_);
     return st;
   }
   const double clip = opt_.grad_clip > 0 ? clip_coefficient(sq, inv_scale, opt_.grad_clip) : 1.0;
-  const auto kind = plan_.strategy.optimizer;
-  const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
-                        .weight_decay = opt_.weight_decay,
-                        .adamw = kind == planner::OptimizerKind::adamw};
-  const AdamStepArgs args{.step = step_ + 1, .inv_loss_scale = inv_scale, .clip_coef = clip};
-  std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
-  for (const Group& gr : groups_) {
-    const auto [g, n] = owned_grads(gr);
-    const uint64_t k0 = replicated ? gr.flat_off : gr.part_off;  // state index of lo
-    // Where the updated 16-bit (or fp32) parameter goes: without fp32 master weights (fp32
-    // training) the parameters are the weights the optimizer updates.
-    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + owned(gr).first;
-    std::byte* param = at(params_, p0, pbytes_);
-    float* w = master_ ? master_ + k0 : reinterpret_cast<float*>(param);
-    void* out = master_ ? param : nullptr;
-    if (kind == planner::OptimizerKind::sgd) {
-      dev_.sgd_step(w, exp_avg_ + k0, g, pdt_, out, pdt_, opt_.lr, opt_.momentum,
-                    opt_.weight_decay, static_cast<float>(inv_scale * clip), n);
+  const int64_t t = step_ + 1;
+  if (offload_) {
+    if (grads_ != nullptr) dev_.zero(grads_, n_params_ * pbytes_);  // stage 1: read out above
+    if (dpu_ && step_ >= opt_.dpu_warmup_steps) {
+      // Launch this step's update; its parameters are applied after the next backward.
+      const int g_buf = cur_;
+      cur_ ^= 1;
+      dpu_pending_ = true;
+      if (step_ == 0) sample(opt_pos_);
+      if (opt_.dpu_threaded)
+        dpu_thread_ = std::thread([this, g_buf, inv_scale, clip, t] {
+          offload_update(g_buf, inv_scale, clip, t, false);
+        });
+      else
+        offload_update(g_buf, inv_scale, clip, t, false);
     } else {
-      dev_.adam_step(adam, args,
-                     AdamTensors{.n = n, .master = w, .exp_avg = exp_avg_ + k0,
-                                 .exp_avg_sq = exp_avg_sq_ + k0, .grads = g, .grad_dtype = pdt_,
-                                 .param_out = out, .param_out_dtype = pdt_});
+      if (step_ == 0 && (dpu_ || pdt_ == DType::fp32)) sample(opt_pos_);
+      offload_update(cur_, inv_scale, clip, t, !dpu_);
+      if (dpu_) apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
+      else gather_params();
     }
-    if (stage_ == 1 || stage_ == 2)
-      for (int r = 0; r < dp_; ++r) {
-        const uint64_t rlo = std::min(gr.elems, static_cast<uint64_t>(r) * gr.shard);
-        counts[static_cast<std::size_t>(r)] = std::min(gr.elems, rlo + gr.shard) - rlo;
+  } else {
+    if (step_ == 0) sample(opt_pos_);
+    const auto kind = plan_.strategy.optimizer;
+    const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                          .weight_decay = opt_.weight_decay,
+                          .adamw = kind == planner::OptimizerKind::adamw};
+    const AdamStepArgs args{.step = t, .inv_loss_scale = inv_scale, .clip_coef = clip};
+    for (const Group& gr : groups_) {
+      const OwnedGrads g = owned_grads(gr);
+      const uint64_t k0 = replicated ? gr.flat_off : gr.part_off;  // state index of lo
+      // Where the updated 16-bit (or fp32) parameter goes: without fp32 master weights (fp32
+      // training) the parameters are the weights the optimizer updates.
+      const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + owned(gr).first;
+      std::byte* param = at(params_, p0, pbytes_);
+      float* w = master_ ? master_ + k0 : reinterpret_cast<float*>(param);
+      void* out = master_ ? param : nullptr;
+      if (kind == planner::OptimizerKind::sgd) {
+        dev_.sgd_step(w, exp_avg_ + k0, g.ptr, pdt_, out, pdt_, opt_.lr, opt_.momentum,
+                      opt_.weight_decay, static_cast<float>(inv_scale * clip), g.n);
+      } else {
+        dev_.adam_step(adam, args,
+                       AdamTensors{.n = g.n, .master = w, .exp_avg = exp_avg_ + k0,
+                                   .exp_avg_sq = exp_avg_sq_ + k0, .grads = g.ptr,
+                                   .grad_dtype = pdt_, .param_out = out, .param_out_dtype = pdt_});
       }
+    }
+    gather_params();
+    zero_grads();
   }
-  // Stages 1-2: every rank updated its slice of the flat params; share them, in place.
-  if ((stage_ == 1 || stage_ == 2) && dp_ > 1) comm_.all_gather_in_place(params_, counts, pdt_);
-  zero_grads();
   if (pdt_ == DType::fp16 && ++good_steps_ >= opt_.loss_scale_window) {
     loss_scale_ *= 2;
     good_steps_ = 0;
@@ -653,7 +788,6 @@ StepStats Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
   loss_sum_ = 0;
   for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) micro_step();
-  if (step_ == 0) sample(opt_pos_);
   StepStats st = optimizer_step();
   ++step_;
   st.step = step_;
@@ -665,6 +799,7 @@ StepStats Engine::step() {
 }
 
 void Engine::save_weights(const std::string& path) {
+  flush();
   const std::string tmp = path + ".tmp";
   if (rank_ == 0) {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

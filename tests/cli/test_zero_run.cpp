@@ -111,6 +111,40 @@ TEST_CASE("stages 0-3 on 1, 2 and 4 ranks reach the same weights (fp32), and the
   }
 }
 
+TEST_CASE("ZeRO-Offload on 1 and 2 ranks: the weights of device training, memory within 2%") {
+  zp::test::TempDir dir;
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (int np : {1, 2}) {
+      CAPTURE(stage);
+      CAPTURE(np);
+      std::vector<std::string> args = {"--model", "gpt2-tiny", "--stage", std::to_string(stage),
+                                       "--precision", "fp32", "--micro-batch", "2", "--seq", "32",
+                                       "--steps", "5", "--save-weights"};
+      const std::string on_device = dir.file("dev.bin"), offloaded = dir.file("off.bin");
+      std::vector<std::string> a = args, b = args;
+      a.push_back(on_device);
+      b.push_back(offloaded);
+      b.insert(b.end(), {"--offload-optimizer", "cpu"});
+      const Result ra = mpirun(np, a), rb = mpirun(np, b);
+      CAPTURE(rb.err);
+      REQUIRE(ra.rc == 0);
+      REQUIRE(rb.rc == 0);  // exit 0: every measured peak within 2% of the plan
+      CHECK(zp::test::slurp(on_device) == zp::test::slurp(offloaded));
+    }
+  }
+  // The delayed update on two ranks, bf16, with the host tier checked against the plan.
+  const std::string report = dir.file("dpu.json");
+  const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "cpu",
+                              "--dpu", "--dpu-warmup", "1", "--steps", "4", "--report", report});
+  CAPTURE(r.err);
+  REQUIRE(r.rc == 0);
+  for (const auto& rank : nlohmann::json::parse(zp::test::slurp(report))["ranks"]) {
+    const double p = rank["predicted"]["cpu"]["total"].get<double>();
+    CHECK(p > 0);
+    CHECK(std::fabs(rank["measured"]["cpu"]["total"].get<double>() - p) <= 0.02 * p);
+  }
+}
+
 TEST_CASE("a plan file runs on the ranks it was made for") {
   zp::test::TempDir dir;
   const std::string plan = dir.file("plan.json");

@@ -192,7 +192,21 @@ TEST_CASE("offload moves the optimizer states to the cpu tier, exactly") {
   CHECK(cpu[Category::master] == 4 * part);
   CHECK(cpu[Category::optimizer] == 8 * part);
   CHECK(cpu[Category::grads] == 4 * part);  // the fp32 gradient partition
-  CHECK(r.rep.per_device.peak(Tier::cpu) == 16 * part);
+  // Two bf16 tiles carry the updated parameters back to the device (DeepSpeed's CPU Adam
+  // double buffer of TILE = 128 Mi elements, or the whole partition when smaller).
+  const uint64_t tile = std::min<uint64_t>(uint64_t{128} << 20, part);
+  CHECK(cpu[Category::buffers] == 2 * 2 * tile);
+  CHECK(r.rep.per_device.peak(Tier::cpu) == 16 * part + 4 * tile);
+
+  // The delayed update double-buffers the fp32 gradient partition and keeps a host copy of
+  // the bf16 parameter partition instead of the tiles.
+  s.dpu = true;
+  const Run d = run(s);
+  const auto& dcpu = d.rep.per_device[Tier::cpu];
+  CHECK(dcpu[Category::grads] == 8 * part);
+  CHECK(dcpu[Category::params] == 2 * part);
+  CHECK(dcpu[Category::buffers] == 0);
+  CHECK(d.rep.per_device.peak(Tier::cpu) == 22 * part);
 }
 
 TEST_CASE("profile deepspeed adds the fp32 gradient partition and uses the caching allocator") {

@@ -32,7 +32,7 @@ using namespace zp;
 struct Args {
   std::string plan_path, model, data, report, format, save_weights, device = "cpu";
   std::string steps = "10", seed = "1234", tolerance = "2", device_memory, host_memory;
-  std::string lr = "1e-3", weight_decay, grad_clip = "0";
+  std::string lr = "1e-3", weight_decay, grad_clip = "0", dpu_warmup;
   cli::StrategyFlags flags;
 };
 
@@ -61,7 +61,7 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   const bool flags_given = [&] {
     for (const char* f : {"--stage", "--dp", "--micro-batch", "--seq", "--grad-accum",
                           "--precision", "--optimizer", "--checkpointing", "--ds-config",
-                          "--offload-optimizer", "--offload-param"})
+                          "--offload-optimizer", "--offload-param", "--dpu"})
       if (app.count(f) > 0) return true;
     return false;
   }();
@@ -100,6 +100,12 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
                            ? (s.plan.strategy.optimizer == planner::OptimizerKind::adamw ? 0.01f : 0.0f)
                            : static_cast<float>(parse_number(a.weight_decay, "--weight-decay", 0));
   s.opt.grad_clip = static_cast<float>(parse_number(a.grad_clip, "--grad-clip", 0));
+  if (!a.dpu_warmup.empty()) {
+    if (!s.plan.strategy.dpu)
+      throw Error("--dpu-warmup: the plan has no delayed parameter update",
+                  "add --dpu (with --offload-optimizer cpu), or drop --dpu-warmup");
+    s.opt.dpu_warmup_steps = a.dpu_warmup == "0" ? 0 : static_cast<int64_t>(parse_count(a.dpu_warmup, "--dpu-warmup"));
+  }
 
   // Arena capacities: what the plan predicts with room to spare, or what the user gives, in
   // which case a plan that does not fit is refused before anything runs.
@@ -193,6 +199,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", a.lr, "learning rate [1e-3]");
   app.add_option("--weight-decay", a.weight_decay, "weight decay [0; adamw 0.01]");
   app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm to this [0: off]");
+  app.add_option("--dpu-warmup", a.dpu_warmup,
+                 "with --dpu: plain offloaded steps before the delayed update starts [10]");
   app.add_option("--device", a.device, "cpu (the device tier emulated in host memory) or cuda [cpu]");
   app.add_option("--device-memory", a.device_memory,
                  "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");

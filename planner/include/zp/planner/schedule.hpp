@@ -74,6 +74,10 @@ struct MemorySchedule {
 // separately (so each group all-gathers as equal blocks). 0 for stage 0.
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp);
 
+// Elements of one pinned host tile through which an offloaded optimizer returns the updated
+// 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements.
+inline constexpr uint64_t kOffloadTileElems = uint64_t{128} * 1024 * 1024;
+
 MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
                               const PlanOptions& o);
 

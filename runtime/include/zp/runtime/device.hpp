@@ -125,6 +125,9 @@ class Device {
   virtual void accumulate_to(void* dst, const float* src, DType t, int64_t n) = 0;
   // dst += src for two buffers of the same storage type (adding in fp32, rounding once).
   virtual void add(void* dst, const void* src, DType t, int64_t n) = 0;
+  // dst += src as fp32, dst an fp32 buffer in the host tier (an offloaded gradient partition;
+  // on a GPU the source is device memory and the add streams over the host link).
+  virtual void add_f32(float* dst, const void* src, DType t, int64_t n) = 0;
   // Sum of a device buffer of fp32 values, read back to the host (the step's loss).
   virtual double sum(const float* p, int64_t n) = 0;
 

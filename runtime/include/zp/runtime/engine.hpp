@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zp/models/graph.hpp"
@@ -39,6 +40,12 @@ struct EngineOptions {
   // skip the step), double after 1000 steps without one.
   float initial_loss_scale = 65536.0f;
   int loss_scale_window = 1000;
+  // The delayed parameter update (plans with dpu): plain offloaded steps before it starts
+  // (the ZeRO-Offload paper turns it on only once the early, fast-changing steps are over),
+  // and whether the CPU step runs on its own thread (false: the same delayed schedule run
+  // inline, the reference the threaded run must equal bit for bit).
+  int64_t dpu_warmup_steps = 10;
+  bool dpu_threaded = true;
 };
 
 struct StepStats {
@@ -61,6 +68,11 @@ class Engine {
 
   // One optimizer step: grad_accum micro-steps of forward and backward, then the update.
   StepStats step();
+
+  // With the delayed parameter update, waits for the CPU step in flight and applies it, so the
+  // parameters reflect every step taken (collective: every rank calls it). save_weights
+  // calls it; nothing to do otherwise.
+  void flush();
 
   // Every rank writes the weights it owns (fp32 master, or the fp32 params) into one file of
   // n_params fp32 values in the model's flat order; the file appears whole (temp + rename).
@@ -109,6 +121,15 @@ class Engine {
   float* master_ = nullptr;    // fp32 master of the owned elements (mixed precision)
   float* exp_avg_ = nullptr;   // Adam moments, or SGD momentum in exp_avg_
   float* exp_avg_sq_ = nullptr;
+  // ZeRO-Offload (optimizer states in the host tier): the fp32 gradient partition (two with
+  // the delayed update, filled alternately), and the host copy of the 16-bit parameter
+  // partition that a delayed update writes.
+  bool offload_ = false, dpu_ = false;
+  float* host_grads_[2] = {nullptr, nullptr};
+  int cur_ = 0;                 // which host_grads_ the backward pass fills
+  void* dpu_params_ = nullptr;
+  std::thread dpu_thread_;
+  bool dpu_pending_ = false;    // an update computed (or in flight) but not yet applied
 
   // Per-step state.
   std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
@@ -147,6 +168,17 @@ class Engine {
   void sample(int32_t pos);
   void run_op(const models::Op& op, const std::vector<float*>& w32);
   StepStats optimizer_step();
+  // Pieces of the optimizer step. The owned gradient of a group: (pointer, count, dtype).
+  struct OwnedGrads {
+    void* ptr;
+    uint64_t n;
+    DType dtype;
+  };
+  OwnedGrads owned_grads(const Group& gr) const;
+  // The offloaded update of every owned element from host_grads_[g_buf] (engine.cpp).
+  void offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device);
+  void apply_host_params(const void* host_params);  // host partition -> params_, + gather
+  void gather_params();                             // stages 1-2: share updated slices
   // The owned range of a group for this rank, in group-local elements.
   std::pair<uint64_t, uint64_t> owned(const Group& gr) const;
 };
