@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""bench_gpt2_torch.py: tokens/s of one GPT-2 forward + backward (no optimizer) in PyTorch on the
-CPU, the baseline for bench_gpt2_cpu. Not a correctness test (test_gpt2_reference is); the model
+"""bench_gpt2_torch.py: tokens/s of one GPT-2 forward + backward (no optimizer; with
+--optimizer adamw, a whole training step) in PyTorch on the CPU, the baseline for bench_gpt2_cpu
+(and for bench_engine with --optimizer adamw). Not a correctness test (test_gpt2_reference is); the model
 is tools/fixtures/gpt2_fixture.py's, in fp32, with the same shape and thread count as the C++
 run. tools/bench/compare_gpt2.sh runs both and prints the ratio.
 
@@ -30,6 +31,8 @@ def main():
     ap.add_argument("--T", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--min-time", type=float, default=3.0, help="seconds of timed steps (at least 3 steps)")
+    ap.add_argument("--optimizer", choices=["none", "adamw"], default="none",
+                    help="adamw: add torch.optim.AdamW's step (a full training step)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -48,10 +51,15 @@ def main():
     tokens = (torch.arange(n) * 7919 % V).reshape(args.B, args.T)
     targets = ((torch.arange(n) * 104729 + 1) % V).reshape(args.B, args.T)
 
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+           if args.optimizer == "adamw" else None)
+
     def step():
         model.zero_grad(set_to_none=False)  # zero-filled gradients, as the C++ step
         _, loss = model(tokens, targets)
         loss.backward()
+        if opt is not None:
+            opt.step()
         return float(loss)
 
     loss0 = step()  # warm-up, and the answer: near ln V at this init
@@ -65,7 +73,7 @@ def main():
         times.append(time.perf_counter() - t0)
     median = statistics.median(times)
     print(json.dumps({"model": args.model, "B": args.B, "T": args.T, "threads": args.threads,
-                      "torch": torch.__version__, "loss0": loss0,
+                      "torch": torch.__version__, "loss0": loss0, "optimizer": args.optimizer,
                       "step_ms": [round(t * 1e3, 2) for t in times],
                       "tokens_per_s": n / median}))
 
