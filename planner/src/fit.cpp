@@ -262,6 +262,8 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
   }
   std::vector<Candidate> fits;
   double closest_ratio = 1e300;
+  const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
+                                                            : r.grad_accums;
   for (const auto& mps : mp_rounds) {
     for (int64_t mp : mps) {
       if (cl2.gpus % mp != 0)
@@ -272,7 +274,8 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
           for (int stage : r.stages)
             for (Offload oo : r.offload_optimizer)
               for (Offload op : r.offload_param)
-                for (bool dpu : r.dpu) {
+                for (bool dpu : r.dpu)
+                  for (int64_t ga : accums) {
                   if (op != Offload::none && stage != 3) continue;
                   if (oo != Offload::none && stage == 0) continue;
                   if (dpu && oo == Offload::none) continue;
@@ -281,6 +284,7 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
                   s.offload_optimizer = oo;
                   s.offload_param = op;
                   s.dpu = dpu;
+                  s.grad_accum = ga;
                   s.micro_batch = mb;
                   s.checkpointing = ck;
                   s.mp = mp;

@@ -47,6 +47,7 @@ struct FitRequest {
   std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::selective,
                                               Checkpointing::full};
   std::vector<bool> dpu = {false, true};
+  std::vector<int64_t> grad_accums;  // empty: base.grad_accum only
   // Model-parallel degrees. Empty: 1, and only when nothing fits, the powers of two up to a
   // node's GPUs that divide the GPUs and the heads, smallest first.
   std::vector<int64_t> mps;
