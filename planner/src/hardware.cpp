@@ -36,7 +36,8 @@ Hardware parse_hardware(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) throw Error(fmt::format("{}: a hardware file must be a JSON object", origin));
   static const std::set<std::string_view> known = {
       "name", "description", "gpu_memory_bytes", "gpus_per_node", "host_memory_bytes",
-      "nvme_bytes", "sources"};
+      "nvme_bytes", "gpu_tflops", "hbm_gbps", "h2d_gbps", "d2h_gbps", "nvlink_gbps",
+      "internode_gbps", "cpu_adam_gparams", "nvme_read_gbps", "nvme_write_gbps", "sources"};
   for (const auto& [key, value] : j.items())
     if (!known.contains(key))
       throw Error(fmt::format("{}: unknown field '{}'", origin, key),
@@ -49,6 +50,16 @@ Hardware parse_hardware(const nlohmann::json& j, const std::string& origin) {
   hw.gpus_per_node = f.positive_int("gpus_per_node");
   hw.host_memory_bytes = static_cast<uint64_t>(f.positive_int("host_memory_bytes"));
   hw.nvme_bytes = f.byte_count("nvme_bytes", 0);
+  // Speeds: required and > 0 (a missing or negative one is an error naming it).
+  hw.gpu_tflops = f.positive_number("gpu_tflops");
+  hw.hbm_gbps = f.positive_number("hbm_gbps");
+  hw.h2d_gbps = f.positive_number("h2d_gbps");
+  hw.d2h_gbps = f.positive_number("d2h_gbps");
+  hw.nvlink_gbps = f.positive_number("nvlink_gbps");
+  hw.internode_gbps = f.positive_number("internode_gbps");
+  hw.cpu_adam_gparams = f.positive_number("cpu_adam_gparams");
+  hw.nvme_read_gbps = f.positive_number("nvme_read_gbps");
+  hw.nvme_write_gbps = f.positive_number("nvme_write_gbps");
   if (const nlohmann::json* s = f.object("sources")) {
     for (const auto& [key, value] : s->items()) {
       if (!value.is_string())
@@ -78,6 +89,15 @@ nlohmann::json to_json(const Hardware& hw) {
           {"gpus_per_node", hw.gpus_per_node},
           {"host_memory_bytes", hw.host_memory_bytes},
           {"nvme_bytes", hw.nvme_bytes},
+          {"gpu_tflops", hw.gpu_tflops},
+          {"hbm_gbps", hw.hbm_gbps},
+          {"h2d_gbps", hw.h2d_gbps},
+          {"d2h_gbps", hw.d2h_gbps},
+          {"nvlink_gbps", hw.nvlink_gbps},
+          {"internode_gbps", hw.internode_gbps},
+          {"cpu_adam_gparams", hw.cpu_adam_gparams},
+          {"nvme_read_gbps", hw.nvme_read_gbps},
+          {"nvme_write_gbps", hw.nvme_write_gbps},
           {"sources", hw.sources}};
 }
 

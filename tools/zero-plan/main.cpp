@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "cmd_fit.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
       "  zero-plan models                                  # the model catalog\n"
       "  zero-plan estimate --model llama-2-7b --stage 3 --dp 8 --hardware a100-80g\n"
       "  zero-plan estimate --model ./config.json --ds-config ds.json --format json\n"
+      "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16   # fastest that fits\n"
       "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (with 'error:' and 'hint:').");
 
   // table
@@ -95,6 +97,9 @@ int main(int argc, char** argv) {
   plan->footer("Example:\n  zero-plan plan --model gpt2-tiny --stage 2 --dp 2 -o plan.json\n"
                "  mpirun -np 2 zero-run plan.json");
 
+  zp::cli::FitCommand fit_cmd;
+  zp::cli::add_fit_command(app, fit_cmd);
+
   return zp::cli::run(app, argc, argv, [&]() -> int {
     if (table->parsed()) {
       const auto fmt_ = zp::cli::parse_format(table_format);
@@ -116,6 +121,8 @@ int main(int argc, char** argv) {
       if (!est_timeline.empty())
         zp::cli::emit(est_timeline, planner::timeline_trace(e.schedule, e.memory).dump() + "\n");
       zp::cli::emit(est_output, zp::reports::render_estimate(e, fmt_));
+    } else if (fit_cmd.parsed()) {
+      return fit_cmd.run();
     } else if (plan->parsed()) {
       const auto m = models::load_model(plan_model);
       const auto p = planner::make_plan(m, plan_flags.resolve(),

@@ -1,0 +1,129 @@
+// zp/planner/fit.hpp: the search behind `zero-plan fit`: every stage x offload x micro-batch x
+// checkpointing x DPU (x model-parallel degree when nothing fits without it) on a machine,
+// what fits, ranked by simulated throughput, with the reason each wins or loses; the largest
+// model of a family that fits; the winner as a DeepSpeed config; DeepSpeed's own estimators.
+// Not a memory model of its own: memory is estimate.hpp's, decomposed so that the graph and
+// its replay are built once per shape and reused (the search must stay in milliseconds).
+//
+// Example usage:
+//   FitRequest r;
+//   r.model = models::load_model("gpt2-xl");
+//   r.hw = load_hardware("v100-32g");
+//   r.gpus = 16;
+//   FitResult f = fit(r);
+//   for (const Candidate& c : f.candidates) fmt::print("{}: {}\n", describe(c.strategy), c.why);
+//   write(deepspeed_config(f.candidates.front().strategy).dump(2));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/hardware.hpp"
+#include "zp/planner/memory.hpp"
+#include "zp/planner/schedule.hpp"
+#include "zp/planner/simulate.hpp"
+#include "zp/planner/strategy.hpp"
+
+namespace zp::planner {
+
+struct FitRequest {
+  models::ModelSpec model;
+  Hardware hw;
+  int64_t gpus = 1;                  // all GPUs of the job
+  int64_t nodes = 0;                 // 0: as few as hold the GPUs
+  Strategy base;                     // precision, optimizer, seq, grad_accum, buffers, flash
+  PlanOptions options;               // profile (zeroplan | deepspeed); backend is cuda
+  // The search space. A dimension the user pins (--stage 3) holds one value.
+  std::vector<int> stages = {0, 1, 2, 3};
+  std::vector<Offload> offload_optimizer = {Offload::none, Offload::cpu, Offload::nvme};
+  std::vector<Offload> offload_param = {Offload::none, Offload::cpu, Offload::nvme};
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16, 32};
+  std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::selective,
+                                              Checkpointing::full};
+  std::vector<bool> dpu = {false, true};
+  std::vector<int64_t> grad_accums;  // empty: base.grad_accum only
+  // Model-parallel degrees. Empty: 1, and only when nothing fits, the powers of two up to a
+  // node's GPUs that divide the GPUs and the heads, smallest first.
+  std::vector<int64_t> mps;
+  std::size_t top = 5;
+};
+
+struct Candidate {
+  Strategy strategy;
+  PerDevice per_device;
+  std::vector<std::string> shortfalls;  // empty when it fits
+  double step_seconds = 0;
+  double tflops_per_gpu = 0;
+  double tokens_per_second = 0;         // whole job
+  std::array<double, kResources> busy_seconds{};  // per resource, one step (Timeline's)
+  std::string why;
+};
+
+struct FitResult {
+  std::vector<Candidate> candidates;  // those that fit, best first, at most `top`
+  uint64_t n_searched = 0;            // configurations evaluated
+  uint64_t n_fit = 0;
+  uint64_t n_shapes = 0;              // graphs built (model x micro-batch x checkpointing x mp)
+  // When nothing fits: the configuration that misses by the least, and what it lacks.
+  std::optional<Candidate> closest;
+  int64_t gpus = 1, nodes = 1;
+};
+
+// Per-device memory of one strategy from cached pieces; equals estimate(...).per_device.
+// Kept as a class so benchmarks and tests can reuse one cache over many strategies.
+class FitEvaluator {
+ public:
+  FitEvaluator(models::ModelSpec model, PlanOptions options);
+  ~FitEvaluator();
+  FitEvaluator(FitEvaluator&&) noexcept;
+  PerDevice memory(const Strategy& s);          // s: seq resolved (resolve_for_model)
+  const StepCosts& costs(const Strategy& s);    // per (micro-batch, checkpointing, mp, ...)
+  uint64_t n_shapes() const;
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+FitResult fit(const FitRequest& r);
+
+struct MaxModel {
+  models::ModelSpec model;   // the family's shape with the largest n_layer that fits
+  uint64_t params = 0;
+  Candidate best;            // the fastest configuration for it
+};
+// Largest n_layer (the family's width kept) for which some configuration of `r` fits;
+// nullopt when not even one layer does.
+std::optional<MaxModel> max_model(const FitRequest& r);
+
+// The winner as a DeepSpeed config (fields apply_deepspeed_config reads back to the same
+// strategy). Recomputation and DPU are not DeepSpeed config fields: see notes.
+nlohmann::json deepspeed_config(const Strategy& s);
+std::vector<std::string> deepspeed_notes(const Strategy& s);
+
+// {"schema":"zero-plan/fit/v1","candidates":[{"strategy":..,"per_device":..,"step_seconds":..,
+//  "tflops_per_gpu":..,"why":..}],...} (DESIGN.md)
+nlohmann::json to_json(const FitResult& f, const FitRequest& r);
+nlohmann::json to_json(const MaxModel& m, const models::ParamInventory& inv);
+
+// DeepSpeed's estimators of model-state memory, as DeepSpeed evaluates them (Python ints and
+// floats, truncated by int()): deepspeed/runtime/zero/stage_1_and_2.py
+// estimate_zero2_model_states_mem_needs and stage3.py estimate_zero3_model_states_mem_needs.
+struct DsEstimate {
+  uint64_t cpu_bytes = 0;            // per node
+  uint64_t gpu_bytes = 0;            // per GPU
+  uint64_t largest_layer_bytes = 0;  // zero3 only
+};
+DsEstimate ds_estimate_zero2(uint64_t total_params, int64_t gpus_per_node, int64_t nodes,
+                             bool cpu_offload, double additional_buffer_factor = 1.5);
+DsEstimate ds_estimate_zero3(uint64_t total_params, uint64_t largest_layer_params,
+                             int64_t gpus_per_node, int64_t nodes, bool cpu_offload,
+                             bool cpu_offload_params, bool zero_init,
+                             double additional_buffer_factor = 1.5);
+
+}  // namespace zp::planner

@@ -1,0 +1,112 @@
+// zp/planner/simulate.hpp: the step-time simulator. One training step of one rank as tasks on
+// parallel resources (GPU compute, host-to-device, device-to-host, the collective network,
+// CPU Adam, NVMe read and write), with the ZeRO schedule's dependencies; outputs the step
+// time, TFLOP/s per GPU, the critical path and a Perfetto trace. Not a memory model
+// (schedule.hpp) and not a network simulator: collectives are ring formulas on one bandwidth.
+//
+// Example usage:
+//   auto g = models::build_training_graph(model, graph_options(model, s, {}));
+//   StepCosts c = step_costs(g);                     // once per (model, B, checkpointing, mp)
+//   Timeline t = simulate(c, s, load_hardware("v100-32g"), Cluster{16, 1});
+//   fmt::print("{:.3f} s, {:.1f} TFLOP/s\n", t.step_seconds, t.tflops_per_gpu);
+//   write(trace_json(t).dump());                     // open in https://ui.perfetto.dev
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zp/models/graph.hpp"
+#include "zp/planner/hardware.hpp"
+#include "zp/planner/strategy.hpp"
+
+namespace zp::planner {
+
+// What one micro-step costs on one rank, per ZeRO-3 gather group in forward order (embed,
+// h.0 .. h.L-1, head), read off the training graph once and reused for every strategy that
+// shares its shape. Matmul-like ops are compute bound (FLOPs), the rest memory bound (bytes
+// read and written), so a hardware's roofline prices them without the graph.
+struct StepCosts {
+  std::vector<double> fwd_flops, bwd_flops;  // per group; bwd includes recomputation
+  std::vector<double> fwd_bytes, bwd_bytes;  // HBM bytes of memory-bound ops, per group
+  std::vector<uint64_t> group_params;        // parameters per group on this rank (after mp)
+  uint64_t n_params = 0;                     // sum of group_params
+  uint64_t boundary_bytes = 0;               // one (B, T, C) activation: Megatron's all-reduces
+  double flops_executed = 0;                 // forward + backward + recompute, one micro-step
+  double flops_model = 0;                    // forward + backward
+  int64_t tokens = 0;                        // B x T of one micro-step
+  int64_t n_layer = 0;
+};
+StepCosts step_costs(const models::TrainingGraph& g);
+
+// How many GPUs take part (dp x mp of the strategy) and on how many nodes.
+struct Cluster {
+  int64_t gpus = 1;
+  int64_t nodes = 1;
+};
+
+enum class Resource { gpu, h2d, d2h, net, cpu, nvme_read, nvme_write };
+inline constexpr int kResources = 7;
+std::string_view to_string(Resource r);
+
+struct Task {
+  const char* kind = "";  // "fwd", "bwd", "all-gather", "reduce-scatter", "cpu adam", ...
+  int index = 0;          // the group, bucket or chunk it works on
+  Resource resource = Resource::gpu;
+  double seconds = 0;
+  int step = 0;           // which simulated step it belongs to
+  int micro = 0;          // which micro-step
+  double start = 0, end = 0;
+  int waited_on = -1;     // the task whose end decided this start (a dep or the resource)
+  std::string name() const;  // "fwd h.3 (step 1)" style, for traces and reports
+};
+
+struct Timeline {
+  std::vector<Task> tasks;
+  int64_t n_layer = 0;          // to name groups (embed, h.i, head)
+  double step_seconds = 0;      // steady state: end of the last step minus end of the one before
+  double tflops_per_gpu = 0;    // executed FLOPs (recomputation included) / step time
+  double tokens_per_second = 0; // whole cluster
+  // The chain of tasks, first to last, whose ends decided the measured step's end (clipped to
+  // the step's window). With DPU the chain runs through work that overlaps the next step, so
+  // the bottleneck is better read from busy_seconds.
+  std::vector<int> critical_path;
+  std::array<double, kResources> busy_seconds{};  // per resource, the measured step's tasks
+};
+
+// Collective times on the ring algorithm (Patarasuk and Yuan 2009; NCCL's busbw): all-reduce
+// moves 2(n-1)/n of the data per rank, reduce-scatter and all-gather (n-1)/n; `bytes` is the
+// whole buffer, bus_gbps the per-rank bus bandwidth.
+double allreduce_seconds(double bytes, int64_t n, double bus_gbps);
+double reduce_scatter_seconds(double bytes, int64_t n, double bus_gbps);
+double allgather_seconds(double bytes, int64_t n, double bus_gbps);
+
+// Bus bandwidth of a collective over `ranks` ranks: NVLink inside one node; across nodes the
+// ring crosses the network, so the node's NICs (one ring per NIC) bound it.
+double bus_gbps(const Hardware& hw, int64_t ranks, const Cluster& c);
+
+// Simulates steady-state steps: tasks issue in program order, each resource runs them first
+// come first served (a CUDA stream, a copy engine, the CPU's Adam threads, the NVMe queue), a
+// task starts when its dependencies are done and its resource is free. The dependencies:
+// - forward per group, then backward in reverse; Megatron's two all-reduces per block and
+//   pass (mp > 1) block the GPU stream;
+// - stage 3: each group is all-gathered before use, prefetch_bucket_size elements ahead; with
+//   offload_param the partition first crosses PCIe (and is read from NVMe);
+// - gradients reduced per reduce_bucket_size bucket as soon as the bucket is full, overlapping
+//   the rest of the backward pass (stages 2-3 every micro-step, 0-1 on the last); with an
+//   offloaded optimizer each reduced partition crosses to the host (2 bytes per element);
+// - the optimizer after the last gradient (the norm and overflow check need them all): Adam
+//   on the GPU (28 bytes of HBM traffic per element), or on the CPU in chunks pipelined with
+//   the NVMe reads and writes of the states and the 16-bit parameters' copy back; stages 1-2
+//   all-gather the updated parameters;
+// - without DPU the next step's forward waits for the update; with DPU (ZeRO-Offload sec.
+//   5.2) it waits for the update of the step before, so the CPU work overlaps a whole step.
+Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl);
+
+// Chrome Trace Event JSON, one track per resource, critical-path tasks marked; opens in Perfetto.
+nlohmann::json trace_json(const Timeline& t);
+
+}  // namespace zp::planner

@@ -1,0 +1,554 @@
+// fit.cpp: the configuration search of `zero-plan fit`, the largest model that fits, the
+// DeepSpeed config of the winner and DeepSpeed's own estimators. Not a second memory model:
+// memory comes from the schedule replay of schedule.cpp, cached per shape.
+#include "zp/planner/fit.hpp"
+
+// GCC 12 reports -Wmaybe-uninitialized inside Boost.Graph's edge iterators when the cached
+// TrainingGraph is moved (a false positive in the library headers).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/checked.hpp"
+#include "zp/error.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/model_states.hpp"
+#include "zp/units.hpp"
+
+namespace zp::planner {
+
+namespace {
+
+bool is_state(Category c) {
+  return c == Category::params || c == Category::grads || c == Category::master ||
+         c == Category::optimizer;
+}
+
+PerDevice add(const PerDevice& a, const PerDevice& b) {
+  PerDevice d;
+  for (Tier t : kTiers) {
+    for (Category c : kCategories) d[t][c] = checked_add(a[t][c], b[t][c], "bytes");
+    d.set_peak(t, checked_add(a.peak(t), b.peak(t), "bytes"));
+  }
+  return d;
+}
+
+// The model states' allocations alone, in schedule.cpp's order (params, grads, master,
+// moments; per tier), so their replay rounds them as the full schedule does.
+MemorySchedule states_schedule(uint64_t n, uint64_t part, const Strategy& s) {
+  MemorySchedule out;
+  const PerDevice d = model_state_bytes(n, part, s);
+  auto push = [&](const char* name, Tier t, Category c, uint64_t bytes) {
+    if (bytes == 0) return;
+    out.buffers.push_back({name, t, c, bytes, -1});
+    out.events.push_back({-1, true, static_cast<uint32_t>(out.buffers.size() - 1)});
+  };
+  for (Tier t : kTiers) {
+    push("params", t, Category::params, d[t][Category::params]);
+    push("grads", t, Category::grads, d[t][Category::grads]);
+    push("master", t, Category::master, d[t][Category::master]);
+    const uint64_t opt = d[t][Category::optimizer];
+    if (s.optimizer == OptimizerKind::sgd) {
+      push("momentum", t, Category::optimizer, opt);
+    } else {
+      push("exp_avg", t, Category::optimizer, opt / 2);
+      push("exp_avg_sq", t, Category::optimizer, opt - opt / 2);
+    }
+  }
+  return out;
+}
+
+using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool>;
+ShapeKey shape_key(const models::GraphOptions& g) {
+  return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
+          g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch};
+}
+
+// What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts
+// the persistent states first, so the rest of the step is the same layout shifted: only the
+// stage's buffers matter (stage 3: the gather groups' padding, which depends on dp).
+// PyTorch's caching allocator can reuse the tail of a state's segment, so the deepspeed
+// profile replays each strategy whole.
+using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t>;
+
+}  // namespace
+
+struct FitEvaluator::Impl {
+  models::ModelSpec model;
+  PlanOptions options;
+  struct Shape {
+    models::TrainingGraph graph;
+    StepCosts costs;
+    std::vector<uint64_t> group_elems;
+    std::map<DynKey, PerDevice> dynamic;
+  };
+  std::map<ShapeKey, Shape> shapes;
+
+  Shape& shape(const Strategy& s) {
+    const models::GraphOptions go = graph_options(model, s, options);
+    auto [it, inserted] = shapes.try_emplace(shape_key(go));
+    if (inserted) {
+      Shape& sh = it->second;
+      sh.graph = models::build_training_graph(model, go);
+      sh.costs = step_costs(sh.graph);
+      sh.group_elems = sh.costs.group_params;
+    }
+    return it->second;
+  }
+};
+
+FitEvaluator::FitEvaluator(models::ModelSpec model, PlanOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->model = std::move(model);
+  impl_->options = options;
+}
+FitEvaluator::~FitEvaluator() = default;
+FitEvaluator::FitEvaluator(FitEvaluator&&) noexcept = default;
+
+uint64_t FitEvaluator::n_shapes() const { return impl_->shapes.size(); }
+
+const StepCosts& FitEvaluator::costs(const Strategy& s) { return impl_->shape(s).costs; }
+
+PerDevice FitEvaluator::memory(const Strategy& s) {
+  Impl::Shape& sh = impl_->shape(s);
+  const PlanOptions& o = impl_->options;
+  const bool whole = o.profile == Profile::deepspeed;
+  const DynKey key{s.stage,
+                   s.stage == 3 || whole ? s.dp : 0,
+                   whole ? static_cast<int>(s.offload_optimizer) : 0,
+                   whole ? static_cast<int>(s.offload_param) : 0,
+                   s.buffers.reduce_bucket_size,
+                   s.buffers.allgather_bucket_size,
+                   s.buffers.prefetch_bucket_size,
+                   s.buffers.max_live_parameters};
+  auto it = sh.dynamic.find(key);
+  if (it == sh.dynamic.end()) {
+    MemorySchedule sch = build_schedule(sh.graph, s, o);
+    if (!whole) {
+      // Drop the persistent states (allocated before the first op, never freed).
+      MemorySchedule dyn = sch;
+      dyn.events.clear();
+      for (const MemEvent& e : sch.events) {
+        const MemBuffer& b = sch.buffers[e.buffer];
+        if (e.pos == -1 && is_state(b.category)) continue;
+        dyn.events.push_back(e);
+      }
+      sch = std::move(dyn);
+    }
+    it = sh.dynamic.emplace(key, replay(sch, o).per_device).first;
+  }
+  if (whole) return it->second;
+  const uint64_t part = s.stage >= 1
+                            ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
+                            : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
+  const PerDevice states = replay(states_schedule(sh.costs.n_params, part, s), o).per_device;
+  return add(states, it->second);
+}
+
+namespace {
+
+struct Cluster2 {
+  int64_t gpus, nodes;
+};
+
+Cluster2 resolve_cluster(const FitRequest& r) {
+  if (r.gpus < 1) throw Error(fmt::format("--gpus: must be >= 1, got {}", r.gpus), "e.g. --gpus 8");
+  if (r.nodes < 0) throw Error(fmt::format("--nodes: must be >= 1, got {}", r.nodes), "e.g. --nodes 2");
+  const int64_t per = r.hw.gpus_per_node;
+  const int64_t nodes = r.nodes > 0 ? r.nodes : (r.gpus + per - 1) / per;
+  if (r.gpus > nodes * per)
+    throw Error(fmt::format("--gpus {} do not fit on {} node(s) of {} ({} GPUs per node)", r.gpus,
+                            nodes, r.hw.name, per),
+                fmt::format("use --nodes {} or more", (r.gpus + per - 1) / per));
+  if (r.gpus % nodes != 0)
+    throw Error(fmt::format("--gpus {} cannot be spread evenly over --nodes {}", r.gpus, nodes),
+                "give a GPU count that is a multiple of the node count");
+  return {r.gpus, nodes};
+}
+
+// How far a configuration is from fitting: the largest need / capacity over the tiers.
+double overshoot(const PerDevice& d, const Strategy& s, const Hardware& hw) {
+  const double ranks = static_cast<double>(std::min<int64_t>(s.dp * s.mp, hw.gpus_per_node));
+  double r = static_cast<double>(d.peak(Tier::gpu)) / static_cast<double>(hw.gpu_memory_bytes);
+  r = std::max(r, static_cast<double>(d.peak(Tier::cpu)) * ranks / static_cast<double>(hw.host_memory_bytes));
+  if (d.peak(Tier::nvme) > 0)
+    r = std::max(r, hw.nvme_bytes == 0 ? 1e30
+                                       : static_cast<double>(d.peak(Tier::nvme)) * ranks /
+                                             static_cast<double>(hw.nvme_bytes));
+  return r;
+}
+
+std::string resource_label(Resource r) {
+  switch (r) {
+    case Resource::gpu: return "GPU compute";
+    case Resource::h2d: return "host-to-device copies";
+    case Resource::d2h: return "device-to-host copies";
+    case Resource::net: return "collectives";
+    case Resource::cpu: return "CPU Adam";
+    case Resource::nvme_read: return "NVMe reads";
+    case Resource::nvme_write: return "NVMe writes";
+  }
+  return "?";
+}
+
+// "GPU compute 0.30 s (bottleneck), CPU Adam 0.25 s, collectives 0.01 s": busy time per
+// resource in one step; the busiest bounds the step, the others overlap it or add to it.
+std::string busy_summary(const Candidate& c) {
+  std::vector<std::pair<double, Resource>> parts;
+  for (int r = 0; r < kResources; ++r)
+    if (c.busy_seconds[static_cast<std::size_t>(r)] >= 0.0005)
+      parts.emplace_back(c.busy_seconds[static_cast<std::size_t>(r)], static_cast<Resource>(r));
+  std::sort(parts.rbegin(), parts.rend());
+  std::string out;
+  for (std::size_t i = 0; i < parts.size() && i < 3; ++i) {
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {:.3f} s", resource_label(parts[i].second), parts[i].first);
+  }
+  return out;
+}
+
+void explain(std::vector<Candidate>& c) {
+  if (c.empty()) return;
+  const Candidate& best = c.front();
+  c.front().why = fmt::format("fastest that fits: {:.0f} tokens/s, {:.1f} TFLOP/s per GPU, step {:.3f} s; busy: {}",
+                              best.tokens_per_second, best.tflops_per_gpu, best.step_seconds,
+                              busy_summary(best));
+  for (std::size_t i = 1; i < c.size(); ++i) {
+    Candidate& x = c[i];
+    const double slower = 100.0 * (best.tokens_per_second / x.tokens_per_second - 1.0);
+    Resource worst = Resource::gpu;
+    double worst_diff = -1e300;
+    for (int r = 0; r < kResources; ++r) {
+      const double d = x.busy_seconds[static_cast<std::size_t>(r)] -
+                       best.busy_seconds[static_cast<std::size_t>(r)];
+      if (d > worst_diff) {
+        worst_diff = d;
+        worst = static_cast<Resource>(r);
+      }
+    }
+    if (slower < 0.05) {
+      x.why = fmt::format("as fast as #1 but needs {} of GPU memory (#1: {})",
+                          format_bytes(x.per_device.peak(Tier::gpu)),
+                          format_bytes(best.per_device.peak(Tier::gpu)));
+    } else {
+      x.why = fmt::format("{:.1f}% slower than #1: {:+.1f} ms of {} per step; busy: {}", slower,
+                          worst_diff * 1e3, resource_label(worst), busy_summary(x));
+    }
+  }
+}
+
+FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) {
+  const Cluster2 cl2 = resolve_cluster(r);
+  const Cluster cl{cl2.gpus, cl2.nodes};
+  Strategy base = resolve_for_model(r.base, r.model);
+  FitResult out;
+  out.gpus = cl2.gpus;
+  out.nodes = cl2.nodes;
+  std::vector<std::vector<int64_t>> mp_rounds;
+  if (!r.mps.empty()) {
+    mp_rounds.push_back(r.mps);
+  } else {
+    mp_rounds.push_back({1});
+    for (int64_t mp = 2; mp <= r.hw.gpus_per_node; mp *= 2)
+      if (cl2.gpus % mp == 0 && r.model.n_head % mp == 0 && r.model.n_kv_head % mp == 0 &&
+          r.model.n_inner % mp == 0)
+        mp_rounds.push_back({mp});
+  }
+  std::vector<Candidate> fits;
+  double closest_ratio = 1e300;
+  const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
+                                                            : r.grad_accums;
+  for (const auto& mps : mp_rounds) {
+    for (int64_t mp : mps) {
+      if (cl2.gpus % mp != 0)
+        throw Error(fmt::format("--mp {}: does not divide --gpus {}", mp, cl2.gpus),
+                    "the data-parallel degree is gpus / mp");
+      for (int64_t mb : r.micro_batches)
+        for (Checkpointing ck : r.checkpointing)
+          for (int stage : r.stages)
+            for (Offload oo : r.offload_optimizer)
+              for (Offload op : r.offload_param)
+                for (bool dpu : r.dpu)
+                  for (int64_t ga : accums) {
+                  if (op != Offload::none && stage != 3) continue;
+                  if (oo != Offload::none && stage == 0) continue;
+                  if (dpu && oo == Offload::none) continue;
+                  Strategy s = base;
+                  s.stage = stage;
+                  s.offload_optimizer = oo;
+                  s.offload_param = op;
+                  s.dpu = dpu;
+                  s.grad_accum = ga;
+                  s.micro_batch = mb;
+                  s.checkpointing = ck;
+                  s.mp = mp;
+                  s.dp = cl2.gpus / mp;
+                  if (ck != Checkpointing::full) s.partition_activations = false;
+                  ++out.n_searched;
+                  Candidate c;
+                  c.strategy = s;
+                  c.per_device = ev.memory(s);
+                  c.shortfalls = shortfalls(c.per_device, s, r.hw);
+                  if (!c.shortfalls.empty()) {
+                    const double ratio = overshoot(c.per_device, s, r.hw);
+                    if (ratio < closest_ratio) {
+                      closest_ratio = ratio;
+                      out.closest = c;
+                    }
+                    continue;
+                  }
+                  const Timeline t = simulate(ev.costs(s), s, r.hw, cl);
+                  c.step_seconds = t.step_seconds;
+                  c.tflops_per_gpu = t.tflops_per_gpu;
+                  c.tokens_per_second = t.tokens_per_second;
+                  c.busy_seconds = t.busy_seconds;
+                  fits.push_back(std::move(c));
+                  if (stop_at_first_fit) {
+                    out.n_fit = 1;
+                    out.candidates = std::move(fits);
+                    out.n_shapes = ev.n_shapes();
+                    return out;
+                  }
+                }
+    }
+    if (!fits.empty() && r.mps.empty()) break;
+  }
+  out.n_fit = fits.size();
+  out.n_shapes = ev.n_shapes();
+  // Best first: throughput (to 0.1%), then the smaller GPU peak, then search order.
+  auto bucket = [](double tps) { return std::llround(std::log(std::max(tps, 1e-30)) * 1000.0); };
+  std::stable_sort(fits.begin(), fits.end(), [&](const Candidate& a, const Candidate& b) {
+    const auto ka = bucket(a.tokens_per_second), kb = bucket(b.tokens_per_second);
+    if (ka != kb) return ka > kb;
+    return a.per_device.peak(Tier::gpu) < b.per_device.peak(Tier::gpu);
+  });
+  if (fits.size() > r.top) fits.resize(r.top);
+  explain(fits);
+  out.candidates = std::move(fits);
+  if (!out.candidates.empty()) out.closest.reset();
+  return out;
+}
+
+}  // namespace
+
+FitResult fit(const FitRequest& r) {
+  if (r.options.backend != Backend::cuda)
+    throw Error("fit: the search plans GPU training", "leave out --device or use --device cuda");
+  FitEvaluator ev(r.model, r.options);
+  return search(r, ev, false);
+}
+
+std::optional<MaxModel> max_model(const FitRequest& r) {
+  auto fits = [&](int64_t layers) {
+    FitRequest q = r;
+    q.model.n_layer = layers;
+    FitEvaluator ev(q.model, q.options);
+    return search(q, ev, true).n_fit > 0;
+  };
+  int64_t lo = 0, hi = 0;  // fits at lo (0: none known), not at hi
+  int64_t l = std::max<int64_t>(1, r.model.n_layer);
+  if (fits(l)) {
+    lo = l;
+    hi = l * 2;
+    while (fits(hi)) {
+      lo = hi;
+      if (hi > (int64_t{1} << 20))
+        throw Error("--max-model: more than a million layers fit", "check the hardware file");
+      hi *= 2;
+    }
+  } else {
+    hi = l;
+    if (!fits(1)) return std::nullopt;
+    lo = 1;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  MaxModel m;
+  m.model = r.model;
+  m.model.n_layer = lo;
+  m.params = static_cast<uint64_t>(models::count_params(m.model).total);
+  FitRequest q = r;
+  q.model = m.model;
+  q.top = 1;
+  FitResult f = fit(q);
+  m.best = f.candidates.front();
+  return m;
+}
+
+nlohmann::json deepspeed_config(const Strategy& s) {
+  using nlohmann::json;
+  json j = {{"train_micro_batch_size_per_gpu", s.micro_batch},
+            {"gradient_accumulation_steps", s.grad_accum},
+            {"train_batch_size", s.micro_batch * s.grad_accum * s.dp}};
+  if (s.precision == Precision::fp16) j["fp16"] = {{"enabled", true}};
+  if (s.precision == Precision::bf16) j["bf16"] = {{"enabled", true}};
+  j["optimizer"] = {{"type", s.optimizer == OptimizerKind::adam    ? "Adam"
+                             : s.optimizer == OptimizerKind::adamw ? "AdamW"
+                                                                   : "SGD"}};
+  json zo = {{"stage", s.stage},
+             {"overlap_comm", true},
+             {"contiguous_gradients", true},
+             {"reduce_bucket_size", s.buffers.reduce_bucket_size},
+             {"allgather_bucket_size", s.buffers.allgather_bucket_size}};
+  auto offload = [](Offload o) {
+    json x = {{"device", std::string(to_string(o))}, {"pin_memory", true}};
+    if (o == Offload::nvme) x["nvme_path"] = "/local_nvme";
+    return x;
+  };
+  if (s.offload_optimizer != Offload::none) zo["offload_optimizer"] = offload(s.offload_optimizer);
+  if (s.offload_param != Offload::none) zo["offload_param"] = offload(s.offload_param);
+  if (s.stage == 3) {
+    zo["stage3_prefetch_bucket_size"] = s.buffers.prefetch_bucket_size;
+    zo["stage3_max_live_parameters"] = s.buffers.max_live_parameters;
+  }
+  j["zero_optimization"] = zo;
+  if (s.checkpointing != Checkpointing::none)
+    j["activation_checkpointing"] = {{"partition_activations", s.partition_activations}};
+  return j;
+}
+
+std::vector<std::string> deepspeed_notes(const Strategy& s) {
+  std::vector<std::string> n;
+  if (s.checkpointing != Checkpointing::none)
+    n.push_back(fmt::format("activation checkpointing ({}) is switched on in the model code "
+                            "(deepspeed.checkpointing.checkpoint or Hugging Face's "
+                            "gradient_checkpointing_enable()), not by this config",
+                            to_string(s.checkpointing)));
+  if (s.dpu)
+    n.push_back("the delayed parameter update (DPU) has no DeepSpeed config field; without it "
+                "the step is slower than predicted here");
+  if (s.offload_optimizer == Offload::nvme || s.offload_param == Offload::nvme)
+    n.push_back("nvme_path is a placeholder (/local_nvme): point it at the NVMe mount");
+  if (s.mp > 1)
+    n.push_back(fmt::format("the model-parallel degree ({}) comes from the Megatron launcher "
+                            "(mpu), not from this config",
+                            s.mp));
+  if (s.flash_attention) n.push_back("flash attention is chosen in the model code");
+  return n;
+}
+
+nlohmann::json to_json(const FitResult& f, const FitRequest& r) {
+  using nlohmann::json;
+  auto cand = [&](const Candidate& c) {
+    json busy = json::object();
+    for (int k = 0; k < kResources; ++k)
+      busy[std::string(to_string(static_cast<Resource>(k)))] = c.busy_seconds[static_cast<std::size_t>(k)];
+    json j = {{"strategy", to_json(c.strategy)},
+              {"per_device", to_json(c.per_device)},
+              {"fits", c.shortfalls.empty()},
+              {"shortfalls", c.shortfalls}};
+    if (c.shortfalls.empty()) {
+      j["step_seconds"] = c.step_seconds;
+      j["tflops_per_gpu"] = c.tflops_per_gpu;
+      j["tokens_per_second"] = c.tokens_per_second;
+      j["busy_seconds"] = busy;
+      j["why"] = c.why;
+    }
+    return j;
+  };
+  json cs = json::array();
+  for (const Candidate& c : f.candidates) cs.push_back(cand(c));
+  json j = {{"schema", "zero-plan/fit/v1"},
+            {"model", model_json(r.model, models::count_params(r.model))},
+            {"hardware", r.hw.name},
+            {"gpus", f.gpus},
+            {"nodes", f.nodes},
+            {"profile", to_string(r.options.profile)},
+            {"n_searched", f.n_searched},
+            {"n_fit", f.n_fit},
+            {"candidates", cs}};
+  if (f.closest) j["closest"] = cand(*f.closest);
+  return j;
+}
+
+nlohmann::json to_json(const MaxModel& m, const models::ParamInventory& inv) {
+  nlohmann::json cfg = nlohmann::json::parse(models::to_hf_config(m.model));
+  return {{"params", inv.total},
+          {"n_layer", m.model.n_layer},
+          {"config", cfg},
+          {"strategy", to_json(m.best.strategy)},
+          {"step_seconds", m.best.step_seconds},
+          {"tflops_per_gpu", m.best.tflops_per_gpu}};
+}
+
+// DeepSpeed's arithmetic, operation for operation: Python's int * int is exact, int * float
+// and true division round to double, int() truncates.
+DsEstimate ds_estimate_zero2(uint64_t total_params, int64_t gpus_per_node, int64_t nodes,
+                             bool cpu_offload, double additional_buffer_factor) {
+  const uint64_t total_gpus = static_cast<uint64_t>(nodes * gpus_per_node);
+  DsEstimate e;
+  if (cpu_offload) {
+    // gpu_mem = 2 * total_params
+    // cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    e.gpu_bytes = 2 * total_params;
+    e.cpu_bytes = static_cast<uint64_t>(
+        static_cast<double>(total_params * std::max<uint64_t>(4 * total_gpus, 16)) *
+        additional_buffer_factor);
+  } else {
+    // gpu_mem = 4 * total_params + int(16 * total_params / total_gpus)
+    // cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    e.gpu_bytes = 4 * total_params + static_cast<uint64_t>(static_cast<double>(16 * total_params) /
+                                                           static_cast<double>(total_gpus));
+    e.cpu_bytes = static_cast<uint64_t>(
+        static_cast<double>(total_params * 4 * static_cast<uint64_t>(gpus_per_node)) *
+        additional_buffer_factor);
+  }
+  return e;
+}
+
+DsEstimate ds_estimate_zero3(uint64_t total_params, uint64_t largest_layer_params,
+                             int64_t gpus_per_node, int64_t nodes, bool cpu_offload,
+                             bool cpu_offload_params, bool zero_init,
+                             double additional_buffer_factor) {
+  const uint64_t total_gpus = static_cast<uint64_t>(nodes * gpus_per_node);
+  const double gpus_factor = 1.0 / static_cast<double>(nodes);
+  const uint64_t largest_layer_memory = 4 * largest_layer_params;
+  const double tp = static_cast<double>(total_params);
+  // max(4 * num_gpus_per_node, k * gpus_factor): an int or a float, whichever is larger.
+  auto cold = [&](uint64_t k) {
+    const uint64_t a = 4 * static_cast<uint64_t>(gpus_per_node);
+    const double b = static_cast<double>(k) * gpus_factor;
+    const double prod = static_cast<double>(a) >= b ? static_cast<double>(total_params * a) : tp * b;
+    return static_cast<uint64_t>(prod * additional_buffer_factor);
+  };
+  DsEstimate e;
+  e.largest_layer_bytes = largest_layer_memory;
+  if (cpu_offload) {
+    if (cpu_offload_params) {
+      // gpu_mem = largest_layer_memory; cpu_mem = total_params * 18 * gpus_factor * factor
+      e.gpu_bytes = largest_layer_memory;
+      e.cpu_bytes = zero_init ? static_cast<uint64_t>(static_cast<double>(total_params * 18) *
+                                                      gpus_factor * additional_buffer_factor)
+                              : cold(18);
+    } else {
+      // gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+      e.gpu_bytes = largest_layer_memory +
+                    static_cast<uint64_t>(static_cast<double>(2 * total_params) / static_cast<double>(total_gpus));
+      e.cpu_bytes = zero_init ? static_cast<uint64_t>(static_cast<double>(total_params * 16) *
+                                                      gpus_factor * additional_buffer_factor)
+                              : cold(16);
+    }
+  } else {
+    // gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+    e.gpu_bytes = largest_layer_memory +
+                  static_cast<uint64_t>(static_cast<double>(18 * total_params) / static_cast<double>(total_gpus));
+    e.cpu_bytes = zero_init
+                      ? static_cast<uint64_t>(static_cast<double>(largest_layer_params * 4 *
+                                                                  static_cast<uint64_t>(gpus_per_node)) *
+                                              additional_buffer_factor)
+                      : static_cast<uint64_t>(static_cast<double>(total_params * 4 *
+                                                                  static_cast<uint64_t>(gpus_per_node)) *
+                                              additional_buffer_factor);
+  }
+  return e;
+}
+
+}  // namespace zp::planner

@@ -1,0 +1,368 @@
+// simulate.cpp: per-group costs read off the training graph, and the list-scheduled simulation
+// of ZeRO steps on FIFO resources. Not a cycle-accurate GPU model: compute is a roofline of
+// achievable FLOP/s and HBM bandwidth; links are bandwidths without latency.
+#include "zp/planner/simulate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+
+namespace zp::planner {
+
+using models::OpKind;
+using models::Phase;
+
+std::string_view to_string(Resource r) {
+  switch (r) {
+    case Resource::gpu: return "gpu";
+    case Resource::h2d: return "h2d";
+    case Resource::d2h: return "d2h";
+    case Resource::net: return "net";
+    case Resource::cpu: return "cpu";
+    case Resource::nvme_read: return "nvme_read";
+    case Resource::nvme_write: return "nvme_write";
+  }
+  return "?";
+}
+
+namespace {
+
+bool compute_bound(OpKind k) {
+  switch (k) {
+    case OpKind::matmul: case OpKind::matmul_bwd:
+    case OpKind::attn_scores: case OpKind::attn_scores_bwd:
+    case OpKind::attn_values: case OpKind::attn_values_bwd:
+    case OpKind::flash_attention: case OpKind::flash_attention_bwd:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+StepCosts step_costs(const models::TrainingGraph& g) {
+  StepCosts c;
+  const int64_t L = g.model.n_layer;
+  const std::size_t n = static_cast<std::size_t>(L + 2);
+  c.n_layer = L;
+  c.fwd_flops.assign(n, 0);
+  c.bwd_flops.assign(n, 0);
+  c.fwd_bytes.assign(n, 0);
+  c.bwd_bytes.assign(n, 0);
+  c.group_params.assign(n, 0);
+  // Groups: embedding (layer -1) -> 0, block l -> l + 1, final norm and head (layer L) -> L + 1.
+  auto group = [&](int32_t layer) { return static_cast<std::size_t>(std::clamp<int64_t>(layer + 1, 0, L + 1)); };
+  for (const models::Tensor& t : g.tensors)
+    if (t.kind == models::TensorKind::param) {
+      c.group_params[group(t.layer)] += t.bytes / t.elem_bytes;
+      c.n_params += t.bytes / t.elem_bytes;
+    }
+  for (const models::Op& op : g.ops) {
+    if (op.phase == Phase::optimizer) continue;
+    const std::size_t i = group(op.layer);
+    const bool fwd = op.phase == Phase::forward;
+    if (compute_bound(op.kind)) {
+      (fwd ? c.fwd_flops : c.bwd_flops)[i] += op.flops;
+    } else {
+      // Memory bound: every tensor it reads and writes crosses HBM once.
+      double bytes = 0;
+      for (auto t : op.inputs) bytes += static_cast<double>(g.tensor(t).bytes);
+      for (auto t : op.outputs) bytes += static_cast<double>(g.tensor(t).bytes);
+      (fwd ? c.fwd_bytes : c.bwd_bytes)[i] += bytes;
+    }
+    c.flops_executed += op.flops;
+    if (op.phase != Phase::recompute) c.flops_model += op.flops;
+  }
+  c.tokens = g.options.batch * g.options.seq;
+  c.boundary_bytes = static_cast<uint64_t>(c.tokens) * static_cast<uint64_t>(g.model.n_embd) *
+                     g.options.act_bytes;
+  return c;
+}
+
+double allreduce_seconds(double bytes, int64_t n, double bus_gbps) {
+  if (n <= 1) return 0;
+  return bytes * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) / (bus_gbps * 1e9);
+}
+double reduce_scatter_seconds(double bytes, int64_t n, double bus_gbps) {
+  if (n <= 1) return 0;
+  return bytes * static_cast<double>(n - 1) / static_cast<double>(n) / (bus_gbps * 1e9);
+}
+double allgather_seconds(double bytes, int64_t n, double bus_gbps) {
+  return reduce_scatter_seconds(bytes, n, bus_gbps);
+}
+
+double bus_gbps(const Hardware& hw, int64_t ranks, const Cluster& c) {
+  // Model parallelism stays inside a node (Megatron's layout), so data-parallel groups span
+  // the nodes: one node, NVLink; more, the slower of NVLink and the node's NICs (NCCL runs
+  // one ring per NIC, each crossing the network once per node).
+  if (ranks <= 1 || c.nodes <= 1) return hw.nvlink_gbps;
+  return std::min(hw.nvlink_gbps, hw.internode_gbps);
+}
+
+std::string Task::name() const {
+  return fmt::format("{} {} (step {}, micro {})", kind, index, step, micro);
+}
+
+namespace {
+
+// The list scheduler: resources are FIFO in issue order; deps are earlier tasks.
+class Schedule {
+ public:
+  explicit Schedule(std::vector<Task>& tasks) : tasks_(tasks) { free_at_.fill(0); last_.fill(-1); }
+
+  int add(const char* kind, int index, Resource r, double seconds, std::initializer_list<int> deps,
+          const std::vector<int>* more = nullptr) {
+    Task t;
+    t.kind = kind;
+    t.index = index;
+    t.resource = r;
+    t.seconds = seconds;
+    t.step = step;
+    t.micro = micro;
+    const std::size_t ri = static_cast<std::size_t>(r);
+    t.start = free_at_[ri];
+    t.waited_on = last_[ri];
+    auto dep = [&](int d) {
+      if (d < 0) return;
+      const double e = tasks_[static_cast<std::size_t>(d)].end;
+      if (e > t.start) {
+        t.start = e;
+        t.waited_on = d;
+      }
+    };
+    for (int d : deps) dep(d);
+    if (more != nullptr)
+      for (int d : *more) dep(d);
+    t.end = t.start + seconds;
+    free_at_[ri] = t.end;
+    const int id = static_cast<int>(tasks_.size());
+    last_[ri] = id;
+    tasks_.push_back(t);
+    return id;
+  }
+  int step = 0, micro = 0;
+
+ private:
+  std::vector<Task>& tasks_;
+  std::array<double, kResources> free_at_{};
+  std::array<int, kResources> last_{};
+};
+
+}  // namespace
+
+Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
+  if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
+  Timeline tl;
+  tl.n_layer = c.n_layer;
+  const int64_t dp = s.dp, mp = s.mp;
+  const int64_t per_node = std::max<int64_t>(1, std::min<int64_t>(dp * mp, hw.gpus_per_node));
+  const double flops_per_s = hw.gpu_tflops * 1e12, hbm = hw.hbm_gbps * 1e9;
+  const double h2d = hw.h2d_gbps * 1e9, d2h = hw.d2h_gbps * 1e9;
+  // Host resources are shared by the ranks of a node.
+  const double cpu_rate = hw.cpu_adam_gparams * 1e9 / static_cast<double>(per_node);
+  const double nvme_r = hw.nvme_read_gbps * 1e9 / static_cast<double>(per_node);
+  const double nvme_w = hw.nvme_write_gbps * 1e9 / static_cast<double>(per_node);
+  const double dp_bus = bus_gbps(hw, dp, cl);
+  const double pbytes = s.precision == Precision::fp32 ? 4.0 : 2.0;
+  const std::size_t n = c.group_params.size();
+  const int n_groups = static_cast<int>(n);
+  // Megatron: two all-reduces of a (B, T, C) activation per block and pass, on the stream.
+  const double tp_seconds = mp > 1 ? 2 * allreduce_seconds(static_cast<double>(c.boundary_bytes),
+                                                           mp, hw.nvlink_gbps)
+                                   : 0.0;
+  auto compute_seconds = [&](std::size_t i, bool fwd) {
+    const bool block = i > 0 && i + 1 < n;
+    return (fwd ? c.fwd_flops[i] : c.bwd_flops[i]) / flops_per_s +
+           (fwd ? c.fwd_bytes[i] : c.bwd_bytes[i]) / hbm + (block ? tp_seconds : 0.0);
+  };
+  // Stage 3 prefetch depth: groups gathered ahead of the one in use.
+  uint64_t largest = 1;
+  for (uint64_t p : c.group_params) largest = std::max(largest, p);
+  const int depth = static_cast<int>(std::min<uint64_t>(s.buffers.prefetch_bucket_size / largest, 64));
+  // Optimizer: elements each rank updates, bytes of fp32 states per element.
+  const uint64_t part = s.stage >= 1 ? (c.n_params + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp)
+                                     : c.n_params;
+  const double state_bytes = s.optimizer == OptimizerKind::sgd ? 8.0 : 12.0;
+  const bool offload_opt = s.offload_optimizer != Offload::none;
+  const bool offload_p = s.stage == 3 && s.offload_param != Offload::none;
+
+  const int n_steps = s.dpu ? 3 : 2;
+  const int64_t G = s.grad_accum;
+  tl.tasks.reserve(static_cast<std::size_t>(n_steps) * (static_cast<std::size_t>(G) * n * 6 + 64));
+  Schedule sch(tl.tasks);
+  std::vector<std::vector<int>> update_done(static_cast<std::size_t>(n_steps));
+  std::vector<int> pass_compute, grads_done;
+  pass_compute.reserve(n);
+
+  // Stage 3: bring group i's 16-bit parameters: (NVMe ->) host -> GPU partition, all-gather.
+  auto gather = [&](std::size_t i, int after) -> int {
+    if (s.stage != 3) return -1;
+    const double part_bytes = static_cast<double>(c.group_params[i]) * pbytes / static_cast<double>(dp);
+    int dep = after;
+    if (offload_p) {
+      if (s.offload_param == Offload::nvme)
+        dep = sch.add("nvme read params", static_cast<int>(i), Resource::nvme_read, part_bytes / nvme_r, {dep});
+      dep = sch.add("h2d params", static_cast<int>(i), Resource::h2d, part_bytes / h2d, {dep});
+    }
+    if (dp > 1)
+      dep = sch.add("all-gather", static_cast<int>(i), Resource::net,
+                    allgather_seconds(static_cast<double>(c.group_params[i]) * pbytes, dp, dp_bus), {dep});
+    return dep;
+  };
+  // The compute task a prefetching gather for pass position p waits for.
+  auto prefetch_after = [&](int p, int before_pass) {
+    const int q = p - 2 - depth;
+    return q >= 0 ? pass_compute[static_cast<std::size_t>(q)] : before_pass;
+  };
+
+  for (int st = 0; st < n_steps; ++st) {
+    sch.step = st;
+    const int wait_step = st - 1 - (s.dpu ? 1 : 0);
+    const std::vector<int>* params_ready =
+        wait_step >= 0 ? &update_done[static_cast<std::size_t>(wait_step)] : nullptr;
+    grads_done.clear();
+    int last_gpu = -1;
+    for (int64_t m = 0; m < G; ++m) {
+      sch.micro = static_cast<int>(m);
+      const bool last_micro = m + 1 == G;
+      // Forward.
+      pass_compute.clear();
+      const int before_fwd = last_gpu;
+      for (int p = 0; p < n_groups; ++p) {
+        const std::size_t i = static_cast<std::size_t>(p);
+        const int g = gather(i, prefetch_after(p, before_fwd));
+        const int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true), {g},
+                              p == 0 && m == 0 ? params_ready : nullptr);
+        pass_compute.push_back(t);
+      }
+      // Backward, with bucketed reduction.
+      const int before_bwd = pass_compute.back();
+      pass_compute.clear();
+      uint64_t bucket = 0;
+      int n_bucket = 0;
+      for (int p = 0; p < n_groups; ++p) {
+        const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
+        const int g = gather(i, prefetch_after(p, before_bwd));
+        const int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false), {g});
+        pass_compute.push_back(t);
+        last_gpu = t;
+        bucket += c.group_params[i];
+        if (bucket < s.buffers.reduce_bucket_size && i != 0) continue;
+        int done = t;
+        if (dp > 1 && (s.stage >= 2 || last_micro)) {
+          const double bytes = static_cast<double>(bucket) * pbytes;
+          done = s.stage == 0 ? sch.add("all-reduce", n_bucket, Resource::net, allreduce_seconds(bytes, dp, dp_bus), {t})
+                              : sch.add("reduce-scatter", n_bucket, Resource::net,
+                                        reduce_scatter_seconds(bytes, dp, dp_bus), {t});
+        }
+        if (offload_opt)  // the rank's share of the bucket goes to the host in 16 bits
+          done = sch.add("d2h grads", n_bucket, Resource::d2h,
+                         static_cast<double>(bucket) / static_cast<double>(dp) * pbytes / d2h, {done});
+        grads_done.push_back(done);
+        bucket = 0;
+        ++n_bucket;
+      }
+    }
+    // Optimizer step, after every gradient.
+    std::vector<int>& upd = update_done[static_cast<std::size_t>(st)];
+    if (!offload_opt) {
+      // Adam on the GPU: reads g16, p32, m, v (2 + 12), writes p32, m, v, p16 (12 + 2).
+      const int a = sch.add("gpu adam", 0, Resource::gpu,
+                            static_cast<double>(part) * (2 * pbytes + 2 * state_bytes) / hbm, {}, &grads_done);
+      int done = a;
+      if (dp > 1 && (s.stage == 1 || s.stage == 2))
+        done = sch.add("all-gather params", 0, Resource::net,
+                       allgather_seconds(static_cast<double>(c.n_params) * pbytes, dp, dp_bus), {a});
+      upd.push_back(done);
+    } else {
+      // CPU Adam in chunks, pipelined with the NVMe traffic and the copy back.
+      const uint64_t n_chunks = std::clamp<uint64_t>((part + 99'999'999) / 100'000'000, 1, 16);
+      const double chunk = static_cast<double>(part) / static_cast<double>(n_chunks);
+      int last_copy = -1, last = -1;
+      for (uint64_t k = 0; k < n_chunks; ++k) {
+        const int ki = static_cast<int>(k);
+        int dep = -1;
+        if (s.offload_optimizer == Offload::nvme)
+          dep = sch.add("nvme read states", ki, Resource::nvme_read, chunk * state_bytes / nvme_r, {}, &grads_done);
+        const int a = sch.add("cpu adam", ki, Resource::cpu, chunk / cpu_rate, {dep}, &grads_done);
+        last = a;
+        if (s.offload_optimizer == Offload::nvme)
+          last = sch.add("nvme write states", ki, Resource::nvme_write, chunk * state_bytes / nvme_w, {a});
+        if (s.offload_param == Offload::nvme && s.stage == 3)
+          last = sch.add("nvme write params", ki, Resource::nvme_write, chunk * pbytes / nvme_w, {a, last});
+        if (!offload_p) last_copy = sch.add("h2d updated params", ki, Resource::h2d, chunk * pbytes / h2d, {a});
+      }
+      int done = last_copy >= 0 ? last_copy : last;
+      if (dp > 1 && (s.stage == 1 || s.stage == 2))
+        done = sch.add("all-gather params", 0, Resource::net,
+                       allgather_seconds(static_cast<double>(c.n_params) * pbytes, dp, dp_bus), {done});
+      upd.push_back(done);
+      upd.push_back(last);
+    }
+  }
+
+  // Steady state: the last step's end minus the one before.
+  std::vector<double> step_end(static_cast<std::size_t>(n_steps), 0);
+  std::vector<int> step_last(static_cast<std::size_t>(n_steps), -1);
+  for (std::size_t i = 0; i < tl.tasks.size(); ++i) {
+    const Task& t = tl.tasks[i];
+    const std::size_t si = static_cast<std::size_t>(t.step);
+    if (t.end >= step_end[si]) {
+      step_end[si] = t.end;
+      step_last[si] = static_cast<int>(i);
+    }
+  }
+  const double window_start = step_end[static_cast<std::size_t>(n_steps - 2)];
+  tl.step_seconds = step_end.back() - window_start;
+  tl.tflops_per_gpu = c.flops_executed * static_cast<double>(G) / tl.step_seconds / 1e12;
+  tl.tokens_per_second = static_cast<double>(c.tokens) * static_cast<double>(G) *
+                         static_cast<double>(dp) / tl.step_seconds;
+  for (int t = step_last.back(); t >= 0 && tl.tasks[static_cast<std::size_t>(t)].end > window_start;
+       t = tl.tasks[static_cast<std::size_t>(t)].waited_on)
+    tl.critical_path.push_back(t);
+  std::reverse(tl.critical_path.begin(), tl.critical_path.end());
+  for (const Task& t : tl.tasks)
+    if (t.step == n_steps - 1) tl.busy_seconds[static_cast<std::size_t>(t.resource)] += t.seconds;
+  return tl;
+}
+
+nlohmann::json trace_json(const Timeline& t) {
+  using nlohmann::json;
+  json ev = json::array();
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1},
+                {"args", {{"name", "zeroplan step simulation (one rank)"}}}});
+  for (int r = 0; r < kResources; ++r)
+    ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", r + 1},
+                  {"args", {{"name", std::string(to_string(static_cast<Resource>(r)))}}}});
+  std::vector<bool> critical(t.tasks.size(), false);
+  for (int i : t.critical_path) critical[static_cast<std::size_t>(i)] = true;
+  auto group_name = [&](int i) -> std::string {
+    if (i == 0) return "embed";
+    if (i == t.n_layer + 1) return "head";
+    return fmt::format("h.{}", i - 1);
+  };
+  for (std::size_t i = 0; i < t.tasks.size(); ++i) {
+    const Task& k = t.tasks[i];
+    const std::string_view kind = k.kind;
+    const bool per_group = kind == "fwd" || kind == "bwd" || kind == "all-gather" ||
+                           kind == "h2d params" || kind == "nvme read params";
+    const std::string what = per_group ? fmt::format("{} {}", k.kind, group_name(k.index))
+                                       : fmt::format("{} {}", k.kind, k.index);
+    ev.push_back({{"name", what},
+                  {"ph", "X"},
+                  {"pid", 1},
+                  {"tid", static_cast<int>(k.resource) + 1},
+                  {"ts", k.start * 1e6},
+                  {"dur", k.seconds * 1e6},
+                  {"args", {{"step", k.step}, {"micro", k.micro}, {"critical", critical[i]}}}});
+  }
+  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace zp::planner

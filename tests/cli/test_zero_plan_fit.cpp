@@ -1,0 +1,126 @@
+// `zero-plan fit` as a user meets it: the JSON contract, the DeepSpeed config it writes (read
+// back through --ds-config), the Perfetto trace, and one clear error for bad input.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "process.hpp"
+
+using zp::test::Result;
+
+namespace {
+const std::string kBin = std::string(ZP_BIN_DIR) + "/zero-plan";
+
+Result zero_plan(std::vector<std::string> args) {
+  args.insert(args.begin(), kBin);
+  return zp::test::run(args);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void check_bad_input(const Result& r, const std::string& needle) {
+  CAPTURE(r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("error: ", 0) == 0);
+  CHECK(r.err.find(needle) != std::string::npos);
+}
+
+// A hardware file: the v100-32g preset's speeds with the given memory.
+std::string hw_json(const std::string& extra_or_missing) {
+  nlohmann::json j = {{"name", "tiny"},          {"gpu_memory_bytes", 4294967296LL},
+                      {"gpus_per_node", 1},      {"host_memory_bytes", 8589934592LL},
+                      {"nvme_bytes", 0},         {"gpu_tflops", 39.0},
+                      {"hbm_gbps", 900.0},       {"h2d_gbps", 12.0},
+                      {"d2h_gbps", 12.0},        {"nvlink_gbps", 150.0},
+                      {"internode_gbps", 100.0}, {"cpu_adam_gparams", 3.89},
+                      {"nvme_read_gbps", 25.0},  {"nvme_write_gbps", 10.0}};
+  if (extra_or_missing == "no-tflops") j.erase("gpu_tflops");
+  if (extra_or_missing == "negative-h2d") j["h2d_gbps"] = -1.0;
+  return j.dump();
+}
+}  // namespace
+
+TEST_CASE("fit: json contract, DeepSpeed config round trip, trace") {
+  zp::test::TempDir dir;
+  const std::string ds = dir.file("ds.json"), trace = dir.file("trace.json");
+  Result r = zero_plan({"fit", "--model", "gpt2", "--hardware", "a100-80g", "--gpus", "8",
+                        "--format", "json", "--emit-deepspeed", ds, "--trace", trace});
+  CAPTURE(r.err);
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["schema"] == "zero-plan/fit/v1");
+  REQUIRE(j["candidates"].size() == 5);
+  const auto& best = j["candidates"][0];
+  CHECK(best["why"].get<std::string>().find("fastest") != std::string::npos);
+  CHECK(best["per_device"]["gpu"]["total"].get<uint64_t>() > 0);
+  CHECK(best["step_seconds"].get<double>() > 0);
+  CHECK(j["n_searched"].get<uint64_t>() >= j["n_fit"].get<uint64_t>());
+
+  // The emitted config drives estimate to the winner's memory.
+  const auto cfg = nlohmann::json::parse(slurp(ds));
+  CHECK(cfg["zero_optimization"]["stage"] == best["strategy"]["stage"]);
+  Result e = zero_plan({"estimate", "--model", "gpt2", "--ds-config", ds, "--dp",
+                        std::to_string(best["strategy"]["dp"].get<int64_t>()), "--checkpointing",
+                        best["strategy"]["checkpointing"].get<std::string>(), "--format", "json"});
+  REQUIRE(e.rc == 0);
+  CHECK(nlohmann::json::parse(e.out)["per_device"] == best["per_device"]);
+
+  const auto t = nlohmann::json::parse(slurp(trace));
+  CHECK(t["traceEvents"].size() > 10);
+
+  Result text = zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--profile",
+                           "deepspeed", "--stage", "2"});
+  REQUIRE(text.rc == 0);
+  CHECK(text.out.find("estimate_zero2_model_states_mem_needs") != std::string::npos);
+}
+
+TEST_CASE("fit --max-model: the largest of the family, with its config") {
+  Result r = zero_plan({"fit", "--model", "gpt2-xl", "--hardware", "v100-32g", "--max-model",
+                        "--stage", "2", "--offload-optimizer", "cpu", "--micro-batch", "1",
+                        "--checkpointing", "full", "--format", "json"});
+  CAPTURE(r.err);
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["max_model"]["params"].get<int64_t>() > 1'557'611'200);  // more than gpt2-xl itself
+  CHECK(j["max_model"]["config"]["n_embd"] == 1600);
+}
+
+TEST_CASE("fit: bad input and models that fit nowhere") {
+  zp::test::TempDir dir;
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--gpus", "0"}),
+                  "--gpus");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--gpus", "2",
+                             "--nodes", "4"}),
+                  "--nodes 4 is more than --gpus 2");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--gpus", "8",
+                             "--dp", "4"}),
+                  "--gpus is 8");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--stage", "2",
+                             "--offload-param", "cpu"}),
+                  "--offload-param cpu: needs --stage 3");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "v100-32g", "--gpus", "64",
+                             "--nodes", "2"}),
+                  "do not fit on 2 node(s)");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware",
+                             dir.write("a.json", hw_json("no-tflops"))}),
+                  "gpu_tflops");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware",
+                             dir.write("b.json", hw_json("negative-h2d"))}),
+                  "'h2d_gbps' must be a positive number");
+  // Fits nowhere: exit 1, and the closest miss says what it lacks.
+  Result r = zero_plan({"fit", "--model", "gpt2-xl", "--hardware", dir.write("c.json", hw_json("")),
+                        "--micro-batch", "1"});
+  CHECK(r.rc == 1);
+  CHECK(r.out.find("nothing fits") != std::string::npos);
+  CHECK(r.out.find("needs") != std::string::npos);
+  CHECK(r.out.find(", has ") != std::string::npos);
+}

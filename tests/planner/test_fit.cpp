@@ -1,0 +1,384 @@
+// Placement (min cut), the step-time simulator, the fit search and DeepSpeed's estimators,
+// against independent sources: the ZeRO-Offload paper's placement and headline results
+// (seed 002), the ring formulas worked by hand, DeepSpeed's estimator formulas evaluated by
+// hand, and estimate() for the search's cached memory.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/fit.hpp"
+#include "zp/planner/placement.hpp"
+#include "zp/planner/simulate.hpp"
+
+using namespace zp::planner;
+
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const zp::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A GPT-2 shaped family (GPT-2's vocabulary and 1024 positions) of width C: the models of the
+// ZeRO-Offload paper's experiments (GPT-2 like, sec. 6.1).
+zp::models::ModelSpec gpt(int64_t L, int64_t C, int64_t NH) {
+  auto m = zp::models::load_model("gpt2");
+  m.name = "gpt-family";
+  m.n_layer = L;
+  m.n_embd = C;
+  m.n_head = NH;
+  m.n_kv_head = NH;
+  m.head_dim = C / NH;
+  m.n_inner = 4 * C;
+  return m;
+}
+
+// The V100 preset with fp16 (V100 has no bf16) and the search narrowed to one strategy family.
+FitRequest v100_request(zp::models::ModelSpec m, int64_t gpus, bool offload) {
+  FitRequest r;
+  r.model = std::move(m);
+  r.hw = load_hardware("v100-32g");
+  r.gpus = gpus;
+  r.base.precision = Precision::fp16;
+  r.mps = {1};
+  if (offload) {  // ZeRO-Offload: ZeRO-2 with the optimizer on the CPU (paper sec. 4)
+    r.stages = {2};
+    r.offload_optimizer = {Offload::cpu};
+  } else {  // plain data parallel PyTorch: everything on the GPU
+    r.stages = {0};
+    r.offload_optimizer = {Offload::none};
+  }
+  r.offload_param = {Offload::none};
+  return r;
+}
+
+Hardware unit_hardware() {
+  Hardware hw = load_hardware("v100-32g");
+  hw.gpus_per_node = 8;
+  hw.gpu_tflops = 1;     // 1e12 FLOP/s
+  hw.hbm_gbps = 1;       // 1e9 B/s
+  hw.nvlink_gbps = 1;
+  hw.internode_gbps = 1;
+  hw.h2d_gbps = 1;
+  hw.d2h_gbps = 1;
+  hw.cpu_adam_gparams = 0.0005;  // 5e5 parameters per second
+  return hw;
+}
+
+// Three groups (embed, one block, head): forward 1, 2, 1 s and backward 2, 4, 2 s at 1e12.
+StepCosts unit_costs() {
+  StepCosts c;
+  c.fwd_flops = {1e12, 2e12, 1e12};
+  c.bwd_flops = {2e12, 4e12, 2e12};
+  c.fwd_bytes = {0, 0, 0};
+  c.bwd_bytes = {0, 0, 0};
+  c.group_params = {1'000'000, 2'000'000, 1'000'000};
+  c.n_params = 4'000'000;
+  c.flops_executed = 12e12;
+  c.flops_model = 12e12;
+  c.tokens = 1024;
+  c.n_layer = 1;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("placement: the min cut gives ZeRO-Offload's placement and 4M bytes per step") {
+  // Paper sec. 3 and 4.1: 16M bytes of model states do not fit on the GPU but 2M do.
+  PlacementInput in;
+  in.gpu_bytes_per_param = 6.0;
+  const Placement p = place(in);
+  CHECK(p.of(State::p16) == Tier::gpu);
+  CHECK(p.of(State::g16) == Tier::cpu);
+  CHECK(p.of(State::p32) == Tier::cpu);
+  CHECK(p.of(State::m32) == Tier::cpu);
+  CHECK(p.of(State::v32) == Tier::cpu);
+  CHECK(p.update == Tier::cpu);
+  CHECK(p.float2half == Tier::cpu);
+  CHECK(p.down_bytes_per_param == doctest::Approx(2.0));  // fp16 gradients, 2M
+  CHECK(p.up_bytes_per_param == doctest::Approx(2.0));    // fp16 parameters, 2M
+  CHECK(p.pcie_bytes(13'000'000'000) == 4 * 13'000'000'000ULL);
+  CHECK(p.gpu_state_bytes_per_param == doctest::Approx(2.0));
+  CHECK(p.fits);
+
+  SUBCASE("everything fits: nothing moves") {
+    in.gpu_bytes_per_param = 16.0;
+    const Placement q = place(in);
+    for (State s : kStates) CHECK(q.of(s) == Tier::gpu);
+    CHECK(q.pcie_bytes(1'000'000) == 0);
+  }
+  SUBCASE("not even the fp16 parameters fit: they are streamed (ZeRO-Infinity)") {
+    in.gpu_bytes_per_param = 1.0;
+    const Placement q = place(in);
+    CHECK(q.of(State::p16) == Tier::cpu);
+    // Forward and backward each read them (2 x 2), gradients go down (2).
+    CHECK(q.up_bytes_per_param == doctest::Approx(4.0));
+    CHECK(q.down_bytes_per_param == doctest::Approx(2.0));
+  }
+  SUBCASE("the host holds only 6 bytes per parameter: optimizer states go to NVMe") {
+    in.cpu_bytes_per_param = 6.0;
+    const Placement q = place(in);
+    CHECK(q.of(State::m32) == Tier::nvme);
+    CHECK(q.of(State::v32) == Tier::nvme);
+    CHECK(q.cpu_state_bytes_per_param <= 6.0);
+    // Adam reads and writes each moment: 4 + 4 bytes each way per parameter.
+    CHECK(q.nvme_read_bytes_per_param >= 8.0);
+    CHECK(q.nvme_write_bytes_per_param >= 8.0);
+  }
+  SUBCASE("no GPU or CPU room: everything on NVMe, unless NVMe is short too") {
+    in.gpu_bytes_per_param = 0.0;
+    in.cpu_bytes_per_param = 0.0;
+    const Placement q = place(in);
+    for (State s : kStates) CHECK(q.of(s) == Tier::nvme);
+    CHECK(q.fits);
+    in.nvme_bytes_per_param = 10.0;
+    CHECK_FALSE(place(in).fits);
+  }
+}
+
+TEST_CASE("simulate: ring collectives and a step worked by hand") {
+  // Ring: all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n of the bytes.
+  CHECK(allreduce_seconds(8e9, 4, 100) == doctest::Approx(8e9 * 1.5 / 100e9));
+  CHECK(reduce_scatter_seconds(8e9, 4, 100) == doctest::Approx(8e9 * 0.75 / 100e9));
+  CHECK(allgather_seconds(8e9, 1, 100) == 0.0);
+
+  const Hardware hw = unit_hardware();
+  const StepCosts c = unit_costs();
+  Strategy s;
+  s.precision = Precision::fp16;
+  s.dp = 2;
+  SUBCASE("stage 0: forward 4 s + backward 8 s + one all-reduce + Adam on the GPU") {
+    const Timeline t = simulate(c, s, hw, Cluster{2, 1});
+    // all-reduce of 4e6 x 2 bytes: 8e6 x 2(1)/2 / 1e9 = 0.008 s; Adam: 4e6 x 28 B / 1e9.
+    CHECK(t.step_seconds == doctest::Approx(12.0 + 0.008 + 0.112));
+    CHECK(t.tflops_per_gpu == doctest::Approx(12.0 / 12.12));
+    CHECK_FALSE(t.critical_path.empty());
+  }
+  SUBCASE("stage 2, small buckets: reductions overlap backward; the last one does not") {
+    s.stage = 2;
+    s.buffers.reduce_bucket_size = 1'000'000;
+    const Timeline t = simulate(c, s, hw, Cluster{2, 1});
+    // last bucket (embed, 1e6 x 2 B x 1/2) 0.001 s; Adam on the 2e6 partition 0.056 s;
+    // all-gather of the updated 4e6 x 2 B x 1/2: 0.004 s.
+    CHECK(t.step_seconds == doctest::Approx(12.0 + 0.001 + 0.056 + 0.004));
+  }
+  SUBCASE("ZeRO-Offload on one GPU: CPU Adam after backward, or hidden by DPU") {
+    s.dp = 1;
+    s.stage = 2;
+    s.offload_optimizer = Offload::cpu;
+    const Timeline t = simulate(c, s, hw, Cluster{1, 1});
+    // d2h 4e6 x 2 B = 0.008 s, CPU Adam 4e6 / 5e5 = 8 s, copy back in one chunk 0.008 s.
+    CHECK(t.step_seconds == doctest::Approx(12.0 + 0.008 + 8.0 + 0.008));
+    s.dpu = true;
+    const Timeline d = simulate(c, s, hw, Cluster{1, 1});
+    // The update of step k overlaps step k+1's compute: the GPU's 12 s bound the step.
+    CHECK(d.step_seconds == doctest::Approx(12.0).epsilon(0.002));
+    CHECK(d.busy_seconds[static_cast<std::size_t>(Resource::cpu)] == doctest::Approx(8.0));
+  }
+  SUBCASE("the trace opens as Chrome trace events") {
+    const nlohmann::json j = trace_json(simulate(c, s, hw, Cluster{2, 1}));
+    REQUIRE(j.contains("traceEvents"));
+    int complete = 0;
+    for (const auto& e : j["traceEvents"])
+      if (e["ph"] == "X") {
+        ++complete;
+        CHECK(e["dur"].get<double>() >= 0);
+      }
+    CHECK(complete > 6);
+  }
+}
+
+TEST_CASE("fit: cached memory equals estimate() exactly") {
+  const auto m = zp::models::load_model("gpt2");
+  for (Profile prof : {Profile::zeroplan, Profile::deepspeed}) {
+    PlanOptions o;
+    o.profile = prof;
+    FitEvaluator ev(m, o);
+    for (int stage : {0, 1, 2, 3})
+      for (Offload oo : {Offload::none, Offload::cpu})
+        for (int64_t dp : {1, 3, 8})
+          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full}) {
+            if (oo != Offload::none && stage == 0) continue;
+            Strategy s;
+            s.stage = stage;
+            s.offload_optimizer = oo;
+            s.dp = dp;
+            s.micro_batch = 2;
+            s.checkpointing = ck;
+            s = resolve_for_model(s, m);
+            CAPTURE(describe(s));
+            CHECK(ev.memory(s) == estimate(m, s, nullptr, o).per_device);
+          }
+  }
+}
+
+TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%") {
+  auto within = [](double got, double paper) {
+    CAPTURE(got);
+    CAPTURE(paper);
+    CHECK(got >= 0.85 * paper);
+    CHECK(got <= 1.15 * paper);
+  };
+  SUBCASE("about 13B parameters on one 32 GB V100 with ZeRO-Offload") {
+    // GPT-2 like, hidden 4096, 32 heads, activation checkpointing, micro-batch 4 or 8.
+    for (int64_t mb : {4, 8}) {
+      FitRequest r = v100_request(gpt(50, 4096, 32), 1, true);
+      r.micro_batches = {mb};
+      r.checkpointing = {Checkpointing::full};
+      const auto mm = max_model(r);
+      REQUIRE(mm);
+      within(static_cast<double>(mm->params), 13e9);
+    }
+  }
+  SUBCASE("about 1.4B parameters on one 32 GB V100 without offload (plain PyTorch)") {
+    // Hidden 2048 (16 heads), checkpointing, batch 32 per GPU as for the paper's small models.
+    FitRequest r = v100_request(gpt(20, 2048, 16), 1, false);
+    r.micro_batches = {32};
+    r.checkpointing = {Checkpointing::full};
+    const auto mm = max_model(r);
+    REQUIRE(mm);
+    within(static_cast<double>(mm->params), 1.4e9);
+  }
+  SUBCASE("about 70B parameters on 16 V100s (one DGX-2) with model parallelism") {
+    // Hidden 9216 (72 heads), 8-way Megatron model parallelism, batch 8, checkpointing.
+    FitRequest r = v100_request(gpt(60, 9216, 72), 16, true);
+    r.mps = {8};
+    r.micro_batches = {8};
+    r.checkpointing = {Checkpointing::full};
+    const auto mm = max_model(r);
+    REQUIRE(mm);
+    within(static_cast<double>(mm->params), 70e9);
+  }
+  SUBCASE("near-linear scaling to 128 GPUs (10B model, ZeRO-Offload)") {
+    for (bool dpu : {false, true}) {
+      auto tput = [&](int64_t gpus) {
+        FitRequest r = v100_request(gpt(50, 4096, 32), gpus, true);
+        r.micro_batches = {8};
+        r.checkpointing = {Checkpointing::full};
+        r.dpu = {dpu};
+        const FitResult f = fit(r);
+        REQUIRE_FALSE(f.candidates.empty());
+        return f.candidates.front().tokens_per_second;
+      };
+      const double one = tput(1), many = tput(128);
+      CAPTURE(dpu);
+      CHECK(many >= 0.85 * 128 * one);  // "near linear"
+      CHECK(many <= 1.5 * 128 * one);
+    }
+  }
+}
+
+TEST_CASE("fit: ranking, reasons, and what is missing when nothing fits") {
+  FitRequest r;
+  r.model = zp::models::load_model("gpt2");
+  r.hw = load_hardware("a100-80g");
+  r.gpus = 8;
+  const FitResult f = fit(r);
+  REQUIRE(f.candidates.size() == 5);
+  CHECK(f.n_searched >= f.n_fit);
+  for (std::size_t i = 1; i < f.candidates.size(); ++i) {
+    CHECK(f.candidates[i - 1].tokens_per_second >= f.candidates[i].tokens_per_second * 0.999);
+    CHECK_FALSE(f.candidates[i].why.empty());
+  }
+  CHECK(f.candidates.front().why.find("fastest") != std::string::npos);
+  const nlohmann::json j = to_json(f, r);
+  CHECK(j["schema"] == "zero-plan/fit/v1");
+  CHECK(j["candidates"][0].contains("step_seconds"));
+  CHECK(j["candidates"][0].contains("tflops_per_gpu"));
+
+  // A 175B-parameter model on one V100 node: the host memory is what is missing.
+  FitRequest big = r;
+  big.model = zp::models::load_model("gpt3-175b");
+  big.hw = load_hardware("v100-32g");
+  big.hw.nvme_bytes = 0;
+  big.gpus = 1;
+  big.mps = {1};
+  big.micro_batches = {1};
+  big.checkpointing = {Checkpointing::full};
+  const FitResult none = fit(big);
+  CHECK(none.candidates.empty());
+  REQUIRE(none.closest);
+  REQUIRE_FALSE(none.closest->shortfalls.empty());
+  CHECK(none.closest->shortfalls.front().find("needs") != std::string::npos);
+  CHECK(none.closest->shortfalls.front().find("has") != std::string::npos);
+}
+
+TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {
+  Strategy s;
+  s.stage = 3;
+  s.dp = 8;
+  s.micro_batch = 4;
+  s.grad_accum = 2;
+  s.precision = Precision::fp16;
+  s.offload_optimizer = Offload::nvme;
+  s.offload_param = Offload::cpu;
+  s.buffers.prefetch_bucket_size = 12'345'678;
+  const Strategy back = apply_deepspeed_config(Strategy{}, deepspeed_config(s), "ds.json");
+  CHECK(back.stage == 3);
+  CHECK(back.micro_batch == 4);
+  CHECK(back.grad_accum == 2);
+  CHECK(back.precision == Precision::fp16);
+  CHECK(back.offload_optimizer == Offload::nvme);
+  CHECK(back.offload_param == Offload::cpu);
+  CHECK(back.buffers == s.buffers);
+  CHECK(deepspeed_config(s)["train_batch_size"] == 64);
+}
+
+TEST_CASE("DeepSpeed's estimators, values computed by hand from its formulas") {
+  // zero2, offload: gpu 2P; cpu P * max(4 * gpus, 16) * 1.5.
+  auto z2 = ds_estimate_zero2(1'000'000'000, 8, 1, true);
+  CHECK(z2.gpu_bytes == 2'000'000'000ULL);
+  CHECK(z2.cpu_bytes == 48'000'000'000ULL);          // 1e9 * 32 * 1.5
+  CHECK(ds_estimate_zero2(1'000'000'000, 1, 1, true).cpu_bytes == 24'000'000'000ULL);  // max(4,16)
+  // zero2, no offload: gpu 4P + int(16P / gpus); cpu P * 4 * gpus_per_node * 1.5.
+  z2 = ds_estimate_zero2(1'000'000'000, 8, 1, false);
+  CHECK(z2.gpu_bytes == 6'000'000'000ULL);
+  CHECK(z2.cpu_bytes == 48'000'000'000ULL);
+  CHECK(ds_estimate_zero2(10, 3, 1, false).gpu_bytes == 40 + 53);  // int(160 / 3) = 53
+
+  // zero3: largest layer 4 * 1e8 on the GPU in every offload setting.
+  auto z3 = ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 1, true, true, true);
+  CHECK(z3.gpu_bytes == 400'000'000ULL);
+  CHECK(z3.cpu_bytes == 27'000'000'000ULL);          // 1e9 * 18 * 1 * 1.5
+  CHECK(ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 2, true, true, true).cpu_bytes ==
+        13'500'000'000ULL);                           // gpus_factor 1/2
+  CHECK(ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 1, true, true, false).cpu_bytes ==
+        48'000'000'000ULL);                           // max(4 * 8, 18) * 1.5
+  z3 = ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 1, true, false, true);
+  CHECK(z3.gpu_bytes == 650'000'000ULL);             // 4e8 + int(2e9 / 8)
+  CHECK(z3.cpu_bytes == 24'000'000'000ULL);          // 1e9 * 16 * 1.5
+  z3 = ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 1, false, false, true);
+  CHECK(z3.gpu_bytes == 2'650'000'000ULL);           // 4e8 + int(18e9 / 8)
+  CHECK(z3.cpu_bytes == 4'800'000'000ULL);           // 1e8 * 4 * 8 * 1.5
+  CHECK(ds_estimate_zero3(1'000'000'000, 100'000'000, 8, 1, false, false, false).cpu_bytes ==
+        48'000'000'000ULL);
+  CHECK(ds_estimate_zero3(10, 0, 3, 1, true, false, true).gpu_bytes == 6);  // int(20 / 3)
+}
+
+TEST_CASE("hardware: presets carry every speed with a source; bad files name the field") {
+  for (const std::string& name : hardware_preset_names()) {
+    const Hardware hw = load_hardware(name);
+    CAPTURE(name);
+    for (const char* field : {"gpu_tflops", "hbm_gbps", "h2d_gbps", "d2h_gbps", "nvlink_gbps",
+                              "internode_gbps", "cpu_adam_gparams", "nvme_read_gbps",
+                              "nvme_write_gbps", "gpu_memory_bytes", "host_memory_bytes"})
+      CHECK(hw.sources.contains(field));
+    CHECK(hw.gpu_tflops > 0);
+    CHECK(hw.cpu_adam_gparams > 0);
+  }
+  nlohmann::json j = to_json(load_hardware("a100-80g"));
+  j.erase("gpu_tflops");
+  CHECK(error_of([&] { parse_hardware(j, "hw.json"); }).find("gpu_tflops") != std::string::npos);
+  j = to_json(load_hardware("a100-80g"));
+  j["hbm_gbps"] = -5;
+  CHECK(error_of([&] { parse_hardware(j, "hw.json"); }).find("'hbm_gbps' must be a positive number") !=
+        std::string::npos);
+}

@@ -1,0 +1,72 @@
+// bench_fit: the `zero-plan fit` search. The bar: >= 10,000 configurations searched in under
+// a second, against a baseline that runs the full estimate (graph + schedule + replay) per
+// configuration, measured in the same run. Each benchmark checks its answer before timing.
+#include <benchmark/benchmark.h>
+
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/fit.hpp"
+
+namespace {
+
+using namespace zp::planner;
+
+// llama-2-7b on 64 A100-80GB (8 nodes): stage x offloads x DPU x 9 micro-batches x 3
+// checkpointing x 4 model-parallel degrees x 4 gradient-accumulation counts.
+FitRequest request() {
+  FitRequest r;
+  r.model = zp::models::load_model("llama-2-7b");
+  r.hw = load_hardware("a100-80g");
+  r.gpus = 64;
+  r.micro_batches = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  r.mps = {1, 2, 4, 8};
+  r.grad_accums = {1, 2, 4, 8};
+  return r;
+}
+
+void BM_FitSearch(benchmark::State& state) {
+  const FitRequest r = request();
+  const FitResult check = fit(r);
+  if (check.n_searched < 10'000 || check.candidates.empty() ||
+      check.candidates.front().tokens_per_second <= 0) {
+    state.SkipWithError("fit searched too little or found nothing");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(fit(r).n_fit);
+  state.counters["configs"] = static_cast<double>(check.n_searched);
+  state.counters["graphs"] = static_cast<double>(check.n_shapes);
+  state.counters["configs_per_s"] = benchmark::Counter(
+      static_cast<double>(check.n_searched), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FitSearch)->Unit(benchmark::kMillisecond);
+
+// Baseline: the full estimate per configuration (what the search would cost without the
+// per-shape cache), over a slice of the same space.
+void BM_EstimatePerConfig(benchmark::State& state) {
+  const FitRequest r = request();
+  std::vector<Strategy> slice;
+  for (int stage : {0, 1, 2, 3})
+    for (int64_t mb : {1, 4}) {
+      Strategy s;
+      s.stage = stage;
+      s.dp = 64;
+      s.micro_batch = mb;
+      slice.push_back(resolve_for_model(s, r.model));
+    }
+  FitEvaluator ev(r.model, {});
+  for (const Strategy& s : slice)
+    if (!(ev.memory(s) == estimate(r.model, s, nullptr).per_device)) {
+      state.SkipWithError("cached memory differs from estimate()");
+      return;
+    }
+  for (auto _ : state)
+    for (const Strategy& s : slice)
+      benchmark::DoNotOptimize(estimate(r.model, s, nullptr).per_device.peak(Tier::gpu));
+  state.counters["configs_per_s"] = benchmark::Counter(
+      static_cast<double>(slice.size()), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_EstimatePerConfig)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,228 @@
+// cmd_fit.cpp: `zero-plan fit`: flags -> FitRequest, the search, and its text/markdown/csv/json
+// output; --max-model, --emit-deepspeed and --trace. Printing only; the search is planner/fit.
+#include "cmd_fit.hpp"
+
+#include <chrono>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zp/error.hpp"
+#include "zp/models/graph.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/fit.hpp"
+#include "zp/planner/simulate.hpp"
+#include "zp/units.hpp"
+
+namespace zp::cli {
+
+using planner::Candidate;
+using planner::Tier;
+
+void add_fit_command(CLI::App& app, FitCommand& c) {
+  c.app = app.add_subcommand(
+      "fit", "the fastest configurations that fit a machine, and the largest model that does");
+  CLI::App& f = *c.app;
+  f.add_option("--model", c.model, "catalog name (zero-plan models) or a HF config.json")->required();
+  f.add_option("--hardware", c.hardware,
+               "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) or a hardware JSON file")
+      ->required();
+  f.add_option("--gpus", c.gpus, "GPUs of the job [1]");
+  f.add_option("--nodes", c.nodes, "nodes they are spread over [as few as hold them]");
+  f.add_option("--top", c.top, "candidates to print [5]");
+  f.add_flag("--max-model", c.max_model,
+             "find the largest model of the family (the --model's width, more or fewer layers) "
+             "that fits");
+  f.add_option("--emit-deepspeed", c.emit_deepspeed, "write the winner as a DeepSpeed config");
+  f.add_option("--trace", c.trace, "write the winner's simulated step as a Chrome trace (Perfetto)");
+  f.add_option("-o,--output", c.output, "write to this file (atomically) instead of stdout");
+  add_strategy_flags(f, c.flags);
+  add_target_flags(f, c.target, "cuda");
+  add_format_flag(f, c.format);
+  f.footer(
+      "Strategy flags pin one dimension of the search (--stage 3 searches only stage 3); the\n"
+      "others are searched: stage x offload x micro-batch x checkpointing x DPU, and the\n"
+      "model-parallel degree when nothing fits without it.\n"
+      "Exit codes: 0 something fits, 1 nothing does (the closest miss is printed), 2 bad input.\n"
+      "Examples:\n"
+      "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16\n"
+      "  zero-plan fit --model llama-2-7b --hardware a100-80g --gpus 8 --emit-deepspeed ds.json\n"
+      "  zero-plan fit --model gpt2-xl --hardware v100-32g --max-model --offload-optimizer cpu");
+}
+
+namespace {
+
+int64_t count_flag(const std::string& text, const char* flag) {
+  const uint64_t v = parse_count(text, flag);
+  if (v > (uint64_t{1} << 40)) throw Error(fmt::format("{}: '{}' is too large", flag, text));
+  return static_cast<int64_t>(v);
+}
+
+std::string row_strategy(const planner::Strategy& s) {
+  std::string out = fmt::format("stage {}", s.stage);
+  if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
+  out += fmt::format(" dp {} B={}", s.dp, s.micro_batch);
+  if (s.checkpointing != planner::Checkpointing::none)
+    out += fmt::format(" ckpt {}", planner::to_string(s.checkpointing));
+  if (s.offload_optimizer != planner::Offload::none)
+    out += fmt::format(" opt->{}", planner::to_string(s.offload_optimizer));
+  if (s.offload_param != planner::Offload::none)
+    out += fmt::format(" params->{}", planner::to_string(s.offload_param));
+  if (s.dpu) out += " dpu";
+  return out;
+}
+
+std::string render_text(const planner::FitResult& f, const planner::FitRequest& r,
+                        reports::Format fmt_, double seconds) {
+  std::string out;
+  if (fmt_ == reports::Format::text)
+    out += fmt::format("{} on {} x {} ({} node{}), profile {}: searched {} configurations "
+                       "({} graphs) in {:.2f} s, {} fit\n\n",
+                       r.model.name, f.gpus, r.hw.name, f.nodes, f.nodes > 1 ? "s" : "",
+                       planner::to_string(r.options.profile), f.n_searched, f.n_shapes, seconds,
+                       f.n_fit);
+  reports::Table t({"#", "strategy", "gpu peak", "cpu/node", "step s", "tokens/s", "TFLOP/s",
+                    "why"},
+                   {reports::Align::right, reports::Align::left, reports::Align::right,
+                    reports::Align::right, reports::Align::right, reports::Align::right,
+                    reports::Align::right, reports::Align::left});
+  const int64_t ranks = std::min<int64_t>(f.gpus, r.hw.gpus_per_node);
+  for (std::size_t i = 0; i < f.candidates.size(); ++i) {
+    const Candidate& c = f.candidates[i];
+    t.add({std::to_string(i + 1), row_strategy(c.strategy),
+           format_bytes(c.per_device.peak(Tier::gpu)),
+           format_bytes(c.per_device.peak(Tier::cpu) * static_cast<uint64_t>(ranks)),
+           fmt::format("{:.3f}", c.step_seconds), fmt::format("{:.0f}", c.tokens_per_second),
+           fmt::format("{:.1f}", c.tflops_per_gpu), c.why});
+  }
+  if (!f.candidates.empty()) out += t.render(fmt_);
+  if (f.closest) {
+    out += fmt::format("nothing fits. Closest: {}\n", planner::describe(f.closest->strategy));
+    for (const std::string& s : f.closest->shortfalls) out += fmt::format("  {}\n", s);
+  }
+  return out;
+}
+
+// DeepSpeed's own estimators for the winner (stage 2 or 3), as --profile deepspeed reports.
+nlohmann::json ds_estimator(const planner::Strategy& s, const models::ParamInventory& inv,
+                            const planner::FitResult& f, const planner::Hardware& hw) {
+  const int64_t per_node = std::min<int64_t>(f.gpus, hw.gpus_per_node);
+  const uint64_t total = static_cast<uint64_t>(inv.total);
+  if (s.stage == 2 || s.stage == 1) {
+    const auto e = planner::ds_estimate_zero2(total, per_node, f.nodes,
+                                              s.offload_optimizer != planner::Offload::none);
+    return {{"function", "estimate_zero2_model_states_mem_needs"},
+            {"cpu_bytes_per_node", e.cpu_bytes}, {"gpu_bytes", e.gpu_bytes}};
+  }
+  if (s.stage == 3) {
+    const auto e = planner::ds_estimate_zero3(
+        total, static_cast<uint64_t>(inv.largest_module_params), per_node, f.nodes,
+        s.offload_optimizer != planner::Offload::none, s.offload_param != planner::Offload::none,
+        true);
+    return {{"function", "estimate_zero3_model_states_mem_needs"},
+            {"cpu_bytes_per_node", e.cpu_bytes}, {"gpu_bytes", e.gpu_bytes},
+            {"largest_layer_bytes", e.largest_layer_bytes}};
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int FitCommand::run() const {
+  const auto fmt_ = parse_format(format);
+  planner::FitRequest r;
+  r.model = models::load_model(model);
+  r.hw = planner::load_hardware(hardware);
+  r.gpus = count_flag(gpus, "--gpus");
+  if (r.gpus < 1) throw Error("--gpus: must be >= 1, got 0", "e.g. --gpus 8");
+  if (!nodes.empty()) {
+    r.nodes = count_flag(nodes, "--nodes");
+    if (r.nodes < 1) throw Error("--nodes: must be >= 1, got 0", "leave it out to use as few as hold the GPUs");
+    if (r.nodes > r.gpus)
+      throw Error(fmt::format("--nodes {} is more than --gpus {}", r.nodes, r.gpus),
+                  "every node runs at least one GPU");
+  }
+  r.top = static_cast<std::size_t>(count_flag(top, "--top"));
+  r.options = target.resolve(planner::Backend::cuda);
+  if (r.options.backend != planner::Backend::cuda)
+    throw Error("--device cpu: fit plans GPU training", "leave out --device");
+  const planner::Strategy s = flags.resolve();
+  r.base = s;
+  if (flags.given("--stage")) r.stages = {s.stage};
+  if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
+  if (flags.given("--offload-param") || !flags.ds_config.empty()) r.offload_param = {s.offload_param};
+  if (flags.given("--micro-batch")) r.micro_batches = {s.micro_batch};
+  if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
+  if (flags.dpu) r.dpu = {true};
+  if (flags.given("--mp")) r.mps = {s.mp};
+  if (flags.given("--dp")) {
+    if (s.dp * s.mp != r.gpus)
+      throw Error(fmt::format("--dp {} x --mp {} = {} GPUs, but --gpus is {}", s.dp, s.mp,
+                              s.dp * s.mp, r.gpus),
+                  "fit derives dp from --gpus / --mp; leave out --dp");
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  planner::FitResult f;
+  std::optional<planner::MaxModel> mm;
+  if (max_model) {
+    mm = planner::max_model(r);
+    if (mm) {
+      planner::FitRequest q = r;
+      q.model = mm->model;
+      f = planner::fit(q);
+      r = q;
+    } else {
+      planner::FitRequest q = r;
+      q.model.n_layer = 1;
+      f = planner::fit(q);
+      r = q;
+    }
+  } else {
+    f = planner::fit(r);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const models::ParamInventory inv_final = models::count_params(r.model);
+
+  std::string out;
+  if (fmt_ == reports::Format::json) {
+    nlohmann::json j = planner::to_json(f, r);
+    j["search_seconds"] = seconds;
+    if (max_model) j["max_model"] = mm ? planner::to_json(*mm, inv_final) : nlohmann::json(nullptr);
+    if (r.options.profile == planner::Profile::deepspeed)
+      for (std::size_t i = 0; i < f.candidates.size(); ++i)
+        j["candidates"][i]["deepspeed_estimator"] = ds_estimator(f.candidates[i].strategy, inv_final, f, r.hw);
+    out = j.dump(2) + "\n";
+  } else {
+    if (max_model) {
+      out += mm ? fmt::format("largest model that fits: {} layers x {} wide, {} parameters ({})\n",
+                              mm->model.n_layer, mm->model.n_embd, format_count(mm->params), mm->params)
+                : std::string("not even one layer of this family fits\n");
+    }
+    out += render_text(f, r, fmt_, seconds);
+    if (r.options.profile == planner::Profile::deepspeed && !f.candidates.empty()) {
+      const nlohmann::json e = ds_estimator(f.candidates.front().strategy, inv_final, f, r.hw);
+      if (!e.is_null())
+        out += fmt::format("DeepSpeed's {} for #1: {} per GPU, {} per node of CPU memory\n",
+                           e["function"].get<std::string>(), format_bytes(e["gpu_bytes"].get<uint64_t>()),
+                           format_bytes(e["cpu_bytes_per_node"].get<uint64_t>()));
+    }
+  }
+  if (!f.candidates.empty()) {
+    const planner::Strategy& win = f.candidates.front().strategy;
+    if (!emit_deepspeed.empty()) {
+      emit(emit_deepspeed, planner::deepspeed_config(win).dump(2) + "\n");
+      for (const std::string& n : planner::deepspeed_notes(win)) std::cerr << "note: " << n << "\n";
+    }
+    if (!trace.empty()) {
+      const auto g = models::build_training_graph(r.model, planner::graph_options(r.model, win, r.options));
+      const auto tl = planner::simulate(planner::step_costs(g), win, r.hw, {f.gpus, f.nodes});
+      emit(trace, planner::trace_json(tl).dump() + "\n");
+    }
+  }
+  emit(output, out);
+  return f.candidates.empty() ? kExitCheckFailed : kExitOk;
+}
+
+}  // namespace zp::cli

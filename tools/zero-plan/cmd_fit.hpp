@@ -1,0 +1,28 @@
+// cmd_fit.hpp: the `zero-plan fit` subcommand (flags, search, printing), kept apart from
+// main.cpp so that each subcommand is one file. No search logic: that is planner/fit.hpp.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli.hpp"
+
+namespace zp::cli {
+
+struct FitCommand {
+  CLI::App* app = nullptr;
+  std::string model, hardware, gpus = "1", nodes, top = "5", format, output, emit_deepspeed,
+      trace;
+  bool max_model = false;
+  StrategyFlags flags;
+  TargetFlags target;
+
+  bool parsed() const { return app != nullptr && app->parsed(); }
+  int run() const;  // exit code: 0 something fits, 1 nothing does
+};
+
+// Registers `fit` on `app`; `cmd` must outlive the parse.
+void add_fit_command(CLI::App& app, FitCommand& cmd);
+
+}  // namespace zp::cli
