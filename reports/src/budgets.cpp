@@ -224,8 +224,8 @@ Budgets parse_budgets(const json& j, const std::string& path) {
     }
     bc.max_growth_pct = growth_pct(c, "max_growth_pct", where, default_growth);
     bc.name = f.has("name") ? f.string("name")
-                            : fmt::format("{}, {}{}", bc.model, planner::describe(bc.strategy),
-                                          bc.hardware ? ", " + bc.hardware->name : "");
+                            : fmt::format("{} stage {} dp {}{}", bc.model, bc.strategy.stage,
+                                          bc.strategy.dp, bc.hardware ? ", " + bc.hardware->name : "");
     if (!names.insert(bc.name).second)
       throw Error(fmt::format("{}.name: '{}' names an earlier case too", where, bc.name),
                   "give every case its own \"name\"");
@@ -293,6 +293,7 @@ CheckReport check_budgets(const Budgets& b) {
                              static_cast<double>(device_capacity(*bc.hardware, e.strategy, t)) *
                              limit->pct_of_device / 100.0))
                        : limit->bytes;
+        tc.limit_text = limit->text;
         tc.over_budget = tc.predicted > *tc.limit;
         if (tc.over_budget)
           cc.failures.push_back(fmt::format(
@@ -316,8 +317,12 @@ CheckReport check_budgets(const Budgets& b) {
 
 namespace {
 
+// "28.57 GiB", or "28.57 GiB (90% of device)" when written as a share.
 std::string budget_cell(const TierCheck& t) {
-  return t.limit ? format_bytes(*t.limit) : std::string("-");
+  if (!t.limit) return "-";
+  if (t.limit_text.find('%') != std::string::npos)
+    return fmt::format("{} ({})", format_bytes(*t.limit), t.limit_text);
+  return format_bytes(*t.limit);
 }
 
 std::string headroom_cell(const TierCheck& t) {

@@ -15,7 +15,7 @@
 // The file (schema zero-plan/budgets/v1):
 //   {"schema": "zero-plan/budgets/v1",
 //    "max_growth_pct": 1,                        // allowed growth over the accepted value [1]
-//    "cases": [{"name": "gpt2-xl on V100",        // optional; unique
+//    "cases": [{"name": "gpt2-xl on V100",        // optional, unique [model stage S dp N, hw]
 //               "model": "gpt2-xl",              // catalog name, or a HF config.json path
 //               "strategy": {"stage": 2, "dp": 8},   // plan-file strategy fields [defaults]
 //               "ds_config": "ds.json",          // optional DeepSpeed config; strategy overrides it
@@ -87,6 +87,7 @@ struct TierCheck {
   planner::Tier tier = planner::Tier::gpu;
   uint64_t predicted = 0;
   std::optional<uint64_t> limit;     // resolved bytes
+  std::string limit_text;            // as written ("90% of device")
   std::optional<uint64_t> accepted;
   bool over_budget = false;          // predicted > limit
   bool grew = false;                 // predicted > accepted by more than max_growth_pct
