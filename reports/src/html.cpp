@@ -384,7 +384,8 @@ constexpr std::string_view kScript = R"zphtml(</script>
     const v = document.getElementById("zp-verdict");
     if (report.verdict) {
       v.textContent = (report.verdict.within_tolerance ? "ok: every peak within " : "MISMATCH: a peak is ") +
-          report.verdict.max_error_pct.toFixed(2) + "% of the prediction (tolerance " +
+          report.verdict.max_error_pct.toFixed(2) +
+          (report.verdict.within_tolerance ? "% of" : "% off") + " the prediction (tolerance " +
           report.verdict.tolerance_pct.toFixed(2) + "%)";
       v.className = report.verdict.within_tolerance ? "ok" : "bad";
     } else {
