@@ -297,8 +297,9 @@ CheckReport check_budgets(const Budgets& b) {
         tc.over_budget = tc.predicted > *tc.limit;
         if (tc.over_budget)
           cc.failures.push_back(fmt::format(
-              "{}: {} predicted {} is over its budget {} ({}) by {}", bc.name, to_string(t),
-              format_bytes(tc.predicted), format_bytes(*tc.limit), limit->text,
+              "{}: {} predicted {} is over its budget {}{} by {}", bc.name, to_string(t),
+              format_bytes(tc.predicted), format_bytes(*tc.limit),
+              limit->pct_of_device > 0 ? fmt::format(" ({})", limit->text) : std::string(),
               format_bytes(tc.predicted - *tc.limit)));
       }
       const auto change = tc.change_pct();

@@ -2,6 +2,7 @@
 #include "zp/reports/junit.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace zp::reports {
 
@@ -52,9 +53,12 @@ std::string render_junit(const std::vector<JunitSuite>& suites) {
         continue;
       }
       out += ">\n";
-      for (const std::string& f : c.failures)
+      // One <failure> per testcase (the Ant JUnit schema allows no more): every message, in
+      // the attribute joined by "; ", in the body one per line.
+      if (!c.failures.empty())
         out += fmt::format("      <failure message=\"{}\" type=\"failure\">{}</failure>\n",
-                           xml_escape(f), xml_escape(f));
+                           xml_escape(fmt::format("{}", fmt::join(c.failures, "; "))),
+                           xml_escape(fmt::format("{}", fmt::join(c.failures, "\n"))));
       if (!c.system_out.empty())
         out += fmt::format("      <system-out>{}</system-out>\n", xml_escape(c.system_out));
       out += "    </testcase>\n";

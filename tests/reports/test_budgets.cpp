@@ -218,4 +218,8 @@ TEST_CASE("XML escaping (XML 1.0 sec. 2.4 and 2.2)") {
         std::string::npos);
   CHECK(x.find("<system-out>out&lt;</system-out>") != std::string::npos);
   CHECK(x.find("<testcase name=\"c2\" classname=\"k\" time=\"0.000\"/>") != std::string::npos);
+  // Two failures: one <failure>, messages joined.
+  const std::string y = render_junit({{"s", {{"c", "k", 0, {"one", "two"}, ""}}}});
+  CHECK(y.find("<failure message=\"one; two\" type=\"failure\">one\ntwo</failure>") != std::string::npos);
+  CHECK(y.find("<failure", y.find("</failure>")) == std::string::npos);
 }

@@ -18,7 +18,7 @@ struct JunitCase {
   std::string name;
   std::string classname;              // the group it belongs to (the budgets file, the run)
   double seconds = 0;
-  std::vector<std::string> failures;  // empty: passed; each message becomes a <failure>
+  std::vector<std::string> failures;  // empty: passed; else one <failure> holding them all
   std::string system_out;             // details shown next to the case; may be empty
 };
 
