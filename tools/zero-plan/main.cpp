@@ -9,12 +9,15 @@
 
 #include "cli.hpp"
 #include "cmd_fit.hpp"
+#include "cmd_check.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/model_states.hpp"
 #include "zp/planner/plan.hpp"
+#include "zp/reports/html.hpp"
 #include "zp/reports/planner_reports.hpp"
+#include "zp/reports/report_file.hpp"
 #include "zp/units.hpp"
 
 namespace {
@@ -44,6 +47,8 @@ int main(int argc, char** argv) {
       "  zero-plan estimate --model llama-2-7b --stage 3 --dp 8 --hardware a100-80g\n"
       "  zero-plan estimate --model ./config.json --ds-config ds.json --format json\n"
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16   # fastest that fits\n"
+      "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8 --report gpt2-xl.html\n"
+      "  zero-plan check tests/budgets/catalog.json --junit check.xml\n"
       "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (with 'error:' and 'hint:').");
 
   // table
@@ -65,7 +70,7 @@ int main(int argc, char** argv) {
   models->footer("Examples:\n  zero-plan models\n  zero-plan models llama-2-70b --format csv");
 
   // estimate
-  std::string est_model, est_hw, est_format, est_output, est_timeline;
+  std::string est_model, est_hw, est_format, est_output, est_timeline, est_report;
   zp::cli::StrategyFlags est_flags;
   zp::cli::TargetFlags est_target;
   auto* est = app.add_subcommand("estimate", "per-device memory for one model and strategy");
@@ -78,6 +83,8 @@ int main(int argc, char** argv) {
   est->add_option("-o,--output", est_output, "write to this file (atomically) instead of stdout");
   est->add_option("--timeline", est_timeline,
                   "write the memory timeline of one step as a Chrome trace (open in Perfetto)");
+  est->add_option("--report", est_report,
+                  "also write a report file: .html (charts, self-contained), .json, .md, .csv or .txt");
   est->footer("Examples:\n"
               "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8\n"
               "  zero-plan estimate --model llama-2-70b --stage 3 --dp 64 --offload-optimizer cpu "
@@ -99,6 +106,8 @@ int main(int argc, char** argv) {
 
   zp::cli::FitCommand fit_cmd;
   zp::cli::add_fit_command(app, fit_cmd);
+  // check (cmd_check.cpp)
+  const auto check = zp::cli::add_check_command(app);
 
   return zp::cli::run(app, argc, argv, [&]() -> int {
     if (table->parsed()) {
@@ -120,6 +129,16 @@ int main(int argc, char** argv) {
       const auto e = planner::estimate(m, s, hw ? &*hw : nullptr, est_target.resolve(planner::Backend::cuda));
       if (!est_timeline.empty())
         zp::cli::emit(est_timeline, planner::timeline_trace(e.schedule, e.memory).dump() + "\n");
+      if (!est_report.empty()) {
+        const auto kind = zp::reports::report_kind(est_report);
+        if (kind == zp::reports::ReportKind::html)
+          zp::cli::emit(est_report, zp::reports::render_html(zp::reports::comparison_from_estimate(e)));
+        else if (const auto tf = zp::reports::table_format(kind))
+          zp::cli::emit(est_report, zp::reports::render_estimate(e, *tf));
+        else
+          throw Error(fmt::format("--report {}: an estimate has no JUnit report", est_report),
+                      "use .html, .json, .md, .csv or .txt; zero-run and zero-plan check write JUnit");
+      }
       zp::cli::emit(est_output, zp::reports::render_estimate(e, fmt_));
     } else if (fit_cmd.parsed()) {
       return fit_cmd.run();
@@ -129,6 +148,8 @@ int main(int argc, char** argv) {
                                         plan_target.resolve(planner::Backend::cpu),
                                         parse_count(plan_seed, "--seed"));
       zp::cli::emit(plan_output, planner::to_json(p).dump(2) + "\n");
+    } else if (check->app->parsed()) {
+      return check->run();
     }
     return zp::cli::kExitOk;
   });

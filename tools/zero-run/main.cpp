@@ -17,8 +17,10 @@
 #include "zp/error.hpp"
 #include "zp/json_fields.hpp"
 #include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
 #include "zp/planner/plan.hpp"
 #include "zp/reports/comparison.hpp"
+#include "zp/reports/report_file.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
@@ -132,17 +134,6 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   return s;
 }
 
-reports::Format report_format(const std::string& path) {
-  auto ends = [&](std::string_view e) {
-    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
-  };
-  if (ends(".json")) return reports::Format::json;
-  if (ends(".md")) return reports::Format::markdown;
-  if (ends(".csv")) return reports::Format::csv;
-  if (ends(".txt")) return reports::Format::text;
-  throw Error(fmt::format("--report {}: unknown extension", path), "use .json, .md, .csv or .txt");
-}
-
 std::string progress_bar(int64_t done, int64_t total) {
   const int width = 20;
   const int filled = static_cast<int>(done * width / std::max<int64_t>(total, 1));
@@ -205,7 +196,9 @@ int main(int argc, char** argv) {
   app.add_option("--device-memory", a.device_memory,
                  "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");
   app.add_option("--host-memory", a.host_memory, "host arena size [prediction + 50%]");
-  app.add_option("--report", a.report, "write the predicted-vs-measured report: .json, .md, .csv or .txt");
+  app.add_option("--report", a.report,
+                 "write the predicted-vs-measured report: .html (charts), .json, .md, .csv, .txt or "
+                 ".xml (JUnit)");
   app.add_option("--tolerance", a.tolerance, "largest allowed error of a measured peak, percent [2]");
   app.add_option("--save-weights", a.save_weights, "write the final fp32 weights (flat, n_params floats)");
   cli::add_format_flag(app, a.format);
@@ -302,8 +295,17 @@ int main(int argc, char** argv) {
       std::printf("no step ran: memory not compared\n");
     try {
       std::printf("\n%s", reports::render_comparison(cmp, cli::parse_format(a.format)).c_str());
-      if (!a.report.empty())
-        reports::write_file_atomic(a.report, reports::render_comparison(cmp, report_format(a.report)));
+      if (!a.report.empty()) {
+        const auto kind = reports::report_kind(a.report);
+        if (kind == reports::ReportKind::html && s.steps > 0) {
+          // The timeline chart: the planner's replay of the plan next to rank 0's first micro-step.
+          const auto e = planner::estimate(s.plan.model, s.plan.strategy, nullptr, s.plan.options);
+          cmp.predicted_timeline = e.memory.timeline;
+          cmp.op_names = e.schedule.op_names;
+          cmp.measured_timeline = engine->timeline();
+        }
+        reports::write_file_atomic(a.report, reports::render_report(cmp, kind));
+      }
     } catch (const Error& e) {
       std::cerr << "error: " << e.what() << "\n";
       if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";

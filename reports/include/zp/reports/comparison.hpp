@@ -17,7 +17,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "zp/planner/estimate.hpp"
 #include "zp/planner/memory.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
 #include "zp/reports/table.hpp"
 
@@ -43,6 +45,13 @@ struct Comparison {
   std::vector<RankMemory> ranks;
   std::vector<StepRecord> steps;
   double tolerance_pct = 2.0;
+  // false for a prediction alone (zero-plan estimate --report): no measured side, no verdict.
+  bool has_measured = true;
+  // Bytes in use per tier and category over one micro-step, one sample per op position (-1:
+  // before the first op): the planner's replay and the runtime's first micro-step on rank 0.
+  // op_names[pos] names the op at each position. Empty when not recorded.
+  std::vector<planner::TimelineSample> predicted_timeline, measured_timeline;
+  std::vector<std::string> op_names;
 
   // Largest |measured - predicted| / predicted over every rank's per-tier peak, in percent
   // (a tier predicted empty that is used counts as 100%).
@@ -50,15 +59,26 @@ struct Comparison {
   bool within_tolerance() const { return max_error_pct() <= tolerance_pct; }
 };
 
+// A prediction alone, as a Comparison (has_measured false, one rank): what zero-plan estimate
+// renders as an HTML report, with the planner's timeline.
+Comparison comparison_from_estimate(const planner::Estimate& e);
+
 // |measured - predicted| / predicted in percent; 0 when both are 0.
 double error_pct(uint64_t predicted, uint64_t measured);
 
 // {"schema":"zero-run/report/v1","ranks":[{"rank":0,"predicted":{per_device},"measured":{...}}],
-//  "steps":[{"step":1,"loss":x,"seconds":t}],"verdict":{"max_error_pct":e,"within_tolerance":b}}
+//  "steps":[{"step":1,"loss":x,"seconds":t}],"verdict":{"max_error_pct":e,"within_tolerance":b},
+//  "timeline":{"categories":[...],"ops":[...],"predicted":[{"pos":-1,"gpu":[8 bytes],...}],
+//  "measured":[...]}}. Without a measurement: no "measured" per rank, no "verdict"; "timeline"
+//  only when recorded, a tier only where it holds bytes.
 nlohmann::json to_json(const Comparison& c);
 
 // text/markdown: a side-by-side table per rank (tier, category, predicted, measured, error)
 // and the verdict; csv: one row per rank, tier and category.
 std::string render_comparison(const Comparison& c, Format f);
+
+// JUnit XML: one testcase per rank and used tier ("rank 0 gpu peak"), failed when the measured
+// peak is off by more than the tolerance.
+std::string render_comparison_junit(const Comparison& c);
 
 }  // namespace zp::reports
