@@ -39,31 +39,6 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
   return d;
 }
 
-// The model states' allocations alone, in schedule.cpp's order (params, grads, master,
-// moments; per tier), so their replay rounds them as the full schedule does.
-MemorySchedule states_schedule(uint64_t n, uint64_t part, const Strategy& s) {
-  MemorySchedule out;
-  const PerDevice d = model_state_bytes(n, part, s);
-  auto push = [&](const char* name, Tier t, Category c, uint64_t bytes) {
-    if (bytes == 0) return;
-    out.buffers.push_back({name, t, c, bytes, -1});
-    out.events.push_back({-1, true, static_cast<uint32_t>(out.buffers.size() - 1)});
-  };
-  for (Tier t : kTiers) {
-    push("params", t, Category::params, d[t][Category::params]);
-    push("grads", t, Category::grads, d[t][Category::grads]);
-    push("master", t, Category::master, d[t][Category::master]);
-    const uint64_t opt = d[t][Category::optimizer];
-    if (s.optimizer == OptimizerKind::sgd) {
-      push("momentum", t, Category::optimizer, opt);
-    } else {
-      push("exp_avg", t, Category::optimizer, opt / 2);
-      push("exp_avg_sq", t, Category::optimizer, opt - opt / 2);
-    }
-  }
-  return out;
-}
-
 using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
@@ -75,7 +50,8 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // stage's buffers matter (stage 3: the gather groups' padding, which depends on dp).
 // PyTorch's caching allocator can reuse the tail of a state's segment, so the deepspeed
 // profile replays each strategy whole.
-using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t>;
+// With an offloaded optimizer the optimizer op also holds two host tiles (offload_tile_bytes).
+using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>;
 
 }  // namespace
 
@@ -119,6 +95,10 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
   Impl::Shape& sh = impl_->shape(s);
   const PlanOptions& o = impl_->options;
   const bool whole = o.profile == Profile::deepspeed;
+  const uint64_t part = s.stage >= 1
+                            ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
+                            : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
+  const uint32_t p_bytes = sh.graph.options.param_bytes;
   const DynKey key{s.stage,
                    s.stage == 3 || whole ? s.dp : 0,
                    whole ? static_cast<int>(s.offload_optimizer) : 0,
@@ -126,7 +106,8 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                    s.buffers.reduce_bucket_size,
                    s.buffers.allgather_bucket_size,
                    s.buffers.prefetch_bucket_size,
-                   s.buffers.max_live_parameters};
+                   s.buffers.max_live_parameters,
+                   offload_tile_bytes(s, part, p_bytes)};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
@@ -144,10 +125,9 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
     it = sh.dynamic.emplace(key, replay(sch, o).per_device).first;
   }
   if (whole) return it->second;
-  const uint64_t part = s.stage >= 1
-                            ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
-                            : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
-  const PerDevice states = replay(states_schedule(sh.costs.n_params, part, s), o).per_device;
+  MemorySchedule states_only;
+  append_model_states(states_only, sh.costs.n_params, part, s, p_bytes);
+  const PerDevice states = replay(states_only, o).per_device;
   return add(states, it->second);
 }
 

@@ -83,6 +83,56 @@ Category category_of(TensorKind k) {
 
 using models::is_dynamic;
 
+}  // namespace
+
+// Persistent model states, allocated before the first op, in the order the runtime
+// allocates them: params, grads, master, optimizer moments; per tier.
+void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
+                         const Strategy& s, uint32_t param_bytes) {
+  auto alloc = [&](int32_t pos, uint32_t b) { out.events.push_back({pos, true, b}); };
+  auto add_buffer = [&](std::string name, Tier t, Category c, uint64_t bytes) {
+    out.buffers.push_back({std::move(name), t, c, bytes, -1});
+    return static_cast<uint32_t>(out.buffers.size() - 1);
+  };
+  const PerDevice d = model_state_bytes(n_params, part, s);
+  for (Tier t : kTiers) {
+    if (d[t][Category::params] > 0)
+      alloc(-1, add_buffer("params", t, Category::params, d[t][Category::params]));
+    if (d[t][Category::grads] > 0)
+      alloc(-1, add_buffer("grads", t, Category::grads, d[t][Category::grads]));
+    if (d[t][Category::master] > 0)
+      alloc(-1, add_buffer("master", t, Category::master, d[t][Category::master]));
+    const uint64_t opt = d[t][Category::optimizer];
+    if (opt > 0) {
+      if (s.optimizer == OptimizerKind::sgd) {
+        alloc(-1, add_buffer("momentum", t, Category::optimizer, opt));
+      } else {
+        alloc(-1, add_buffer("exp_avg", t, Category::optimizer, opt / 2));
+        alloc(-1, add_buffer("exp_avg_sq", t, Category::optimizer, opt - opt / 2));
+      }
+    }
+  }
+  // The delayed parameter update (ZeRO-Offload paper sec. 5.2): the CPU step of step i reads
+  // its fp32 gradient partition while step i+1's backward fills a second one, and writes the
+  // new 16-bit parameters into a host copy of the partition that is copied to the device
+  // once step i+1's backward is done (zeroplan's double buffering; the paper's schedule).
+  if (s.dpu && s.offload_optimizer != Offload::none) {
+    alloc(-1, add_buffer("grads.dpu", Tier::cpu, Category::grads,
+                         checked_mul(4, part, "bytes of the second fp32 gradient partition")));
+    if (s.precision != Precision::fp32)
+      alloc(-1, add_buffer("params.dpu", Tier::cpu, Category::params,
+                           checked_mul(param_bytes, part, "bytes of the host parameter copy")));
+  }
+}
+
+uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes) {
+  if (s.offload_optimizer == Offload::none || s.dpu || s.precision == Precision::fp32) return 0;
+  return checked_mul(std::min(kOffloadTileElems, partition_elems), param_bytes,
+                     "bytes of a parameter tile");
+}
+
+namespace {
+
 class ScheduleBuilder {
  public:
   ScheduleBuilder(const TrainingGraph& g, const Strategy& s, const PlanOptions& o, MemorySchedule& out)
@@ -182,40 +232,10 @@ class ScheduleBuilder {
     out_.partition_elems = partition_elems(elems, s_.stage, dp_);
   }
 
-  // Persistent model states, allocated before the first op, in the order the runtime
-  // allocates them: params, grads, master, optimizer moments; per tier.
   void model_states() {
     const uint64_t part = s_.stage >= 1 ? out_.partition_elems
                                         : zp::partition_elems(out_.n_params, dp_);
-    const PerDevice d = model_state_bytes(out_.n_params, part, s_);
-    for (Tier t : kTiers) {
-      if (d[t][Category::params] > 0)
-        alloc(-1, add_buffer("params", t, Category::params, d[t][Category::params]));
-      if (d[t][Category::grads] > 0)
-        alloc(-1, add_buffer("grads", t, Category::grads, d[t][Category::grads]));
-      if (d[t][Category::master] > 0)
-        alloc(-1, add_buffer("master", t, Category::master, d[t][Category::master]));
-      const uint64_t opt = d[t][Category::optimizer];
-      if (opt > 0) {
-        if (s_.optimizer == OptimizerKind::sgd) {
-          alloc(-1, add_buffer("momentum", t, Category::optimizer, opt));
-        } else {
-          alloc(-1, add_buffer("exp_avg", t, Category::optimizer, opt / 2));
-          alloc(-1, add_buffer("exp_avg_sq", t, Category::optimizer, opt - opt / 2));
-        }
-      }
-    }
-    // The delayed parameter update (ZeRO-Offload paper sec. 5.2): the CPU step of step i reads
-    // its fp32 gradient partition while step i+1's backward fills a second one, and writes the
-    // new 16-bit parameters into a host copy of the partition that is copied to the device
-    // once step i+1's backward is done (zeroplan's double buffering; the paper's schedule).
-    if (s_.dpu && s_.offload_optimizer != Offload::none) {
-      alloc(-1, add_buffer("grads.dpu", Tier::cpu, Category::grads,
-                           checked_mul(4, part, "bytes of the second fp32 gradient partition")));
-      if (s_.precision != Precision::fp32)
-        alloc(-1, add_buffer("params.dpu", Tier::cpu, Category::params,
-                             checked_mul(p_bytes_, part, "bytes of the host parameter copy")));
-    }
+    append_model_states(out_, out_.n_params, part, s_, p_bytes_);
   }
 
   void liveness() {
@@ -334,9 +354,7 @@ class ScheduleBuilder {
   // (DeepSpeed's cpu_adam double buffer of TILE elements); in fp32 training the master
   // weights are copied directly.
   void optimizer_buffers(int32_t pos) {
-    if (s_.offload_optimizer != Offload::none && !s_.dpu && s_.precision != Precision::fp32) {
-      const uint64_t tile = checked_mul(std::min(kOffloadTileElems, out_.partition_elems), p_bytes_,
-                                        "bytes of a parameter tile");
+    if (const uint64_t tile = offload_tile_bytes(s_, out_.partition_elems, p_bytes_); tile > 0) {
       const uint32_t a = alloc(pos, add_buffer("param_tile.0", Tier::cpu, Category::buffers, tile));
       const uint32_t b = alloc(pos, add_buffer("param_tile.1", Tier::cpu, Category::buffers, tile));
       free(pos, a);

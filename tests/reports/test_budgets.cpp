@@ -117,7 +117,10 @@ TEST_CASE("paths in a budgets file are relative to its directory") {
   zp::test::TempDir dir;
   std::system(("mkdir -p '" + dir.file("sub") + "'").c_str());
   dir.write("sub/hw.json", R"({"name": "tiny-box", "gpu_memory_bytes": 1073741824,
-                               "gpus_per_node": 2, "host_memory_bytes": 4294967296})");
+                               "gpus_per_node": 2, "host_memory_bytes": 4294967296,
+                               "gpu_tflops": 10, "hbm_gbps": 500, "h2d_gbps": 10, "d2h_gbps": 10,
+                               "nvlink_gbps": 50, "internode_gbps": 10, "cpu_adam_gparams": 1,
+                               "nvme_read_gbps": 1, "nvme_write_gbps": 1})");
   dir.write("sub/ds.json", R"({"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}})");
   dir.write("sub/b.json", one_case({{"model", "gpt2-tiny"}, {"hardware", "hw.json"}, {"ds_config", "ds.json"},
                                     {"strategy", {{"dp", 2}}},

@@ -78,6 +78,17 @@ uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, ui
 // 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements.
 inline constexpr uint64_t kOffloadTileElems = uint64_t{128} * 1024 * 1024;
 
+// Bytes of one of those tiles for this strategy: 0 without an offloaded optimizer, with the
+// delayed update (it writes a host copy of the partition instead) or in fp32 training.
+uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
+
+// Appends the persistent model states (allocated before the first op, position -1) in the
+// order the runtime allocates them: per tier params, grads, master, moments; then the
+// delayed update's second fp32 gradient partition and host parameter copy. build_schedule
+// starts with these; the fit search replays them alone.
+void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
+                         const Strategy& s, uint32_t param_bytes);
+
 MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
                               const PlanOptions& o);
 
