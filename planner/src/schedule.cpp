@@ -70,6 +70,27 @@ uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, ui
   return n;
 }
 
+uint64_t swap_file_bytes(uint64_t bytes) {
+  return checked_mul((bytes + kSwapBlockBytes - 1) / kSwapBlockBytes, kSwapBlockBytes,
+                     "swap file bytes");
+}
+
+uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems) {
+  const uint64_t block_elems = kSwapBlockBytes / 4;
+  const uint64_t whole = (partition_elems + block_elems - 1) / block_elems * block_elems;
+  return std::max(block_elems, std::min(s.buffers.optimizer_swap_chunk_size, whole));
+}
+
+uint64_t optimizer_swap_files(const Strategy& s) { return s.optimizer == OptimizerKind::sgd ? 2 : 3; }
+
+uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems) {
+  const uint64_t chunk = checked_mul(optimizer_swap_chunk_elems(s, partition_elems), 4, "swap chunk");
+  const uint64_t sets = checked_mul(s.buffers.optimizer_swap_buffer_count, optimizer_swap_files(s),
+                                    "swap buffers");
+  return checked_add(checked_mul(sets, chunk, "swap buffer bytes"), kSwapBlockBytes - kArenaAlignment,
+                     "swap buffer bytes");
+}
+
 namespace {
 
 Category category_of(TensorKind k) {
@@ -189,19 +210,20 @@ class ScheduleBuilder {
                                         : zp::partition_elems(out_.n_params, dp_);
     const PerDevice d = model_state_bytes(out_.n_params, part, s_);
     for (Tier t : kTiers) {
-      if (d[t][Category::params] > 0)
-        alloc(-1, add_buffer("params", t, Category::params, d[t][Category::params]));
-      if (d[t][Category::grads] > 0)
-        alloc(-1, add_buffer("grads", t, Category::grads, d[t][Category::grads]));
-      if (d[t][Category::master] > 0)
-        alloc(-1, add_buffer("master", t, Category::master, d[t][Category::master]));
+      // On the nvme tier every state is one swap file, padded to whole O_DIRECT blocks.
+      auto state = [&](const char* name, Category c, uint64_t bytes) {
+        alloc(-1, add_buffer(name, t, c, t == Tier::nvme ? swap_file_bytes(bytes) : bytes));
+      };
+      if (d[t][Category::params] > 0) state("params", Category::params, d[t][Category::params]);
+      if (d[t][Category::grads] > 0) state("grads", Category::grads, d[t][Category::grads]);
+      if (d[t][Category::master] > 0) state("master", Category::master, d[t][Category::master]);
       const uint64_t opt = d[t][Category::optimizer];
       if (opt > 0) {
         if (s_.optimizer == OptimizerKind::sgd) {
-          alloc(-1, add_buffer("momentum", t, Category::optimizer, opt));
+          state("momentum", Category::optimizer, opt);
         } else {
-          alloc(-1, add_buffer("exp_avg", t, Category::optimizer, opt / 2));
-          alloc(-1, add_buffer("exp_avg_sq", t, Category::optimizer, opt - opt / 2));
+          state("exp_avg", Category::optimizer, opt / 2);
+          state("exp_avg_sq", Category::optimizer, opt - opt / 2);
         }
       }
     }
@@ -333,15 +355,26 @@ class ScheduleBuilder {
   // alternating, and each full tile is copied to the device while the next one is computed
   // (DeepSpeed's cpu_adam double buffer of TILE elements); in fp32 training the master
   // weights are copied directly.
+  //
+  // With the optimizer on NVMe (no delayed update), the swap buffers come first (see
+  // optimizer_swap_buffer_bytes), and the tiles hold one chunk each.
   void optimizer_buffers(int32_t pos) {
+    const bool nvme = s_.offload_optimizer == Offload::nvme && !s_.dpu;
+    uint32_t swap = UINT32_MAX;
+    if (nvme)
+      swap = alloc(pos, add_buffer("swap_buffers", Tier::cpu, Category::buffers,
+                                   optimizer_swap_buffer_bytes(s_, out_.partition_elems)));
     if (s_.offload_optimizer != Offload::none && !s_.dpu && s_.precision != Precision::fp32) {
-      const uint64_t tile = checked_mul(std::min(kOffloadTileElems, out_.partition_elems), p_bytes_,
-                                        "bytes of a parameter tile");
+      const uint64_t tile_elems = nvme ? std::min(optimizer_swap_chunk_elems(s_, out_.partition_elems),
+                                                  out_.partition_elems)
+                                       : std::min(kOffloadTileElems, out_.partition_elems);
+      const uint64_t tile = checked_mul(tile_elems, p_bytes_, "bytes of a parameter tile");
       const uint32_t a = alloc(pos, add_buffer("param_tile.0", Tier::cpu, Category::buffers, tile));
       const uint32_t b = alloc(pos, add_buffer("param_tile.1", Tier::cpu, Category::buffers, tile));
       free(pos, a);
       free(pos, b);
     }
+    if (swap != UINT32_MAX) free(pos, swap);
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,
