@@ -203,12 +203,12 @@ void Engine::allocate_states() {
   // ZeRO-Offload keeps master weights (also in fp32 training), moments and an fp32 gradient
   // partition in the host tier; the device keeps 16-bit gradients only under stage 1.
   const Tier os = offload_ ? Tier::cpu : Tier::gpu;
+  // Swap files first: a drive too small fails before any memory is touched.
+  if (nvme_) open_swap_files();
   params_ = state(Tier::gpu, held_p, pbytes_, Category::params, "params");
   if (!offload_ || stage_ < 2) grads_ = state(Tier::gpu, held_g, pbytes_, Category::grads, "grads");
   if (offload_) host_grads_[0] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads"));
-  if (nvme_) {  // master and moments in swap files (engine_nvme.cpp)
-    open_swap_files();
-  } else {
+  if (!nvme_) {  // else master and moments are in the swap files (engine_nvme.cpp)
     if (mixed || offload_) master_ = static_cast<float*>(state(os, held_os, 4, Category::master, "master"));
     if (plan_.strategy.optimizer == planner::OptimizerKind::sgd) {
       exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "momentum"));
