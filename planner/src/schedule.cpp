@@ -139,6 +139,8 @@ class ScheduleBuilder {
       if (op.phase == Phase::optimizer) optimizer_buffers(i);
       // Free scratch, then tensors whose last use is this op.
       for (uint32_t b : scratch) free(i, b);
+      for (uint32_t b : staged_) free(i, b);
+      staged_.clear();
       for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
       if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
@@ -170,6 +172,7 @@ class ScheduleBuilder {
   std::vector<std::string> run_group_;
   std::map<std::string, int32_t> holder_;        // live group -> last run it is held for
   std::map<std::string, uint32_t> gathered_;     // live group -> buffer
+  std::vector<uint32_t> staged_;                 // offload_param: this op's staging buffers
   uint64_t live_gathered_elems_ = 0;
 
   const Op& op_at(int32_t i) const { return g_.op(g_.order[static_cast<std::size_t>(i)]); }
@@ -312,6 +315,11 @@ class ScheduleBuilder {
     holder_[grp] = hold_until;
     gathered_[grp] = alloc(pos, add_buffer("gathered." + grp, Tier::gpu, Category::buffers,
                                            gathered_bytes(grp)));
+    // Parameters offloaded to the host (offload_param=cpu): the rank's shard is copied into a
+    // device staging buffer that the all-gather sends from; it lives until the op's frees.
+    if (s_.offload_param == Offload::cpu)
+      staged_.push_back(alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
+                                              gathered_bytes(grp) / dp_)));
     live_gathered_elems_ += group_elems_.at(grp);
   }
   // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the

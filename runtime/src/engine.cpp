@@ -67,9 +67,12 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
-  if (s.offload_param != planner::Offload::none)
-    throw Error("zero-run executes --offload-optimizer cpu and nvme; parameter offload is planned only",
-                "run without --offload-param");
+  if (s.offload_param == planner::Offload::nvme)
+    throw Error("zero-run executes --offload-param cpu; parameters on NVMe are planned only",
+                "run with --offload-param cpu, or without it");
+  if (s.offload_param != planner::Offload::none && s.offload_optimizer == planner::Offload::none)
+    throw Error("--offload-param cpu: zero-run needs the optimizer offloaded too",
+                "add --offload-optimizer cpu or nvme (the optimizer then updates the host partition)");
   if (s.offload_optimizer == planner::Offload::nvme && s.dpu)
     throw Error("--dpu with --offload-optimizer nvme: zero-run's delayed update runs on host states only",
                 "drop --dpu, or use --offload-optimizer cpu --dpu");
@@ -205,7 +208,9 @@ void Engine::allocate_states() {
   const Tier os = offload_ ? Tier::cpu : Tier::gpu;
   // Swap files first: a drive too small fails before any memory is touched.
   if (nvme_) open_swap_files();
-  params_ = state(Tier::gpu, held_p, pbytes_, Category::params, "params");
+  // offload_param=cpu (stage 3): the 16-bit partition in the host tier, staged per gather.
+  const Tier pt = plan_.strategy.offload_param == planner::Offload::cpu ? Tier::cpu : Tier::gpu;
+  params_ = state(pt, held_p, pbytes_, Category::params, "params");
   if (!offload_ || stage_ < 2) grads_ = state(Tier::gpu, held_g, pbytes_, Category::grads, "grads");
   if (offload_) host_grads_[0] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads"));
   if (!nvme_) {  // else master and moments are in the swap files (engine_nvme.cpp)
@@ -392,7 +397,14 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   const uint64_t total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
   void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
                   "gathered." + grp);
-  comm_.all_gather(at(params_, gr.part_off, pbytes_), p, gr.shard, pdt_);
+  const void* src = at(params_, gr.part_off, pbytes_);
+  if (plan_.strategy.offload_param == planner::Offload::cpu) {  // schedule.cpp gather
+    void* stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
+    dev_.copy(stage, src, gr.shard * pbytes_);
+    staged_.push_back(stage);
+    src = stage;
+  }
+  comm_.all_gather(src, p, gr.shard, pdt_);
   gathered_[grp] = p;
   live_gathered_elems_ += gr.elems;
 }
@@ -487,6 +499,8 @@ void Engine::micro_step() {
       dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(s)]);
       buf_[static_cast<std::size_t>(s)] = nullptr;
     }
+    for (void* p : staged_) dev_.arena(Tier::gpu).free(p);
+    staged_.clear();
     for (TensorId t : lv_.dies_at[static_cast<std::size_t>(i)]) {
       dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(t)]);
       buf_[static_cast<std::size_t>(t)] = nullptr;

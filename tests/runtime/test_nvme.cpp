@@ -1,8 +1,9 @@
 // ZeRO-Infinity's optimizer on NVMe in the engine (one MPI rank): the nvme and host tiers'
 // bytes against the plan and against the O_DIRECT padding computed here, op by op; training
 // with the states in swap files against training with them on the device (fp32: identical
-// weights) and in the host tier (bf16: identical); a swap file truncated between steps; the
-// refusals. The 2-rank runs are in tests/cli/test_zero_run.cpp.
+// weights) and in the host tier (bf16: identical); the 16-bit parameter partition in the host
+// tier (offload_param=cpu); a swap file truncated between steps; the refusals. The 2-rank
+// runs are in tests/cli/test_zero_run.cpp.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
@@ -190,6 +191,55 @@ TEST_CASE("training with the optimizer on NVMe equals training without it") {
   }
 }
 
+TEST_CASE("parameters in the host tier (offload_param=cpu): same weights, bytes as planned") {
+  // Stage 3 with the 16-bit partition in the host tier and each gathered shard staged into
+  // the device tier: the same training as with the partition on the device (fp32: identical
+  // weights), every byte where the plan puts it, op by op.
+  const test::TempDir swap;
+  for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
+    for (auto oo : {planner::Offload::cpu, planner::Offload::nvme}) {
+      planner::Strategy s = base(3, prec);
+      s.offload_optimizer = oo;
+      s.buffers.optimizer_swap_chunk_size = 4096;
+      CAPTURE(static_cast<int>(prec));
+      CAPTURE(static_cast<int>(oo));
+      EngineOptions opt;
+      opt.nvme_path = swap.path;
+      const Run ref = train(tiny_plan(s), 5, opt);
+      s.offload_param = planner::Offload::cpu;
+      const planner::Plan plan = tiny_plan(s);
+      const Run host = train(plan, 5, opt);
+      CHECK(host.losses == ref.losses);
+      CHECK(host.weights == ref.weights);
+      // The plan: the 16-bit partition in the host tier, none on the device.
+      const uint64_t pbytes = prec == planner::Precision::fp32 ? 4 : 2;
+      const uint64_t part = plan.predicted[planner::Tier::cpu][planner::Category::grads] / 4;
+      CHECK(plan.predicted[planner::Tier::cpu][planner::Category::params] == pbytes * part);
+      CHECK(plan.predicted[planner::Tier::gpu][planner::Category::params] == 0);
+
+      auto dev = device_for(plan);
+      std::vector<planner::TimelineSample> timeline;
+      {
+        Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+        for (int i = 0; i < 2; ++i) engine.step();
+        timeline = engine.timeline();
+      }
+      const auto g = models::build_training_graph(
+          plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
+      const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
+                                       plan.options);
+      REQUIRE(timeline.size() == rep.timeline.size());
+      for (std::size_t k = 0; k < timeline.size(); ++k) CHECK(timeline[k].bytes == rep.timeline[k].bytes);
+      const planner::PerDevice m = dev->measured();
+      for (auto tier : planner::kTiers) {
+        CHECK(m.peak(tier) == plan.predicted.peak(tier));
+        for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
+      }
+      for (auto tier : planner::kTiers) CHECK(dev->arena(tier).in_use() == 0);
+    }
+  }
+}
+
 TEST_CASE("a swap file truncated between steps: one clear error, files removed") {
   const test::TempDir swap;
   planner::Strategy s = base(2, planner::Precision::bf16);
@@ -246,6 +296,13 @@ TEST_CASE("NVMe offload refusals") {
   const test::TempDir swap;
   opt.nvme_path = swap.path;
   CHECK(error_of(tiny_plan(d), opt).find("--dpu with --offload-optimizer nvme") != std::string::npos);
+  planner::Strategy p = base(3, planner::Precision::bf16);
+  p.offload_param = planner::Offload::nvme;
+  p.offload_optimizer = planner::Offload::nvme;
+  CHECK(error_of(tiny_plan(p), opt).find("parameters on NVMe are planned only") != std::string::npos);
+  p.offload_param = planner::Offload::cpu;
+  p.offload_optimizer = planner::Offload::none;
+  CHECK(error_of(tiny_plan(p), opt).find("needs the optimizer offloaded too") != std::string::npos);
   planner::Strategy c = s;
   c.buffers.optimizer_swap_chunk_size = 1000;
   CHECK_THROWS_WITH_AS(tiny_plan(c), doctest::Contains("optimizer_swap_chunk_size 1000"), Error);

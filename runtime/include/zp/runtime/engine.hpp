@@ -166,6 +166,7 @@ class Engine {
   std::vector<int32_t> run_at_;              // by position: run index or -1
   std::map<std::string, int32_t> holder_;    // gathered group -> last run it is held for
   std::map<std::string, void*> gathered_;
+  std::vector<void*> staged_;  // offload_param=cpu: this op's gather staging buffers
   uint64_t live_gathered_elems_ = 0;
   std::vector<float*> w32_;                            // per op: fp32 copies of its weights
   std::vector<std::pair<models::TensorId, float*>> dw32_;  // and its fp32 weight gradients
