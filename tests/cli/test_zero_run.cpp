@@ -139,7 +139,9 @@ TEST_CASE("ZeRO-Offload on 1 and 2 ranks: the weights of device training, memory
                               "--dpu", "--dpu-warmup", "1", "--steps", "4", "--report", report});
   CAPTURE(r.err);
   REQUIRE(r.rc == 0);
-  for (const auto& rank : nlohmann::json::parse(zp::test::slurp(report))["ranks"]) {
+  const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];  // a copy: the
+  CHECK(ranks.size() == 2);  // temporary's member would dangle in the range-for (C++20)
+  for (const auto& rank : ranks) {
     const double p = rank["predicted"]["cpu"]["total"].get<double>();
     CHECK(p > 0);
     CHECK(std::fabs(rank["measured"]["cpu"]["total"].get<double>() - p) <= 0.02 * p);
@@ -222,7 +224,7 @@ TEST_CASE("faults end every rank with an error, never a hang") {
   CHECK(rc != -1);  // not hung
 }
 
-TEST_CASE("the optimizer on NVMe: the same weights on 1 and 2 ranks, swap files as planned, faults") {
+TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights on 2 ranks, bytes as planned, faults") {
   zp::test::TempDir dir;
   const std::string swap = dir.file("swap");
   REQUIRE(::mkdir(swap.c_str(), 0700) == 0);
@@ -265,6 +267,23 @@ TEST_CASE("the optimizer on NVMe: the same weights on 1 and 2 ranks, swap files 
         }
       }
     }
+  }
+
+  {  // Stage 3 with the parameter partition in the host tier too: same weights (the loop's
+     // last run, stage 3 on 2 ranks, left the device's in dev.bin), bytes as planned.
+    const std::string report = dir.file("param.json");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--precision", "fp32",
+                                "--micro-batch", "2", "--seq", "32", "--steps", "5",
+                                "--offload-param", "cpu", "--offload-optimizer", "nvme",
+                                "--nvme-path", swap, "--report", report, "--save-weights",
+                                dir.file("param.bin")});
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(zp::test::slurp(dir.file("param.bin")) == zp::test::slurp(dir.file("dev.bin")));
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];  // a copy: a
+    CHECK(ranks.size() == 2);  // range-for over a temporary's member would dangle (C++20)
+    for (const auto& rank : ranks)
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
   }
 
   auto bad = [](const Result& r, const std::string& needle) {
