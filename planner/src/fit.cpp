@@ -50,8 +50,10 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // stage's buffers matter (stage 3: the gather groups' padding, which depends on dp).
 // PyTorch's caching allocator can reuse the tail of a state's segment, so the deepspeed
 // profile replays each strategy whole.
-// With an offloaded optimizer the optimizer op also holds two host tiles (offload_tile_bytes).
-using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>;
+// With an offloaded optimizer the optimizer op also holds two host tiles (offload_tile_bytes)
+// and, on NVMe, the swap buffers (optimizer_swap_buffer_bytes).
+using DynKey =
+    std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>;
 
 }  // namespace
 
@@ -107,7 +109,10 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                    s.buffers.allgather_bucket_size,
                    s.buffers.prefetch_bucket_size,
                    s.buffers.max_live_parameters,
-                   offload_tile_bytes(s, part, p_bytes)};
+                   offload_tile_bytes(s, part, p_bytes),
+                   s.offload_optimizer == Offload::nvme && !s.dpu
+                       ? optimizer_swap_buffer_bytes(s, part)
+                       : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);

@@ -70,6 +70,27 @@ uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, ui
   return n;
 }
 
+uint64_t swap_file_bytes(uint64_t bytes) {
+  return checked_mul((bytes + kSwapBlockBytes - 1) / kSwapBlockBytes, kSwapBlockBytes,
+                     "swap file bytes");
+}
+
+uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems) {
+  const uint64_t block_elems = kSwapBlockBytes / 4;
+  const uint64_t whole = (partition_elems + block_elems - 1) / block_elems * block_elems;
+  return std::max(block_elems, std::min(s.buffers.optimizer_swap_chunk_size, whole));
+}
+
+uint64_t optimizer_swap_files(const Strategy& s) { return s.optimizer == OptimizerKind::sgd ? 2 : 3; }
+
+uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems) {
+  const uint64_t chunk = checked_mul(optimizer_swap_chunk_elems(s, partition_elems), 4, "swap chunk");
+  const uint64_t sets = checked_mul(s.buffers.optimizer_swap_buffer_count, optimizer_swap_files(s),
+                                    "swap buffers");
+  return checked_add(checked_mul(sets, chunk, "swap buffer bytes"), kSwapBlockBytes - kArenaAlignment,
+                     "swap buffer bytes");
+}
+
 namespace {
 
 Category category_of(TensorKind k) {
@@ -96,20 +117,20 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
   };
   const PerDevice d = model_state_bytes(n_params, part, s);
   for (Tier t : kTiers) {
-    if (d[t][Category::params] > 0)
-      alloc(-1, add_buffer("params", t, Category::params, d[t][Category::params]));
-    if (d[t][Category::grads] > 0)
-      alloc(-1, add_buffer("grads", t, Category::grads, d[t][Category::grads]));
-    if (d[t][Category::master] > 0)
-      alloc(-1, add_buffer("master", t, Category::master, d[t][Category::master]));
+    // On the nvme tier every state is one swap file, padded to whole O_DIRECT blocks.
+    auto state = [&](const char* name, Category c, uint64_t bytes) {
+      if (bytes > 0)
+        alloc(-1, add_buffer(name, t, c, t == Tier::nvme ? swap_file_bytes(bytes) : bytes));
+    };
+    state("params", Category::params, d[t][Category::params]);
+    state("grads", Category::grads, d[t][Category::grads]);
+    state("master", Category::master, d[t][Category::master]);
     const uint64_t opt = d[t][Category::optimizer];
-    if (opt > 0) {
-      if (s.optimizer == OptimizerKind::sgd) {
-        alloc(-1, add_buffer("momentum", t, Category::optimizer, opt));
-      } else {
-        alloc(-1, add_buffer("exp_avg", t, Category::optimizer, opt / 2));
-        alloc(-1, add_buffer("exp_avg_sq", t, Category::optimizer, opt - opt / 2));
-      }
+    if (s.optimizer == OptimizerKind::sgd) {
+      state("momentum", Category::optimizer, opt);
+    } else {
+      state("exp_avg", Category::optimizer, opt / 2);
+      state("exp_avg_sq", Category::optimizer, opt - opt / 2);
     }
   }
   // The delayed parameter update (ZeRO-Offload paper sec. 5.2): the CPU step of step i reads
@@ -127,8 +148,11 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
 
 uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes) {
   if (s.offload_optimizer == Offload::none || s.dpu || s.precision == Precision::fp32) return 0;
-  return checked_mul(std::min(kOffloadTileElems, partition_elems), param_bytes,
-                     "bytes of a parameter tile");
+  // On NVMe the tiles hold one swap chunk each (the pipeline updates a chunk at a time).
+  const uint64_t elems = s.offload_optimizer == Offload::nvme
+                             ? optimizer_swap_chunk_elems(s, partition_elems)
+                             : kOffloadTileElems;
+  return checked_mul(std::min(elems, partition_elems), param_bytes, "bytes of a parameter tile");
 }
 
 namespace {
@@ -168,6 +192,8 @@ class ScheduleBuilder {
       if (op.phase == Phase::optimizer) optimizer_buffers(i);
       // Free scratch, then tensors whose last use is this op.
       for (uint32_t b : scratch) free(i, b);
+      for (uint32_t b : staged_) free(i, b);
+      staged_.clear();
       for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
       if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
@@ -199,6 +225,7 @@ class ScheduleBuilder {
   std::vector<std::string> run_group_;
   std::map<std::string, int32_t> holder_;        // live group -> last run it is held for
   std::map<std::string, uint32_t> gathered_;     // live group -> buffer
+  std::vector<uint32_t> staged_;                 // offload_param: this op's staging buffers
   uint64_t live_gathered_elems_ = 0;
 
   const Op& op_at(int32_t i) const { return g_.op(g_.order[static_cast<std::size_t>(i)]); }
@@ -310,6 +337,11 @@ class ScheduleBuilder {
     holder_[grp] = hold_until;
     gathered_[grp] = alloc(pos, add_buffer("gathered." + grp, Tier::gpu, Category::buffers,
                                            gathered_bytes(grp)));
+    // Parameters offloaded to the host (offload_param=cpu): the rank's shard is copied into a
+    // device staging buffer that the all-gather sends from; it lives until the op's frees.
+    if (s_.offload_param == Offload::cpu)
+      staged_.push_back(alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
+                                              gathered_bytes(grp) / dp_)));
     live_gathered_elems_ += group_elems_.at(grp);
   }
   // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
@@ -353,13 +385,22 @@ class ScheduleBuilder {
   // alternating, and each full tile is copied to the device while the next one is computed
   // (DeepSpeed's cpu_adam double buffer of TILE elements); in fp32 training the master
   // weights are copied directly.
+  //
+  // With the optimizer on NVMe (no delayed update), the swap buffers come first (see
+  // optimizer_swap_buffer_bytes), and the tiles hold one chunk each.
   void optimizer_buffers(int32_t pos) {
+    const bool nvme = s_.offload_optimizer == Offload::nvme && !s_.dpu;
+    uint32_t swap = UINT32_MAX;
+    if (nvme)
+      swap = alloc(pos, add_buffer("swap_buffers", Tier::cpu, Category::buffers,
+                                   optimizer_swap_buffer_bytes(s_, out_.partition_elems)));
     if (const uint64_t tile = offload_tile_bytes(s_, out_.partition_elems, p_bytes_); tile > 0) {
       const uint32_t a = alloc(pos, add_buffer("param_tile.0", Tier::cpu, Category::buffers, tile));
       const uint32_t b = alloc(pos, add_buffer("param_tile.1", Tier::cpu, Category::buffers, tile));
       free(pos, a);
       free(pos, b);
     }
+    if (swap != UINT32_MAX) free(pos, swap);
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,

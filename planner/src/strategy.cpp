@@ -85,6 +85,14 @@ void validate(const Strategy& s) {
       s.buffers.prefetch_bucket_size == 0 || s.buffers.max_live_parameters == 0)
     throw Error("bucket sizes must be at least 1 element",
                 "DeepSpeed's defaults are reduce/allgather 5e8, prefetch 5e7, max live 1e9");
+  if (s.buffers.optimizer_swap_chunk_size == 0 || s.buffers.optimizer_swap_chunk_size % 1024 != 0)
+    throw Error(fmt::format("optimizer_swap_chunk_size {}: not a positive multiple of 1024 elements",
+                            s.buffers.optimizer_swap_chunk_size),
+                "a chunk is whole 4096-byte O_DIRECT blocks of fp32 values; the default is 1048576");
+  if (s.buffers.optimizer_swap_buffer_count < 2 || s.buffers.optimizer_swap_buffer_count > 64)
+    throw Error(fmt::format("optimizer_swap_buffer_count {}: must be 2 to 64",
+                            s.buffers.optimizer_swap_buffer_count),
+                "3 overlaps the read of chunk k+1, the update of chunk k and the write of chunk k-1");
 }
 
 namespace {
@@ -269,7 +277,9 @@ json to_json(const Strategy& s) {
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
             {"stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size},
-            {"stage3_max_live_parameters", s.buffers.max_live_parameters}}}};
+            {"stage3_max_live_parameters", s.buffers.max_live_parameters},
+            {"optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size},
+            {"optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count}}}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -309,7 +319,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   if (const json* b = f.object("buffers")) {
     reject_unknown(*b,
                    {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                    "stage3_max_live_parameters"},
+                    "stage3_max_live_parameters", "optimizer_swap_chunk_size",
+                    "optimizer_swap_buffer_count"},
                    origin, "strategy.buffers.");
     Fields bf(*b, origin, "strategy.buffers.");
     s.buffers.reduce_bucket_size = bf.byte_count("reduce_bucket_size", s.buffers.reduce_bucket_size);
@@ -319,6 +330,10 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         bf.byte_count("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
     s.buffers.max_live_parameters =
         bf.byte_count("stage3_max_live_parameters", s.buffers.max_live_parameters);
+    s.buffers.optimizer_swap_chunk_size =
+        bf.byte_count("optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size);
+    s.buffers.optimizer_swap_buffer_count =
+        bf.byte_count("optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count);
   }
   validate(s);
   return s;

@@ -38,7 +38,9 @@ void* Arena::alloc(uint64_t bytes, Category c, std::string_view name) {
                              "that fits (zero-plan estimate --hardware ...)"
                            : "give the host tier more memory (--host-memory)");
   }
-  void* p = base_ + *off;
+  // An address space hands out kArenaAlignment + offset: never null, never dereferenced.
+  void* p = base_ != nullptr ? static_cast<void*>(base_ + *off)
+                             : reinterpret_cast<void*>(static_cast<uintptr_t>(planner::kArenaAlignment + *off));
   live_.emplace(p, Live{id, c});
   const uint64_t size = model_.size(id);
   const std::size_t k = static_cast<std::size_t>(c);
@@ -58,6 +60,11 @@ void Arena::free(void* p) {
   in_use_ -= size;
   model_.free(it->second.id);
   live_.erase(it);
+}
+
+uint64_t Arena::offset_of(const void* p) const {
+  const uintptr_t origin = base_ != nullptr ? reinterpret_cast<uintptr_t>(base_) : planner::kArenaAlignment;
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p) - origin);
 }
 
 planner::Breakdown Arena::high_water() const {
@@ -113,7 +120,7 @@ class CpuDevice final : public Device {
       : gpu_(cfg.gpu_bytes, "device"), cpu_(cfg.cpu_bytes, "host") {
     arenas_[static_cast<std::size_t>(Tier::gpu)] = std::make_unique<Arena>(Tier::gpu, gpu_.base(), cfg.gpu_bytes);
     arenas_[static_cast<std::size_t>(Tier::cpu)] = std::make_unique<Arena>(Tier::cpu, cpu_.base(), cfg.cpu_bytes);
-    arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, 0);
+    arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, cfg.nvme_bytes);
     const int n = cfg.n_threads > 0 ? cfg.n_threads
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     cpu::set_threads(n);

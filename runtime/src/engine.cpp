@@ -67,9 +67,15 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
-  if (s.offload_optimizer == planner::Offload::nvme || s.offload_param != planner::Offload::none)
-    throw Error("zero-run executes --offload-optimizer cpu; NVMe and parameter offload are planned only",
-                "run with --offload-optimizer cpu, or without offloading");
+  if (s.offload_param == planner::Offload::nvme)
+    throw Error("zero-run executes --offload-param cpu; parameters on NVMe are planned only",
+                "run with --offload-param cpu, or without it");
+  if (s.offload_param != planner::Offload::none && s.offload_optimizer == planner::Offload::none)
+    throw Error("--offload-param cpu: zero-run needs the optimizer offloaded too",
+                "add --offload-optimizer cpu or nvme (the optimizer then updates the host partition)");
+  if (s.offload_optimizer == planner::Offload::nvme && s.dpu)
+    throw Error("--dpu with --offload-optimizer nvme: zero-run's delayed update runs on host states only",
+                "drop --dpu, or use --offload-optimizer cpu --dpu");
   if (plan.options.backend == planner::Backend::cpu && dev.name() != "cpu")
     throw Error(fmt::format("the plan was made for --device cpu, this is {}", dev.name()),
                 fmt::format("make the plan with --device {}", dev.name()));
@@ -116,6 +122,14 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   }
   offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
   dpu_ = offload_ && plan.strategy.dpu;
+  nvme_ = plan.strategy.offload_optimizer == planner::Offload::nvme;
+  if (nvme_) {
+    if (opt_.nvme_path.empty())
+      throw Error("--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)",
+                  "e.g. --nvme-path /local_nvme; each rank keeps its swap files there");
+    swapper_ = std::make_unique<Swapper>(SwapperOptions{.dir = opt_.nvme_path, .rank = rank_,
+                                                        .aio = opt_.aio});
+  }
   layout();
   if (stage_ == 3) find_runs();
   buf_.assign(g_.tensors.size(), nullptr);
@@ -192,15 +206,21 @@ void Engine::allocate_states() {
   // ZeRO-Offload keeps master weights (also in fp32 training), moments and an fp32 gradient
   // partition in the host tier; the device keeps 16-bit gradients only under stage 1.
   const Tier os = offload_ ? Tier::cpu : Tier::gpu;
-  params_ = state(Tier::gpu, held_p, pbytes_, Category::params, "params");
+  // Swap files first: a drive too small fails before any memory is touched.
+  if (nvme_) open_swap_files();
+  // offload_param=cpu (stage 3): the 16-bit partition in the host tier, staged per gather.
+  const Tier pt = plan_.strategy.offload_param == planner::Offload::cpu ? Tier::cpu : Tier::gpu;
+  params_ = state(pt, held_p, pbytes_, Category::params, "params");
   if (!offload_ || stage_ < 2) grads_ = state(Tier::gpu, held_g, pbytes_, Category::grads, "grads");
   if (offload_) host_grads_[0] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads"));
-  if (mixed || offload_) master_ = static_cast<float*>(state(os, held_os, 4, Category::master, "master"));
-  if (plan_.strategy.optimizer == planner::OptimizerKind::sgd) {
-    exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "momentum"));
-  } else {
-    exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg"));
-    exp_avg_sq_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg_sq"));
+  if (!nvme_) {  // else master and moments are in the swap files (engine_nvme.cpp)
+    if (mixed || offload_) master_ = static_cast<float*>(state(os, held_os, 4, Category::master, "master"));
+    if (plan_.strategy.optimizer == planner::OptimizerKind::sgd) {
+      exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "momentum"));
+    } else {
+      exp_avg_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg"));
+      exp_avg_sq_ = static_cast<float*>(state(os, held_os, 4, Category::optimizer, "exp_avg_sq"));
+    }
   }
   if (dpu_) {
     host_grads_[1] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads.dpu"));
@@ -269,6 +289,7 @@ void Engine::init_weights() {
     if (stage_ == 3) fill(at(params_, k, pbytes_), pdt_, gr.flat_off + lo, gr.flat_off + hi);
   }
   if (stage_ < 3) fill(params_, pdt_, 0, n_params_);
+  if (nvme_) init_swapped_states();
 }
 
 void Engine::find_runs() {
@@ -376,7 +397,14 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   const uint64_t total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
   void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
                   "gathered." + grp);
-  comm_.all_gather(at(params_, gr.part_off, pbytes_), p, gr.shard, pdt_);
+  const void* src = at(params_, gr.part_off, pbytes_);
+  if (plan_.strategy.offload_param == planner::Offload::cpu) {  // schedule.cpp gather
+    void* stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
+    dev_.copy(stage, src, gr.shard * pbytes_);
+    staged_.push_back(stage);
+    src = stage;
+  }
+  comm_.all_gather(src, p, gr.shard, pdt_);
   gathered_[grp] = p;
   live_gathered_elems_ += gr.elems;
 }
@@ -471,6 +499,8 @@ void Engine::micro_step() {
       dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(s)]);
       buf_[static_cast<std::size_t>(s)] = nullptr;
     }
+    for (void* p : staged_) dev_.arena(Tier::gpu).free(p);
+    staged_.clear();
     for (TensorId t : lv_.dies_at[static_cast<std::size_t>(i)]) {
       dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(t)]);
       buf_[static_cast<std::size_t>(t)] = nullptr;
@@ -626,6 +656,7 @@ void Engine::apply_host_params(const void* host_params) {
 // 16-bit parameters go to the host copy dpu_params_ and nothing touches the device or an
 // arena: safe on the delayed update's thread.
 void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
+  if (nvme_) return nvme_update(inv_scale, clip, t);  // no delayed update: g_buf is cur_
   const auto kind = plan_.strategy.optimizer;
   const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
                         .weight_decay = opt_.weight_decay,
@@ -743,7 +774,7 @@ StepStats Engine::optimizer_step() {
       else
         offload_update(g_buf, inv_scale, clip, t, false);
     } else {
-      if (step_ == 0 && (dpu_ || pdt_ == DType::fp32)) sample(opt_pos_);
+      if (step_ == 0 && (dpu_ || (pdt_ == DType::fp32 && !nvme_))) sample(opt_pos_);
       offload_update(cur_, inv_scale, clip, t, !dpu_);
       if (dpu_) apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
       else gather_params();
@@ -813,8 +844,23 @@ void Engine::save_weights(const std::string& path) {
   const int fd = ::open(tmp.c_str(), O_WRONLY);
   if (fd < 0) throw Error(fmt::format("cannot open {}: {}", tmp, std::strerror(errno)));
   const bool writer = stage_ > 0 || rank_ == 0;
+  auto put = [&](const float* x, uint64_t m, uint64_t flat) {
+    if (::pwrite(fd, x, m * 4, static_cast<off_t>(flat * 4)) != static_cast<ssize_t>(m * 4)) {
+      ::close(fd);
+      throw Error(fmt::format("write {}: {}", tmp, std::strerror(errno)));
+    }
+  };
+  // Swapped master weights: each chunk of the partition to the flat places of its groups.
+  if (nvme_)
+    read_swapped_master([&](const float* x, uint64_t e0, uint64_t m) {
+      for (const Group& gr : groups_) {
+        const auto [lo, hi] = owned(gr);
+        const uint64_t a = std::max(e0, gr.part_off), b = std::min(e0 + m, gr.part_off + (hi - lo));
+        if (a < b) put(x + (a - e0), b - a, gr.flat_off + lo + (a - gr.part_off));
+      }
+    });
   for (const Group& gr : groups_) {
-    if (!writer) break;
+    if (!writer || nvme_) break;
     const auto [lo, hi] = owned(gr);
     const uint64_t k0 = stage_ == 0 ? gr.flat_off : gr.part_off;
     const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
@@ -829,11 +875,7 @@ void Engine::save_weights(const std::string& path) {
         dev_.copy(raw, at(params_, p0 + i, pbytes_), m * pbytes_);
         for (uint64_t j = 0; j < m; ++j) block[j] = load_as_f32(raw, j, pdt_);
       }
-      const off_t off = static_cast<off_t>((gr.flat_off + lo + i) * 4);
-      if (::pwrite(fd, block, m * 4, off) != static_cast<ssize_t>(m * 4)) {
-        ::close(fd);
-        throw Error(fmt::format("write {}: {}", tmp, std::strerror(errno)));
-      }
+      put(block, m, gr.flat_off + lo + i);
     }
   }
   ::close(fd);

@@ -763,26 +763,36 @@ SwapStats Swapper::stats() const {
 // ---------------------------------------------------------------------------------------------
 // The chunk pipeline.
 
-uint64_t ChunkPipeline::host_bytes(uint64_t chunk_bytes, uint32_t n_buffers) {
-  // n_buffers x chunk_bytes: chunk_bytes is a multiple of 4096, so a short last chunk's
-  // padding fits inside its buffer and nothing else is needed.
-  return checked_mul(uint64_t{n_buffers}, chunk_bytes, "pipeline host bytes");
+uint64_t ChunkPipeline::host_bytes(uint64_t chunk_bytes, uint32_t n_buffers, uint32_t n_files) {
+  // n_buffers x n_files x chunk_bytes: chunk_bytes is a multiple of 4096, so a short last
+  // chunk's padding fits inside its buffer and nothing else is needed.
+  return checked_mul(checked_mul(uint64_t{n_buffers}, uint64_t{n_files}, "pipeline buffers"),
+                     chunk_bytes, "pipeline host bytes");
 }
 
 ChunkPipeline::ChunkPipeline(Swapper& swapper, uint64_t chunk_bytes,
                              std::vector<HostBuffer> buffers)
-    : swapper_(swapper), chunk_bytes_(chunk_bytes), buffers_(std::move(buffers)) {
+    : ChunkPipeline(swapper, chunk_bytes, 1, std::move(buffers)) {}
+
+ChunkPipeline::ChunkPipeline(Swapper& swapper, uint64_t chunk_bytes, uint32_t n_files,
+                             std::vector<HostBuffer> buffers)
+    : swapper_(swapper), chunk_bytes_(chunk_bytes), n_files_(n_files), buffers_(std::move(buffers)) {
   const char* hint =
-      "give the pipeline n_buffers 4096-aligned buffers of chunk_bytes each, "
-      "ChunkPipeline::host_bytes(chunk_bytes, n_buffers) bytes in all";
+      "give the pipeline n_buffers sets of n_files 4096-aligned buffers of chunk_bytes each, "
+      "ChunkPipeline::host_bytes(chunk_bytes, n_buffers, n_files) bytes in all";
   if (chunk_bytes == 0 || chunk_bytes % kSwapAlignBytes != 0)
     throw Error(
         fmt::format("pipeline chunk_bytes {}: not a positive multiple of 4096", chunk_bytes),
         "round the chunk up to a multiple of 4096 bytes (1024 fp32 elements)");
-  if (buffers_.size() < 2)
+  if (n_files_ == 0 || buffers_.size() % n_files_ != 0)
+    throw Error(fmt::format("pipeline: {} buffers for {} files; it needs whole sets of one "
+                            "buffer per file",
+                            buffers_.size(), n_files_),
+                hint);
+  if (buffers_.size() / n_files_ < 2)
     throw Error(fmt::format("pipeline: {} buffers; it needs at least 2 (3 to overlap reads, the "
                             "callback and writes)",
-                            buffers_.size()),
+                            buffers_.size() / n_files_),
                 hint);
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const HostBuffer& b = buffers_[i];
@@ -799,57 +809,72 @@ ChunkPipeline::ChunkPipeline(Swapper& swapper, uint64_t chunk_bytes,
 
 void ChunkPipeline::run(SwapFile file, uint64_t region_offset, uint64_t region_bytes,
                         const ChunkFn& fn) {
-  if (region_offset % kSwapAlignBytes != 0)
-    throw Error(fmt::format("pipeline over {}: region offset {} is not a multiple of 4096",
-                            swapper_.path(file), region_offset),
-                "place swapped partitions at multiples of 4096 bytes");
-  const uint64_t n = buffers_.size();
+  if (n_files_ != 1)
+    throw Error(fmt::format("pipeline of {} files run over one file", n_files_),
+                "run it with one SwapRegion per file");
+  const SwapRegion region{file, region_offset};
+  run(std::span<const SwapRegion>(&region, 1), region_bytes,
+      [&](std::span<const std::span<std::byte>> chunks, uint64_t offset) { fn(chunks[0], offset); });
+}
+
+void ChunkPipeline::run(std::span<const SwapRegion> regions, uint64_t region_bytes,
+                        const LockstepFn& fn) {
+  if (regions.size() != n_files_)
+    throw Error(fmt::format("pipeline of {} files run over {} regions", n_files_, regions.size()),
+                "give one SwapRegion per file the pipeline was built for");
+  for (const SwapRegion& r : regions)
+    if (r.offset_bytes % kSwapAlignBytes != 0)
+      throw Error(fmt::format("pipeline over {}: region offset {} is not a multiple of 4096",
+                              swapper_.path(r.file), r.offset_bytes),
+                  "place swapped partitions at multiples of 4096 bytes");
+  const uint64_t n = n_buffers(), nf = n_files_;
   const uint64_t n_chunks = region_bytes / chunk_bytes_ + (region_bytes % chunk_bytes_ != 0);
   const uint64_t lookahead = n > 2 ? n - 2 : 1;  // reads in flight ahead of the callback
   const auto chunk_len = [&](uint64_t k) {
     return std::min(chunk_bytes_, region_bytes - k * chunk_bytes_);
   };
-  // Per buffer: the read filling it, or the write draining it (never both).
-  std::vector<std::optional<SwapTicket>> reading(n), writing(n);
-
-  const auto issue_read = [&](uint64_t k) {
-    const uint64_t b = k % n;
-    if (writing[b]) {  // the buffer still drains chunk k - n
-      const SwapTicket t = *writing[b];
-      writing[b].reset();
+  const auto buffer = [&](uint64_t set, uint64_t f) { return buffers_[set * nf + f].data; };
+  // Per buffer set: the reads filling it, or the writes draining it (never both). A ticket
+  // leaves its list before it is waited for: each is waited for once, also on the error path.
+  std::vector<std::vector<SwapTicket>> reading(n), writing(n);
+  const auto wait_list = [&](std::vector<SwapTicket>& list) {
+    while (!list.empty()) {
+      const SwapTicket t = list.back();
+      list.pop_back();
       swapper_.wait(t);
     }
-    reading[b] =
-        swapper_.read(file, region_offset + k * chunk_bytes_, buffers_[b].data, chunk_len(k));
   };
+  const auto issue_read = [&](uint64_t k) {
+    const uint64_t b = k % n;
+    wait_list(writing[b]);  // the set still drains chunk k - n
+    for (uint64_t f = 0; f < nf; ++f)
+      reading[b].push_back(swapper_.read(regions[f].file, regions[f].offset_bytes + k * chunk_bytes_,
+                                         buffer(b, f), chunk_len(k)));
+  };
+  std::vector<std::span<std::byte>> chunks(nf);
   try {
     uint64_t next_read = 0;
     for (uint64_t k = 0; k < n_chunks; ++k) {
       while (next_read < n_chunks && next_read <= k + lookahead) issue_read(next_read++);
       const uint64_t b = k % n;
-      const SwapTicket t = *reading[b];
-      reading[b].reset();
-      swapper_.wait(t);
-      fn(std::span<std::byte>(buffers_[b].data, chunk_len(k)), k * chunk_bytes_);
-      writing[b] =
-          swapper_.write(file, region_offset + k * chunk_bytes_, buffers_[b].data, chunk_len(k));
+      wait_list(reading[b]);
+      for (uint64_t f = 0; f < nf; ++f) chunks[f] = std::span<std::byte>(buffer(b, f), chunk_len(k));
+      fn(std::span<const std::span<std::byte>>(chunks), k * chunk_bytes_);
+      for (uint64_t f = 0; f < nf; ++f)
+        writing[b].push_back(swapper_.write(regions[f].file, regions[f].offset_bytes + k * chunk_bytes_,
+                                            buffer(b, f), chunk_len(k)));
     }
-    for (auto& w : writing) {
-      if (!w) continue;
-      const SwapTicket t = *w;
-      w.reset();
-      swapper_.wait(t);
-    }
+    for (auto& w : writing) wait_list(w);
   } catch (...) {
     // Never hand the buffers back while the kernel may still use them.
-    for (auto* list : {&reading, &writing})
-      for (auto& t : *list) {
-        if (!t) continue;
-        try {
-          swapper_.wait(*t);
-        } catch (...) {  // the first error is the one already on its way out
+    for (auto* lists : {&reading, &writing})
+      for (auto& list : *lists)
+        for (const SwapTicket t : list) {
+          try {
+            swapper_.wait(t);
+          } catch (...) {  // the first error is the one already on its way out
+          }
         }
-      }
     throw;
   }
 }

@@ -3,6 +3,7 @@
 // whatever the stage and the number of ranks; refusals and faults that end every rank
 // without a hang.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -138,7 +139,9 @@ TEST_CASE("ZeRO-Offload on 1 and 2 ranks: the weights of device training, memory
                               "--dpu", "--dpu-warmup", "1", "--steps", "4", "--report", report});
   CAPTURE(r.err);
   REQUIRE(r.rc == 0);
-  for (const auto& rank : nlohmann::json::parse(zp::test::slurp(report))["ranks"]) {
+  const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];  // a copy: the
+  CHECK(ranks.size() == 2);  // temporary's member would dangle in the range-for (C++20)
+  for (const auto& rank : ranks) {
     const double p = rank["predicted"]["cpu"]["total"].get<double>();
     CHECK(p > 0);
     CHECK(std::fabs(rank["measured"]["cpu"]["total"].get<double>() - p) <= 0.02 * p);
@@ -219,4 +222,140 @@ TEST_CASE("faults end every rank with an error, never a hang") {
   const int rc = zp::test::wait_for(pid, 60);
   CHECK(rc != 0);
   CHECK(rc != -1);  // not hung
+}
+
+TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights on 2 ranks, bytes as planned, faults") {
+  zp::test::TempDir dir;
+  const std::string swap = dir.file("swap");
+  REQUIRE(::mkdir(swap.c_str(), 0700) == 0);
+  auto swap_files = [&] {
+    int n = 0;
+    DIR* d = ::opendir(swap.c_str());
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+    return n;
+  };
+  // One rank is in tests/runtime/test_nvme.cpp (stages 1-3, bf16 and fp32, adamw and sgd).
+  for (int stage : {2, 3}) {
+    for (int np : {2}) {
+      CAPTURE(stage);
+      CAPTURE(np);
+      std::vector<std::string> args = {"--model", "gpt2-tiny", "--stage", std::to_string(stage),
+                                       "--precision", "fp32", "--micro-batch", "2", "--seq", "32",
+                                       "--steps", "5", "--save-weights"};
+      const std::string on_device = dir.file("dev.bin"), swapped = dir.file("nvme.bin");
+      const std::string report = dir.file("nvme.json");
+      std::vector<std::string> a = args, b = args;
+      a.push_back(on_device);
+      b.push_back(swapped);
+      // Many chunks of 4096 elements through 3 buffer sets.
+      b.insert(b.end(), {"--offload-optimizer", "nvme", "--nvme-path", swap, "--optimizer-swap-chunk-size",
+                         "4096", "--report", report});
+      const Result ra = mpirun(np, a), rb = mpirun(np, b);
+      CAPTURE(rb.err);
+      REQUIRE(ra.rc == 0);
+      REQUIRE(rb.rc == 0);
+      CHECK(zp::test::slurp(on_device) == zp::test::slurp(swapped));
+      CHECK(swap_files() == 0);  // removed at the end of the run
+      // Measured nvme (swap files) and host bytes are the plan's, exactly.
+      const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];
+      CHECK(ranks.size() == static_cast<std::size_t>(np));
+      for (const auto& rank : ranks) {
+        for (const char* tier : {"cpu", "nvme"}) {
+          CHECK(rank["predicted"][tier]["total"].get<uint64_t>() > 0);
+          CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+        }
+      }
+    }
+  }
+
+  {  // Stage 3 with the parameter partition in the host tier too: same weights (the loop's
+     // last run, stage 3 on 2 ranks, left the device's in dev.bin), bytes as planned.
+    const std::string report = dir.file("param.json");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--precision", "fp32",
+                                "--micro-batch", "2", "--seq", "32", "--steps", "5",
+                                "--offload-param", "cpu", "--offload-optimizer", "nvme",
+                                "--nvme-path", swap, "--report", report, "--save-weights",
+                                dir.file("param.bin")});
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(zp::test::slurp(dir.file("param.bin")) == zp::test::slurp(dir.file("dev.bin")));
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];  // a copy: a
+    CHECK(ranks.size() == 2);  // range-for over a temporary's member would dangle (C++20)
+    for (const auto& rank : ranks)
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+  }
+
+  auto bad = [](const Result& r, const std::string& needle) {
+    CAPTURE(r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find("error: " + needle) != std::string::npos);
+    CHECK(r.err.find("hint: ") != std::string::npos);
+  };
+  bad(mpirun(2, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme"}),
+      "--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme", "--dpu",
+                 "--nvme-path", swap}),
+      "--dpu with --offload-optimizer nvme");
+  // nvme_path from a DeepSpeed config.
+  const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("}}})");
+  const Result viads = mpirun(1, {"--model", "gpt2-tiny", "--ds-config", ds, "--seq", "32", "--steps", "1"});
+  CAPTURE(viads.err);
+  CHECK(viads.rc == 0);
+  CHECK(viads.out.find("offload optimizer=nvme") != std::string::npos);
+
+  // A full drive, as a file-size limit of 64 MiB on both ranks (smaller ones starve Open
+  // MPI's own shared-memory files): GPT-2's 249 MB swap files cannot be reserved; every rank
+  // exits 2, rank 0 names its file and the operation, none hangs, no file stays.
+  const std::string cmd = "ulimit -f 65536; exec " + std::string(ZP_MPIEXEC) + " -np 2 " + kRun +
+                          " --model gpt2 --stage 2 --seq 32 --steps 1 --offload-optimizer nvme"
+                          " --nvme-path " + swap;
+  const Result full = zp::test::run({"/bin/sh", "-c", cmd}, kEnv, 120);
+  CAPTURE(full.err);
+  CHECK(full.rc == 2);
+  CHECK(full.err.find("error: fallocate " + swap + "/rank0.master.swp (248881152 bytes): File too large") !=
+        std::string::npos);
+  CHECK(full.err.find("hint: ") != std::string::npos);
+  CHECK(swap_files() == 0);
+
+  // One rank only cannot create its file (another owns the name): that rank says so, every
+  // rank exits 2, rank 0 removes its files, the other owner's file is left alone.
+  const std::string foreign = swap + "/rank1.master.swp";
+  std::ofstream(foreign) << "not ours";
+  const Result taken = mpirun(2, {"--model", "gpt2-tiny", "--stage", "2", "--seq", "32",
+                                  "--offload-optimizer", "nvme", "--nvme-path", swap}, 60);
+  CAPTURE(taken.err);
+  CHECK(taken.rc == 2);
+  CHECK(taken.err.find("error: rank 1: open " + foreign) != std::string::npos);
+  CHECK(swap_files() == 1);
+  CHECK(zp::test::slurp(foreign) == "not ours");
+  std::remove(foreign.c_str());
+
+  // A swap file truncated underneath rank 1 while both train: its next read comes up short;
+  // rank 1 names the file and the operation, both ranks exit 1 (no abort, no hang), and
+  // both remove their files.
+  const std::string out = dir.file("out"), err = dir.file("err");
+  const pid_t pid = zp::test::spawn({ZP_MPIEXEC, "-np", "2", kRun, "--model", "gpt2-tiny", "--stage", "2",
+                                     "--seq", "32", "--steps", "100000000", "--offload-optimizer",
+                                     "nvme", "--nvme-path", swap},
+                                    out, err, kEnv);
+  for (int i = 0; i < 400 && zp::test::slurp(out).find("step 2/") == std::string::npos; ++i)
+    ::usleep(50'000);
+  const std::string victim = swap + "/rank1.exp_avg_sq.swp";
+  REQUIRE(::truncate(victim.c_str(), 4096) == 0);
+  // Again a few times: a truncation between a chunk's read and its write-back is undone by
+  // the write; the next one lands before a read.
+  for (int i = 0; i < 20; ++i) {
+    ::usleep(50'000);
+    if (::truncate(victim.c_str(), 4096) != 0) break;  // ENOENT: the ranks have ended
+  }
+  const int rc = zp::test::wait_for(pid, 60);
+  const std::string errors = zp::test::slurp(err);
+  CAPTURE(errors);
+  CHECK(rc == 1);
+  CHECK(errors.find("error: rank 1: read " + victim) != std::string::npos);
+  CHECK(errors.find("short read") != std::string::npos);
+  CHECK(errors.find("error: rank 0") == std::string::npos);  // one voice
+  CHECK(swap_files() == 0);
 }

@@ -758,3 +758,77 @@ TEST_CASE("pipeline: an exception in the callback leaves nothing in flight") {
     CHECK(region.count_wrong(s.path(f), 3 * chunk / 4) == 0);
   }
 }
+
+TEST_CASE("pipeline: several files in lockstep see the same chunk of each, at different offsets") {
+  // Three files stand in for master, exp_avg and exp_avg_sq: the callback combines chunk k of
+  // all three (m += g; g *= 2; v = m), which is right only if the chunks correspond.
+  const uint64_t chunk = 16 * KiB;
+  const uint64_t n = 20'003;  // 80012 bytes: 4 full chunks and a short one
+  const uint64_t offsets[3] = {0, 8192, 4096};
+  const char* names[3] = {"master", "exp_avg", "exp_avg_sq"};
+  for (const SwapBackend backend : backends_to_test()) {
+    for (const uint32_t n_sets : {2u, 3u}) {
+      CAPTURE(to_string(backend));
+      CAPTURE(n_sets);
+      TempDir dir;
+      Swapper s(opts(dir.path, backend, 4 * KiB, 4));
+      std::vector<SwapRegion> regions;
+      for (int f = 0; f < 3; ++f) {
+        const SwapFile file = s.open(names[f], offsets[f] + n * 4);
+        std::vector<std::byte> init(offsets[f] + n * 4, std::byte{0});
+        for (uint64_t i = 0; i < n; ++i) {
+          const float v = static_cast<float>(i * (f + 1));  // file f holds i * (f + 1)
+          std::memcpy(init.data() + offsets[f] + 4 * i, &v, 4);
+        }
+        pwrite_plain(s.path(file), 0, init);
+        regions.push_back({file, offsets[f]});
+      }
+      std::vector<std::unique_ptr<AlignedBuffer>> owned;
+      std::vector<HostBuffer> bufs;
+      for (uint32_t i = 0; i < n_sets * 3; ++i) {
+        owned.push_back(std::make_unique<AlignedBuffer>(chunk));
+        bufs.push_back(owned.back()->host());
+      }
+      CHECK(ChunkPipeline::host_bytes(chunk, n_sets, 3) == n_sets * 3 * chunk);
+      ChunkPipeline pipe(s, chunk, 3, bufs);
+      CHECK(pipe.n_buffers() == n_sets);
+      CHECK(pipe.n_files() == 3);
+      uint64_t n_calls = 0;
+      pipe.run(regions, n * 4, [&](std::span<const std::span<std::byte>> c, uint64_t off) {
+        REQUIRE(c.size() == 3);
+        ++n_calls;
+        auto* m = reinterpret_cast<float*>(c[0].data());
+        auto* g = reinterpret_cast<float*>(c[1].data());
+        auto* v = reinterpret_cast<float*>(c[2].data());
+        CHECK(c[0].size() == c[2].size());
+        CHECK(m[0] == static_cast<float>(off / 4));
+        for (std::size_t i = 0; i < c[0].size() / 4; ++i) {
+          m[i] += g[i];
+          g[i] *= 2;
+          v[i] = m[i];
+        }
+      });
+      CHECK(n_calls == 5);
+      uint64_t wrong = 0;
+      for (int f = 0; f < 3; ++f) {
+        const auto all = pread_plain(s.path(regions[static_cast<std::size_t>(f)].file), offsets[f], n * 4);
+        for (uint64_t i = 0; i < n; ++i) {
+          float x;
+          std::memcpy(&x, all.data() + 4 * i, 4);
+          const float want = f == 1 ? static_cast<float>(4 * i) : static_cast<float>(3 * i);
+          wrong += x != want;
+        }
+      }
+      CHECK(wrong == 0);
+      // A single-file run of a 3-file pipeline, or the wrong number of regions, is refused.
+      CHECK(error_of([&] { pipe.run(regions[0].file, 0, 4096, [](std::span<std::byte>, uint64_t) {}); })
+                .find("pipeline of 3 files run over one file") != std::string::npos);
+      CHECK(error_of([&] {
+              pipe.run(std::span<const SwapRegion>(regions.data(), 2), 4096,
+                       [](std::span<const std::span<std::byte>>, uint64_t) {});
+            }).find("run over 2 regions") != std::string::npos);
+      CHECK(error_of([&] { ChunkPipeline(s, chunk, 3, {bufs[0], bufs[1]}); }).find("2 buffers for 3 files") !=
+            std::string::npos);
+    }
+  }
+}

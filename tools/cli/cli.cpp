@@ -53,6 +53,12 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--prefetch-bucket-size", f.prefetch_bucket_size, "stage 3 prefetch [5e7]")->group(b);
   app.add_option("--max-live-parameters", f.max_live_parameters, "stage 3 gathered at once [1e9]")
       ->group(b);
+  app.add_option("--optimizer-swap-chunk-size", f.optimizer_swap_chunk_size,
+                 "--offload-optimizer nvme: fp32 elements per swapped chunk, a multiple of 1024 [1048576]")
+      ->group(b);
+  app.add_option("--optimizer-swap-buffer-count", f.optimizer_swap_buffer_count,
+                 "--offload-optimizer nvme: host buffer sets the chunks stream through [3]")
+      ->group(b);
 }
 
 bool StrategyFlags::given(const std::string& flag) const {
@@ -118,6 +124,11 @@ Strategy StrategyFlags::resolve() const {
     s.buffers.prefetch_bucket_size = parse_count(prefetch_bucket_size, "--prefetch-bucket-size");
   if (given("--max-live-parameters"))
     s.buffers.max_live_parameters = parse_count(max_live_parameters, "--max-live-parameters");
+  if (given("--optimizer-swap-chunk-size"))
+    s.buffers.optimizer_swap_chunk_size = parse_count(optimizer_swap_chunk_size, "--optimizer-swap-chunk-size");
+  if (given("--optimizer-swap-buffer-count"))
+    s.buffers.optimizer_swap_buffer_count =
+        parse_count(optimizer_swap_buffer_count, "--optimizer-swap-buffer-count");
   planner::validate(s);
   return s;
 }

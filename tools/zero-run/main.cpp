@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -34,7 +35,7 @@ using namespace zp;
 struct Args {
   std::string plan_path, model, data, report, format, save_weights, device = "cpu";
   std::string steps = "10", seed = "1234", tolerance = "2", device_memory, host_memory;
-  std::string lr = "1e-3", weight_decay, grad_clip = "0", dpu_warmup;
+  std::string lr = "1e-3", weight_decay, grad_clip = "0", dpu_warmup, nvme_path;
   cli::StrategyFlags flags;
 };
 
@@ -55,8 +56,20 @@ struct Setup {
   runtime::EngineOptions opt;
   int64_t steps = 10;
   double tolerance = 2;
-  uint64_t gpu_bytes = 0, cpu_bytes = 0;
+  uint64_t gpu_bytes = 0, cpu_bytes = 0, nvme_bytes = 0;
 };
+
+// nvme_path of a DeepSpeed config's offload_optimizer section, or "".
+std::string ds_nvme_path(const std::string& ds_config) {
+  if (ds_config.empty()) return {};
+  const nlohmann::json ds = parse_json_text(read_text_file(ds_config), ds_config);
+  const auto zo = ds.find("zero_optimization");
+  if (zo == ds.end() || !zo->is_object()) return {};
+  const auto oo = zo->find("offload_optimizer");
+  if (oo == zo->end() || !oo->is_object()) return {};
+  const auto p = oo->find("nvme_path");
+  return p != oo->end() && p->is_string() ? p->get<std::string>() : std::string{};
+}
 
 Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   Setup s;
@@ -109,6 +122,17 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     s.opt.dpu_warmup_steps = a.dpu_warmup == "0" ? 0 : static_cast<int64_t>(parse_count(a.dpu_warmup, "--dpu-warmup"));
   }
 
+  if (s.plan.strategy.offload_optimizer == planner::Offload::nvme) {
+    s.opt.nvme_path = !a.nvme_path.empty() ? a.nvme_path : ds_nvme_path(a.flags.ds_config);
+    if (s.opt.nvme_path.empty())
+      throw Error("--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)",
+                  "e.g. --nvme-path /local_nvme (or nvme_path in the DeepSpeed config's "
+                  "offload_optimizer section); each rank keeps its swap files there");
+  } else if (!a.nvme_path.empty()) {
+    throw Error("--nvme-path: the plan offloads nothing to NVMe",
+                "add --offload-optimizer nvme, or drop --nvme-path");
+  }
+
   // Arena capacities: what the plan predicts with room to spare, or what the user gives, in
   // which case a plan that does not fit is refused before anything runs.
   const uint64_t gpu_pred = s.plan.predicted.peak(planner::Tier::gpu);
@@ -116,6 +140,7 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   auto with_room = [](uint64_t b) { return b + b / 2 + (64ULL << 20); };
   s.gpu_bytes = with_room(gpu_pred);
   s.cpu_bytes = with_room(cpu_pred);
+  s.nvme_bytes = with_room(s.plan.predicted.peak(planner::Tier::nvme));  // an address space
   if (!a.device_memory.empty()) {
     s.gpu_bytes = parse_bytes(a.device_memory, "--device-memory");
     if (gpu_pred > s.gpu_bytes)
@@ -162,6 +187,9 @@ planner::PerDevice unpack(const uint64_t* v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) on the swap files is then an error naming the file (EFBIG),
+  // not a kill by the kernel's SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   runtime::MpiSession mpi(&argc, &argv);
   std::unique_ptr<runtime::Comm> comm;
   try {
@@ -196,6 +224,9 @@ int main(int argc, char** argv) {
   app.add_option("--device-memory", a.device_memory,
                  "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");
   app.add_option("--host-memory", a.host_memory, "host arena size [prediction + 50%]");
+  app.add_option("--nvme-path", a.nvme_path,
+                 "with --offload-optimizer nvme: a directory on the NVMe drive for the swap files "
+                 "[nvme_path of --ds-config]");
   app.add_option("--report", a.report,
                  "write the predicted-vs-measured report: .html (charts), .json, .md, .csv, .txt or "
                  ".xml (JUnit)");
@@ -207,6 +238,7 @@ int main(int argc, char** argv) {
       "  zero-run --model gpt2-tiny --stage 2 --steps 5\n"
       "  zero-plan plan --model gpt2-tiny --stage 3 --dp 4 -o plan.json && mpirun -np 4 zero-run plan.json\n"
       "  mpirun -np 2 zero-run --model gpt2-tiny --stage 1 --checkpointing full --report run.json\n"
+      "  zero-run --model gpt2-tiny --stage 2 --offload-optimizer nvme --nvme-path /local_nvme\n"
       "Exit codes: 0 measured within tolerance, 1 a peak is off by more than the tolerance,\n"
       "2 bad input (one error line and a hint).");
 
@@ -225,6 +257,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<runtime::Device> dev;
   std::unique_ptr<runtime::Engine> engine;
   reports::Comparison cmp;
+  std::optional<Error> setup_error;
   // Errors after this point may strike one rank only (an arena running out): that rank
   // reports and ends the whole job, so no rank hangs in a collective.
   auto fail = [&](const Error& e, int code) {
@@ -240,18 +273,26 @@ int main(int argc, char** argv) {
     runtime::DeviceConfig dc;
     dc.gpu_bytes = s.gpu_bytes;
     dc.cpu_bytes = s.cpu_bytes;
+    dc.nvme_bytes = s.nvme_bytes;
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     dc.n_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(comm->local_size())));
     dev = runtime::make_cpu_device(dc);
     engine = std::make_unique<runtime::Engine>(s.plan, *dev, *comm,
                                                runtime::TokenData::load(a.data), s.opt);
   } catch (const Error& e) {
-    // Setup errors are the same on every rank (the plan, the data): exit 2 everywhere.
-    if (lead) {
-      std::cerr << "error: " << e.what() << "\n";
-      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    setup_error = e;
+  }
+  // Setup errors are mostly the same on every rank (the plan, the data): rank 0 speaks for
+  // all. One that strikes some ranks only (a swap file that cannot be created) is said by
+  // each of them. Every rank exits 2, none waits in a collective.
+  const double n_failed = comm->all_reduce_sum(setup_error ? 1.0 : 0.0);
+  if (n_failed > 0) {
+    const bool lead_failed = comm->all_reduce_sum(lead && setup_error ? 1.0 : 0.0) > 0;
+    if (setup_error && (lead || !lead_failed)) {
+      std::cerr << "error: " << (lead ? "" : fmt::format("rank {}: ", rank)) << setup_error->what() << "\n";
+      if (!setup_error->hint().empty()) std::cerr << "hint: " << setup_error->hint() << "\n";
     }
-    comm->barrier();
+    engine.reset();
     return cli::kExitBadInput;
   }
 
@@ -272,7 +313,17 @@ int main(int argc, char** argv) {
       }
     }
     if (!a.save_weights.empty()) engine->save_weights(a.save_weights);
+  } catch (const runtime::StepFailed& e) {
+    // Every rank is here together: the failing rank says why, all remove their swap files
+    // (the engine's destructor) and exit 1 without aborting the job.
+    if (e.origin()) {
+      std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
+      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    }
+    engine.reset();
+    return cli::kExitCheckFailed;
   } catch (const Error& e) {
+    engine.reset();  // its swap files, before the job ends
     fail(e, 1);
   }
 

@@ -88,6 +88,21 @@ uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_
 // starts with these; the fit search replays them alone.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
                          const Strategy& s, uint32_t param_bytes);
+// --offload-optimizer nvme (ZeRO-Infinity). Swap files are O_DIRECT and move whole blocks of
+// kSwapBlockBytes, so each state's file takes its bytes rounded up to a block on the nvme
+// tier (the runtime's Swapper::padded_bytes; one file per state: master, exp_avg, exp_avg_sq
+// or momentum). The optimizer step streams the files in lockstep through
+// optimizer_swap_buffer_count host buffer sets of one chunk per file: one cpu-tier
+// allocation (category buffers) during the optimizer op, aligned to a block inside the arena
+// (whose alignment is kArenaAlignment), then the two 16-bit parameter tiles of one chunk.
+inline constexpr uint64_t kSwapBlockBytes = 4096;
+uint64_t swap_file_bytes(uint64_t bytes);  // bytes rounded up to kSwapBlockBytes
+// Elements per chunk: optimizer_swap_chunk_size, or the partition rounded up to 1024
+// elements (a block of fp32) where that is smaller.
+uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems);
+uint64_t optimizer_swap_files(const Strategy& s);  // 3 for Adam, 2 for SGD
+// buffer_count x files x chunk x 4 bytes, plus kSwapBlockBytes - kArenaAlignment to align.
+uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems);
 
 MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
                               const PlanOptions& o);

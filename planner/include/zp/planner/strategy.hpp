@@ -39,6 +39,14 @@ struct BufferSizes {
   uint64_t allgather_bucket_size = 500'000'000;       // zero_optimization.allgather_bucket_size
   uint64_t prefetch_bucket_size = 50'000'000;         // stage3_prefetch_bucket_size
   uint64_t max_live_parameters = 1'000'000'000;       // stage3_max_live_parameters
+  // --offload-optimizer nvme (zeroplan's pipelined optimizer swapper, no DeepSpeed name):
+  // fp32 elements per chunk of each swapped state (a multiple of 1024, so a chunk is whole
+  // 4096-byte O_DIRECT blocks; 1 Mi elements = 4 MiB = 4 of DeepSpeed's 1 MiB aio blocks per
+  // file, so one chunk of three files keeps more than aio queue_depth 8 requests in flight),
+  // and the host buffer sets it streams through (3: read k+1 || update k || write k-1;
+  // DeepSpeed's offload_optimizer.buffer_count plays this role, default 4).
+  uint64_t optimizer_swap_chunk_size = uint64_t{1} << 20;
+  uint64_t optimizer_swap_buffer_count = 3;
   bool operator==(const BufferSizes&) const = default;
 };
 

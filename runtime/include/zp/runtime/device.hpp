@@ -32,6 +32,9 @@ using planner::Tier;
 class Arena {
  public:
   // base: `capacity` bytes owned by the caller (the Device), aligned to planner::kArenaAlignment.
+  // base nullptr: an address space with no memory behind it (the nvme tier, whose
+  // allocations are byte ranges of swap files): alloc returns opaque non-null handles that
+  // are never dereferenced; offset_of gives the offset each stands for.
   Arena(Tier tier, std::byte* base, uint64_t capacity);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -41,6 +44,7 @@ class Arena {
   void* alloc(uint64_t bytes, Category c, std::string_view name);
   void free(void* p);
 
+  uint64_t offset_of(const void* p) const;
   Tier tier() const { return tier_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t in_use() const { return in_use_; }
@@ -67,6 +71,7 @@ class Arena {
 struct DeviceConfig {
   uint64_t gpu_bytes = 0;   // capacity of the device tier (emulated on the cpu backend)
   uint64_t cpu_bytes = 0;   // capacity of the host tier (offloaded states and buffers)
+  uint64_t nvme_bytes = 0;  // capacity of the nvme tier (an address space for swap files)
   int n_threads = 0;        // compute threads; 0: the cores divided among the node's ranks
 };
 

@@ -27,6 +27,7 @@
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
+#include "zp/runtime/swapper.hpp"
 
 namespace zp::runtime {
 
@@ -46,6 +47,25 @@ struct EngineOptions {
   // inline, the reference the threaded run must equal bit for bit).
   int64_t dpu_warmup_steps = 10;
   bool dpu_threaded = true;
+  // --offload-optimizer nvme: the directory of this rank's swap files (zero-run --nvme-path,
+  // or nvme_path of a DeepSpeed config) and DeepSpeed's aio settings for the swapper.
+  std::string nvme_path;
+  AioConfig aio;
+};
+
+// A step that failed on one rank in a way every rank learns of together (the swapped
+// optimizer step agrees on failure before the next collective): every rank throws it, so the
+// caller may end normally with a non-zero exit instead of aborting the job. origin(): this
+// rank's own failure (its message names the file and operation); otherwise the message says
+// which rank failed.
+class StepFailed : public Error {
+ public:
+  StepFailed(std::string message, std::string hint, bool origin)
+      : Error(std::move(message), std::move(hint)), origin_(origin) {}
+  bool origin() const { return origin_; }
+
+ private:
+  bool origin_;
 };
 
 struct StepStats {
@@ -131,6 +151,13 @@ class Engine {
   std::thread dpu_thread_;
   bool dpu_pending_ = false;    // an update computed (or in flight) but not yet applied
 
+  // ZeRO-Infinity, offload_optimizer=nvme (engine_nvme.cpp): master weights and moments live
+  // in this rank's swap files (one per state, each an nvme-arena range of its padded size);
+  // the optimizer step streams them through the pipeline's host buffers.
+  bool nvme_ = false;
+  std::unique_ptr<Swapper> swapper_;
+  std::vector<SwapFile> swap_files_;  // master, then exp_avg and exp_avg_sq (or momentum)
+
   // Per-step state.
   std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
   std::vector<std::pair<Tier, void*>> held_;  // buffers to free at destruction (model states)
@@ -139,6 +166,7 @@ class Engine {
   std::vector<int32_t> run_at_;              // by position: run index or -1
   std::map<std::string, int32_t> holder_;    // gathered group -> last run it is held for
   std::map<std::string, void*> gathered_;
+  std::vector<void*> staged_;  // offload_param=cpu: this op's gather staging buffers
   uint64_t live_gathered_elems_ = 0;
   std::vector<float*> w32_;                            // per op: fp32 copies of its weights
   std::vector<std::pair<models::TensorId, float*>> dw32_;  // and its fp32 weight gradients
@@ -179,6 +207,14 @@ class Engine {
   void offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device);
   void apply_host_params(const void* host_params);  // host partition -> params_, + gather
   void gather_params();                             // stages 1-2: share updated slices
+  // engine_nvme.cpp: the swap files and their nvme-arena ranges; initial master weights and
+  // zero moments written to them; the pipelined update of every owned element from
+  // host_grads_[cur_], new parameters to the device; chunks of the swapped master weights.
+  void open_swap_files();
+  void init_swapped_states();
+  void nvme_update(double inv_scale, double clip, int64_t t);
+  void* alloc_swap_buffers(std::vector<HostBuffer>& buffers);  // cpu tier; free the result
+  void read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn);
   // The owned range of a group for this rank, in group-local elements.
   std::pair<uint64_t, uint64_t> owned(const Group& gr) const;
 };

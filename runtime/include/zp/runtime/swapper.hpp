@@ -139,37 +139,57 @@ struct HostBuffer {
   uint64_t capacity_bytes = 0;
 };
 
+// One file's region in a lockstep pipeline run: offset_bytes a multiple of 4096.
+struct SwapRegion {
+  SwapFile file;
+  uint64_t offset_bytes = 0;
+};
+
 // ZeRO-Infinity's pipelined optimizer swapper (Rajbhandari et al. 2021, "overlap-centric
 // design"; DeepSpeed's pipelined_optimizer_swapper.py with pipeline_read and pipeline_write):
-// streams a region of a swap file through a fixed set of host buffers, chunk by chunk, so
-// that with 3 buffers chunk k+1 is read while the callback processes chunk k while chunk k-1
-// is written back. With n buffers, reads run max(1, n - 2) chunks ahead; with 2, reads still
-// overlap the callback but a write must end before the next read may reuse its buffer.
+// streams regions of swap files through a fixed set of host buffers, chunk by chunk, so
+// that with 3 buffer sets chunk k+1 is read while the callback processes chunk k while chunk
+// k-1 is written back. With n sets, reads run max(1, n - 2) chunks ahead; with 2, reads still
+// overlap the callback but a write must end before the next read may reuse its buffers.
+// Several files run in lockstep (the optimizer's master weights and both Adam moments): a
+// buffer set holds one buffer per file, and the callback sees chunk k of every file at once.
 class ChunkPipeline {
  public:
   static constexpr uint32_t kDefaultBuffers = 3;
   using ChunkFn = std::function<void(std::span<std::byte> chunk, uint64_t offset_in_region)>;
+  // chunks[f]: chunk k of regions[f]; all the same length.
+  using LockstepFn =
+      std::function<void(std::span<const std::span<std::byte>> chunks, uint64_t offset_in_region)>;
 
-  // The host bytes the pipeline needs, exactly: n_buffers buffers of chunk_bytes each
-  // (chunk_bytes is a multiple of 4096, so no padding). Nothing else is allocated per chunk.
-  static uint64_t host_bytes(uint64_t chunk_bytes, uint32_t n_buffers = kDefaultBuffers);
+  // The host bytes the pipeline needs, exactly: n_buffers sets of n_files buffers of
+  // chunk_bytes each (chunk_bytes is a multiple of 4096, so no padding). Nothing else is
+  // allocated per chunk.
+  static uint64_t host_bytes(uint64_t chunk_bytes, uint32_t n_buffers = kDefaultBuffers,
+                             uint32_t n_files = 1);
 
-  // chunk_bytes: a multiple of 4096; buffers: at least 2, each 4096-aligned with capacity
-  // >= chunk_bytes. The swapper and the buffers must outlive the pipeline.
+  // One file: chunk_bytes a multiple of 4096; buffers: at least 2, each 4096-aligned with
+  // capacity >= chunk_bytes. The swapper and the buffers must outlive the pipeline.
   ChunkPipeline(Swapper& swapper, uint64_t chunk_bytes, std::vector<HostBuffer> buffers);
+  // n_files in lockstep: buffers set-major, buffers[set * n_files + file], at least 2 sets.
+  ChunkPipeline(Swapper& swapper, uint64_t chunk_bytes, uint32_t n_files,
+                std::vector<HostBuffer> buffers);
 
   // Streams [region_offset, region_offset + region_bytes) of `file` (region_offset a multiple
   // of 4096; the last chunk may be short). Each chunk is read, passed to fn, and written back
   // in place. If fn or an I/O throws, every request in flight is waited for before the
-  // exception leaves (the buffers are never left under the kernel).
+  // exception leaves (the buffers are never left under the kernel). Needs n_files() == 1.
   void run(SwapFile file, uint64_t region_offset, uint64_t region_bytes, const ChunkFn& fn);
+  // The same over n_files() regions of region_bytes each, in lockstep.
+  void run(std::span<const SwapRegion> regions, uint64_t region_bytes, const LockstepFn& fn);
 
   uint64_t chunk_bytes() const { return chunk_bytes_; }
-  uint32_t n_buffers() const { return static_cast<uint32_t>(buffers_.size()); }
+  uint32_t n_buffers() const { return static_cast<uint32_t>(buffers_.size() / n_files_); }
+  uint32_t n_files() const { return n_files_; }
 
  private:
   Swapper& swapper_;
   uint64_t chunk_bytes_;
+  uint32_t n_files_;
   std::vector<HostBuffer> buffers_;
 };
 
