@@ -284,12 +284,15 @@ void Engine::touch(TensorId t) {
   buf_[static_cast<std::size_t>(t)] = p;
   if (x.kind == TensorKind::act_grad) dev_.zero(p, x.bytes);
   if (x.kind == TensorKind::input) {
-    // tokens (first used by the embedding) or targets (by the loss).
+    // tokens (first used by the embedding) or targets (by the loss), made on the host and
+    // copied in with Device::copy: the buffer may be GPU memory.
     const bool is_tokens = x.name == "tokens";
-    data_.fill(is_tokens ? static_cast<int32_t*>(p) : nullptr,
-               is_tokens ? nullptr : static_cast<int32_t*>(p), B_, T_, plan_.seed, step_, micro_,
-               static_cast<int64_t>(rank_) * B_);
+    std::vector<int32_t> host(static_cast<std::size_t>(B_ * T_));
+    data_.fill(is_tokens ? host.data() : nullptr, is_tokens ? nullptr : host.data(), B_, T_,
+               plan_.seed, step_, micro_, static_cast<int64_t>(rank_) * B_);
+    dev_.copy(p, host.data(), std::min<uint64_t>(x.bytes, host.size() * sizeof(int32_t)));
   }
+
 }
 
 void* Engine::ptr(TensorId t) const {
