@@ -29,10 +29,15 @@ double Comparison::max_error_pct() const {
 
 nlohmann::json to_json(const Comparison& c) {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const RankMemory& r : c.ranks)
+  for (const RankMemory& r : c.ranks) {
     ranks.push_back({{"rank", r.rank},
                      {"predicted", planner::to_json(r.predicted)},
                      {"measured", planner::to_json(r.measured)}});
+    if (r.outside_arena)
+      ranks.back()["outside_arena"] = {{"gpu_total", r.outside_arena->gpu_total_bytes},
+                                       {"context", r.outside_arena->context_bytes},
+                                       {"libraries", r.outside_arena->libraries_bytes}};
+  }
   nlohmann::json steps = nlohmann::json::array();
   for (const StepRecord& s : c.steps)
     steps.push_back({{"step", s.step},
@@ -113,6 +118,13 @@ std::string render_comparison(const Comparison& c, Format f) {
     t.add_rule();
   }
   out += t.render(f);
+  for (const RankMemory& r : c.ranks)
+    if (r.outside_arena)
+      out += fmt::format("rank {}: outside the arena (cudaMemGetInfo, not predicted): CUDA context "
+                         "{}, libraries {}, of {} on the GPU\n",
+                         r.rank, format_bytes(r.outside_arena->context_bytes),
+                         format_bytes(r.outside_arena->libraries_bytes),
+                         format_bytes(r.outside_arena->gpu_total_bytes));
   if (c.within_tolerance())
     out += fmt::format("\nok: every peak within {:.2f}% of the prediction (tolerance {:.2f}%)\n",
                        c.max_error_pct(), c.tolerance_pct);
