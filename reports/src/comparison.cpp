@@ -66,6 +66,10 @@ nlohmann::json to_json(const Comparison& c) {
   for (const RankMemory& r : c.ranks) {
     nlohmann::json j = {{"rank", r.rank}, {"predicted", planner::to_json(r.predicted)}};
     if (c.has_measured) j["measured"] = planner::to_json(r.measured);
+    if (r.outside_arena)
+      j["outside_arena"] = {{"gpu_total", r.outside_arena->gpu_total_bytes},
+                            {"context", r.outside_arena->context_bytes},
+                            {"libraries", r.outside_arena->libraries_bytes}};
     ranks.push_back(std::move(j));
   }
   nlohmann::json steps = nlohmann::json::array();
@@ -187,6 +191,13 @@ std::string render_comparison(const Comparison& c, Format f) {
   }
   out += t.render(f);
   if (!c.has_measured) return out;
+  for (const RankMemory& r : c.ranks)
+    if (r.outside_arena)
+      out += fmt::format("rank {}: outside the arena (cudaMemGetInfo, not predicted): CUDA context "
+                         "{}, libraries {}, of {} on the GPU\n",
+                         r.rank, format_bytes(r.outside_arena->context_bytes),
+                         format_bytes(r.outside_arena->libraries_bytes),
+                         format_bytes(r.outside_arena->gpu_total_bytes));
   if (c.within_tolerance())
     out += fmt::format("\nok: every peak within {:.2f}% of the prediction (tolerance {:.2f}%)\n",
                        c.max_error_pct(), c.tolerance_pct);

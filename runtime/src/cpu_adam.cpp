@@ -164,6 +164,13 @@ std::size_t param_out_index(const AdamTensors& t) {
 
 }  // namespace
 
+namespace detail {
+AdamCoeffs adam_coeffs(const AdamConfig& cfg, const AdamStepArgs& step) { return coeffs(cfg, step); }
+void check_adam_args(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) {
+  check_args(cfg, step, ts);
+}
+}  // namespace detail
+
 std::string_view to_string(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::avx2: return "avx2";

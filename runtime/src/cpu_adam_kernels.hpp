@@ -28,7 +28,8 @@ struct AdamCoeffs {
 // operations in this order (same fmas, IEEE sqrt and division), so vector and scalar results
 // are bit-identical; the sources are built with -ffp-contract=off so that the compiler adds
 // no fma of its own. With l2 = 0 the second line is exact (g + 0*p = g), and so is p*1.
-inline void adam_element(const AdamCoeffs& c, float g, float& p, float& m, float& v) {
+// ZP_HD: the CUDA Adam (runtime/src/cuda/kernels.cu, built with --fmad=false) runs this too.
+ZP_HD inline void adam_element(const AdamCoeffs& c, float g, float& p, float& m, float& v) {
   g = g * c.grad_scale;
   g = std::fma(c.l2, p, g);
   m = std::fma(c.beta1, m, c.one_minus_beta1 * g);
@@ -36,6 +37,11 @@ inline void adam_element(const AdamCoeffs& c, float g, float& p, float& m, float
   const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
   p = std::fma(c.neg_step_size, m / denom, p * c.decay);
 }
+
+// The per-step constants of a step and the argument checks (zp::Error), as cpu_adam_step
+// applies them; the CUDA Adam shares them.
+AdamCoeffs adam_coeffs(const AdamConfig& cfg, const AdamStepArgs& step);
+void check_adam_args(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts);
 
 // Typed element access for the kernels (dtype.hpp's exact conversions).
 template <DType T>

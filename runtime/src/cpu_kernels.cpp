@@ -405,10 +405,9 @@ void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_
               void* param_out, DType param_dtype, float lr, float momentum, float weight_decay,
               float grad_scale, int64_t n) {
   for_each_elem(n, [&](std::size_t i) {
-    float w = master[i];
-    const float d = load_as_f32(grads, i, grad_dtype) * grad_scale + weight_decay * w;
-    momentum_buf[i] = momentum * momentum_buf[i] + d;
-    w -= lr * momentum_buf[i];
+    float w = master[i], buf = momentum_buf[i];
+    sgd_element(load_as_f32(grads, i, grad_dtype), grad_scale, lr, momentum, weight_decay, w, buf);
+    momentum_buf[i] = buf;
     master[i] = w;
     if (param_out != nullptr) store_from_f32(param_out, i, param_dtype, w);
   });

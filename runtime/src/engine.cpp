@@ -61,9 +61,10 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
-  if (s.flash_attention && dev.name() == "cpu")
-    throw Error("--flash-attention: the cpu backend computes attention in three steps",
-                "drop --flash-attention, or run on --device cuda");
+  if (s.flash_attention)
+    throw Error(fmt::format("--flash-attention: the {} backend computes attention in three steps",
+                            dev.name()),
+                "drop --flash-attention");
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
@@ -76,12 +77,15 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.offload_optimizer == planner::Offload::nvme && s.dpu)
     throw Error("--dpu with --offload-optimizer nvme: zero-run's delayed update runs on host states only",
                 "drop --dpu, or use --offload-optimizer cpu --dpu");
-  if (plan.options.backend == planner::Backend::cpu && dev.name() != "cpu")
-    throw Error(fmt::format("the plan was made for --device cpu, this is {}", dev.name()),
-                fmt::format("make the plan with --device {}", dev.name()));
-  if (plan.options.backend == planner::Backend::cuda && dev.name() == "cpu")
-    throw Error("the plan was made for --device cuda, this run is on the cpu",
-                "make the plan with --device cpu (the default of zero-plan plan)");
+  // Every backend's kernels (the Device seam) compute in fp32: fp32 activations, 16-bit
+  // weights converted per op, no dropout. That is the graph a plan made with --device cpu
+  // predicts, on the cpu and cuda devices alike; a --device cuda plan predicts 16-bit
+  // activations and dropout, which no backend executes yet.
+  if (plan.options.backend == planner::Backend::cuda)
+    throw Error(fmt::format("the plan was made for --device cuda (16-bit activations, dropout); "
+                            "zero-run's {} kernels compute in fp32 without dropout", dev.name()),
+                "make the plan with --device cpu (the default of zero-plan plan): it predicts "
+                "what zero-run executes, on GPUs too");
   if (plan.options.profile != planner::Profile::zeroplan)
     throw Error("the plan predicts DeepSpeed (--profile deepspeed); zero-run executes zeroplan plans",
                 "make the plan with --profile zeroplan");
@@ -319,11 +323,13 @@ void Engine::touch(TensorId t) {
   buf_[static_cast<std::size_t>(t)] = p;
   if (x.kind == TensorKind::act_grad) dev_.zero(p, x.bytes);
   if (x.kind == TensorKind::input) {
-    // tokens (first used by the embedding) or targets (by the loss).
+    // tokens (first used by the embedding) or targets (by the loss), made on the host and
+    // copied in with Device::copy: the buffer may be GPU memory.
     const bool is_tokens = x.name == "tokens";
-    data_.fill(is_tokens ? static_cast<int32_t*>(p) : nullptr,
-               is_tokens ? nullptr : static_cast<int32_t*>(p), B_, T_, plan_.seed, step_, micro_,
-               static_cast<int64_t>(rank_) * B_);
+    std::vector<int32_t> host(static_cast<std::size_t>(B_ * T_));
+    data_.fill(is_tokens ? host.data() : nullptr, is_tokens ? nullptr : host.data(), B_, T_,
+               plan_.seed, step_, micro_, static_cast<int64_t>(rank_) * B_);
+    dev_.copy(p, host.data(), std::min<uint64_t>(x.bytes, host.size() * sizeof(int32_t)));
   }
 }
 

@@ -23,6 +23,7 @@
 #include "zp/reports/comparison.hpp"
 #include "zp/reports/report_file.hpp"
 #include "zp/runtime/comm.hpp"
+#include "zp/runtime/cuda.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
 #include "zp/runtime/engine.hpp"
@@ -71,8 +72,23 @@ std::string ds_nvme_path(const std::string& ds_config) {
   return p != oo->end() && p->is_string() ? p->get<std::string>() : std::string{};
 }
 
+// --device cuda needs a build with the CUDA backend and a visible GPU; refused up front (exit 2)
+// on every rank, before anything is allocated.
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device != "cuda") throw Error(fmt::format("--device: unknown value '{}'", device), "expected cpu or cuda");
+  if (!runtime::cuda_built())
+    throw Error("--device cuda: this zero-run was built without the CUDA backend",
+                "rebuild with -DZP_ENABLE_CUDA=ON where nvcc and NCCL are installed, or use --device cpu");
+  const runtime::CudaAvailability avail = runtime::cuda_devices();
+  if (avail.n_devices == 0)
+    throw Error(fmt::format("no CUDA device visible ({})", avail.reason),
+                "run on a GPU node or use --device cpu");
+}
+
 Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   Setup s;
+  check_device(a.device);
   const bool flags_given = [&] {
     for (const char* f : {"--stage", "--dp", "--micro-batch", "--seq", "--grad-accum",
                           "--precision", "--optimizer", "--checkpointing", "--ds-config",
@@ -100,10 +116,10 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     planner::Strategy st = a.flags.resolve();
     // Without --dp, the ranks that are running are the data-parallel degree.
     if (app.count("--dp") == 0) st.dp = n_ranks;
-    auto backend = planner::backend_from_string(a.device);
-    if (!backend) throw Error(fmt::format("--device: unknown value '{}'", a.device), "expected cpu or cuda");
+    // The graph zero-run executes on every device: fp32 kernels, no dropout (the planner's
+    // --device cpu graph; see Engine's check of the plan).
     s.plan = planner::make_plan(models::load_model(a.model), st,
-                                {planner::Profile::zeroplan, *backend},
+                                {planner::Profile::zeroplan, planner::Backend::cpu},
                                 parse_count(a.seed, "--seed"));
   }
   if (app.count("--seed") > 0 && !a.plan_path.empty()) s.plan.seed = parse_count(a.seed, "--seed");
@@ -255,6 +271,7 @@ int main(int argc, char** argv) {
 
   const Setup& s = *setup;
   std::unique_ptr<runtime::Device> dev;
+  std::unique_ptr<runtime::Comm> nccl;  // --device cuda: the engine's comm (destroyed before dev)
   std::unique_ptr<runtime::Engine> engine;
   reports::Comparison cmp;
   std::optional<Error> setup_error;
@@ -266,18 +283,31 @@ int main(int argc, char** argv) {
     std::cerr.flush();
     comm->abort(code);
   };
+  const bool cuda = a.device == "cuda";
   try {
-    if (a.device != "cpu")
-      throw Error(fmt::format("--device {}: this zero-run has only the cpu backend", a.device),
-                  "run with --device cpu");
     runtime::DeviceConfig dc;
     dc.gpu_bytes = s.gpu_bytes;
     dc.cpu_bytes = s.cpu_bytes;
     dc.nvme_bytes = s.nvme_bytes;
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     dc.n_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(comm->local_size())));
-    dev = runtime::make_cpu_device(dc);
-    engine = std::make_unique<runtime::Engine>(s.plan, *dev, *comm,
+    // A GPU's arena may fail on one rank only (memory taken by another process): every rank
+    // learns of it before NCCL's initialisation, which would wait for the missing rank.
+    std::optional<Error> device_error;
+    try {
+      dev = cuda ? runtime::make_cuda_device(dc) : runtime::make_cpu_device(dc);
+    } catch (const Error& e) {
+      device_error = e;
+    }
+    if (comm->all_reduce_sum(device_error ? 1.0 : 0.0) > 0) {
+      if (device_error) {
+        std::cerr << fmt::format("error: rank {}: {}\n", rank, device_error->what());
+        if (!device_error->hint().empty()) std::cerr << "hint: " << device_error->hint() << "\n";
+      }
+      return cli::kExitBadInput;
+    }
+    if (cuda) nccl = runtime::make_nccl_comm(*dev, *comm);
+    engine = std::make_unique<runtime::Engine>(s.plan, *dev, nccl ? *nccl : *comm,
                                                runtime::TokenData::load(a.data), s.opt);
   } catch (const Error& e) {
     setup_error = e;
@@ -331,6 +361,14 @@ int main(int argc, char** argv) {
   const std::vector<uint64_t> mine = pack(dev->measured());
   std::vector<uint64_t> all(static_cast<std::size_t>(kPacked * comm->size()));
   comm->gather_u64(mine.data(), all.data(), kPacked);
+  // cuda: the context and library bytes outside the arena, per rank.
+  constexpr int kOutside = 3;
+  std::vector<uint64_t> outside(static_cast<std::size_t>(kOutside * comm->size()));
+  if (cuda) {
+    const runtime::CudaMemoryInfo m = runtime::cuda_memory_info(*dev);
+    const uint64_t v[kOutside] = {m.total_bytes, m.context_bytes(), m.libraries_bytes()};
+    comm->gather_u64(v, outside.data(), kOutside);
+  }
   int exit_code = cli::kExitOk;
   if (lead) {
     cmp.model = s.plan.model.name;
@@ -341,7 +379,11 @@ int main(int argc, char** argv) {
     // Without a step there is nothing to hold against the step's prediction.
     if (s.steps > 0)
       for (int r = 0; r < comm->size(); ++r)
-        cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked)});
+      {
+        cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked), std::nullopt});
+        const uint64_t* o = outside.data() + r * kOutside;
+        if (cuda) cmp.ranks.back().outside_arena = reports::OutsideArena{o[0], o[1], o[2]};
+      }
     else
       std::printf("no step ran: memory not compared\n");
     try {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,19 @@
 
 namespace zp::reports {
 
+// GPU memory outside the arenas (cudaMemGetInfo on the cuda backend): the CUDA context, and
+// what the libraries (cuBLAS, NCCL, module images) hold beyond the arena. Not predicted by the
+// zeroplan profile and not part of the verdict; reported beside the arena figures.
+struct OutsideArena {
+  uint64_t gpu_total_bytes = 0;
+  uint64_t context_bytes = 0;
+  uint64_t libraries_bytes = 0;
+};
+
 struct RankMemory {
   int rank = 0;
   planner::PerDevice predicted, measured;
+  std::optional<OutsideArena> outside_arena;  // cuda backend only
 };
 
 struct StepRecord {
@@ -67,6 +78,7 @@ Comparison comparison_from_estimate(const planner::Estimate& e);
 double error_pct(uint64_t predicted, uint64_t measured);
 
 // {"schema":"zero-run/report/v1","ranks":[{"rank":0,"predicted":{per_device},"measured":{...}}],
+//  (a rank on the cuda backend adds "outside_arena":{"gpu_total":B,"context":B,"libraries":B})
 //  "steps":[{"step":1,"loss":x,"seconds":t}],"verdict":{"max_error_pct":e,"within_tolerance":b},
 //  "timeline":{"categories":[...],"ops":[...],"predicted":[{"pos":-1,"gpu":[8 bytes],...}],
 //  "measured":[...]}}. Without a measurement: no "measured" per rank, no "verdict"; "timeline"

@@ -1,7 +1,7 @@
 // zp/runtime/kernel_math.hpp: the per-element and per-row math of the GPT-2 kernels (GELU,
-// LayerNorm rows, softmax rows, 16-bit loads and stores), as small ZP_HD inline functions that
-// the CPU loops call now and the CUDA kernels will call later. Not the kernels: no threading,
-// no shapes beyond one row, no allocation.
+// LayerNorm rows, softmax rows, the SGD element, 16-bit loads and stores), as small ZP_HD
+// inline functions that the CPU loops and the CUDA kernels (runtime/src/cuda) both call. Not
+// the kernels: no threading, no shapes beyond one row, no allocation.
 //
 // Example usage (one LayerNorm row, then one softmax row in place):
 //   float mean, rstd;
@@ -101,6 +101,15 @@ ZP_HD inline void softmax_row_backward(float* dx, const float* dy, const float* 
   float dot = 0.0f;
   for (int64_t i = 0; i < n; ++i) dot += y[i] * dy[i];
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] * (dy[i] - dot);
+}
+
+// ---- SGD with momentum, one element (torch.optim.SGD, dampening 0, not Nesterov):
+//   d = g * grad_scale + weight_decay * w;  buf = momentum * buf + d;  w -= lr * buf
+ZP_HD inline void sgd_element(float g, float grad_scale, float lr, float momentum,
+                              float weight_decay, float& w, float& buf) {
+  const float d = g * grad_scale + weight_decay * w;
+  buf = momentum * buf + d;
+  w -= lr * buf;
 }
 
 // ---- 16-bit storage: add an fp32 value into an element of any storage type, rounding the sum

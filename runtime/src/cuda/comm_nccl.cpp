@@ -1,0 +1,144 @@
+// comm_nccl.cpp: the Comm seam over NCCL for the CUDA device. Bootstrap: rank 0's ncclUniqueId
+// goes to every rank over MPI, then ncclCommInitRank (the standard way; mpirun across nodes
+// just works). Collectives on device buffers run on the device's comm stream, which waits for
+// the compute stream's earlier work, and the compute stream waits for them in turn: the host
+// never blocks. Host-side collectives (the double all-reduce, gather_u64, barrier, abort, and
+// any buffer in host memory) go over MPI. Not a transport of our own.
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cuda_check.hpp"
+#include "device_cuda.hpp"
+#include "nccl_types.hpp"
+#include "zp/error.hpp"
+
+namespace zp::runtime {
+
+namespace cuda {
+
+void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
+  const char* last = ncclGetLastError(nullptr);
+  throw Error(fmt::format("{} failed at {}:{}: {}{}{}", call, file, line, ncclGetErrorString(rc),
+                          last && *last ? ": " : "", last ? last : ""),
+              rc == ncclSystemError || rc == ncclRemoteError
+                  ? "a peer or the network failed: NCCL_DEBUG=INFO shows which (check "
+                    "NCCL_SOCKET_IFNAME / NCCL_IB_HCA on multi-node runs)"
+                  : "NCCL_DEBUG=INFO shows what NCCL saw");
+}
+
+namespace {
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(CudaDevice& dev, Comm& mpi) : dev_(dev), mpi_(mpi) {
+    ncclUniqueId id{};
+    if (mpi.rank() == 0) ZP_NCCL_CHECK(ncclGetUniqueId(&id));
+    mpi.broadcast(&id, sizeof(id), 0);  // host memory: over MPI
+    ZP_CUDA_CHECK(cudaSetDevice(dev.device_index()));
+    ZP_NCCL_CHECK(ncclCommInitRank(&comm_, mpi.size(), id, mpi.rank()));
+  }
+  ~NcclComm() override {
+    cudaStreamSynchronize(dev_.stream(Stream::comm));
+    ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return mpi_.rank(); }
+  int size() const override { return mpi_.size(); }
+  int local_size() const override { return mpi_.local_size(); }
+
+  void all_reduce_sum(void* buf, uint64_t n, DType t) override {
+    if (!dev_.on_device(buf)) return mpi_.all_reduce_sum(buf, n, t);
+    ordered([&](cudaStream_t s) {
+      ZP_NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, comm_, s));
+    });
+  }
+
+  // In place on the root; NCCL only reads the other ranks' buffers.
+  void reduce_sum(void* buf, uint64_t n, DType t, int root) override {
+    if (!dev_.on_device(buf)) return mpi_.reduce_sum(buf, n, t, root);
+    ordered([&](cudaStream_t s) {
+      ZP_NCCL_CHECK(ncclReduce(buf, buf, n, nccl_type(t), ncclSum, root, comm_, s));
+    });
+  }
+
+  void all_gather(const void* send, void* recv, uint64_t n, DType t) override {
+    if (!dev_.on_device(recv)) return mpi_.all_gather(send, recv, n, t);
+    ordered([&](cudaStream_t s) { ZP_NCCL_CHECK(ncclAllGather(send, recv, n, nccl_type(t), comm_, s)); });
+  }
+
+  // Equal blocks: NCCL's in-place all-gather (send = recv + rank * n). Unequal blocks (NCCL
+  // has no all-gather-v): one in-place broadcast per rank from its block, in one group.
+  void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) override {
+    if (counts.size() != static_cast<std::size_t>(size()))
+      throw Error(fmt::format("all_gather_in_place: {} counts for {} ranks", counts.size(), size()));
+    if (!dev_.on_device(buf)) return mpi_.all_gather_in_place(buf, counts, t);
+    const std::size_t eb = dtype_bytes(t);
+    auto* base = static_cast<std::byte*>(buf);
+    const bool equal =
+        std::all_of(counts.begin(), counts.end(), [&](uint64_t c) { return c == counts[0]; });
+    ordered([&](cudaStream_t s) {
+      if (equal) {
+        ZP_NCCL_CHECK(ncclAllGather(base + static_cast<uint64_t>(rank()) * counts[0] * eb, buf,
+                                    counts[0], nccl_type(t), comm_, s));
+        return;
+      }
+      ZP_NCCL_CHECK(ncclGroupStart());
+      uint64_t off = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        std::byte* block = base + off * eb;
+        if (counts[r] > 0)
+          ZP_NCCL_CHECK(ncclBroadcast(block, block, counts[r], nccl_type(t), static_cast<int>(r),
+                                      comm_, s));
+        off += counts[r];
+      }
+      ZP_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  void broadcast(void* buf, uint64_t bytes, int root) override {
+    if (!dev_.on_device(buf)) return mpi_.broadcast(buf, bytes, root);
+    ordered([&](cudaStream_t s) { ZP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, s)); });
+  }
+
+  void gather_u64(const uint64_t* send, uint64_t* recv, int n) override { mpi_.gather_u64(send, recv, n); }
+  double all_reduce_sum(double v) override { return mpi_.all_reduce_sum(v); }
+  void barrier() override { mpi_.barrier(); }
+
+  [[noreturn]] void abort(int code) override {
+    ncclCommAbort(comm_);  // unblocks this rank's pending NCCL work; MPI ends the others
+    mpi_.abort(code);
+    std::_Exit(code);  // not reached: MPI's abort ends the process
+  }
+
+ private:
+  // One collective's ordering: the comm stream waits for the compute stream's work so far
+  // (which may still write the buffer), and the compute stream's later work waits for it.
+  template <class F>
+  void ordered(F&& enqueue) {
+    dev_.order(Stream::comm, Stream::compute);
+    enqueue(dev_.stream(Stream::comm));
+    dev_.order(Stream::compute, Stream::comm);
+  }
+
+  CudaDevice& dev_;
+  Comm& mpi_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Comm> make_nccl_comm(Device& dev, Comm& mpi) {
+  auto* d = dynamic_cast<cuda::CudaDevice*>(&dev);
+  if (d == nullptr)
+    throw Error(fmt::format("make_nccl_comm: the {} device is not a CUDA device", dev.name()),
+                "NCCL runs on GPUs: use make_mpi_comm for the cpu backend");
+  return std::make_unique<cuda::NcclComm>(*d, mpi);
+}
+
+}  // namespace zp::runtime

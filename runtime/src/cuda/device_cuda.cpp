@@ -1,0 +1,420 @@
+// device_cuda.cpp: the CUDA Device: the arenas (one cudaMalloc for the gpu tier, one pinned
+// cudaHostAlloc for the cpu tier), four streams ordered by events, copies, cuBLAS SGEMMs for the
+// linear layers, the launchers of kernels.cu for the rest, and the check functions behind
+// ZP_CUDA_CHECK / ZP_CUBLAS_CHECK. Not NCCL (comm_nccl.cpp) and not the ZeRO logic.
+#include "device_cuda.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "cuda_check.hpp"
+#include "kernels.hpp"
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_kernels.hpp"
+#include "zp/units.hpp"
+
+namespace zp::runtime {
+
+namespace cuda {
+
+void throw_cuda_error(cudaError_t rc, const char* call, const char* file, int line) {
+  cudaGetLastError();  // clear a sticky launch error so the message is about this call
+  throw Error(fmt::format("{} failed at {}:{}: {} ({})", call, file, line, cudaGetErrorString(rc),
+                          cudaGetErrorName(rc)),
+              rc == cudaErrorMemoryAllocation
+                  ? "the GPU is out of memory: give a smaller --device-memory, or check nvidia-smi "
+                    "for other processes"
+                  : "see the CUDA error above; CUDA_LAUNCH_BLOCKING=1 pins it to the failing kernel");
+}
+
+void throw_cublas_error(cublasStatus_t rc, const char* call, const char* file, int line) {
+  throw Error(fmt::format("{} failed at {}:{}: {} ({})", call, file, line,
+                          cublasGetStatusString(rc), cublasGetStatusName(rc)),
+              "cuBLAS needs a working GPU and some memory outside the arena for its workspace");
+}
+
+namespace {
+
+constexpr const char* kNoDeviceHint = "run on a GPU node or use --device cpu";
+
+// The rank's index among the ranks of its node, as the launcher tells it (Open MPI first).
+int local_rank_from_env() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(var); s != nullptr && *s != '\0') {
+      char* end = nullptr;
+      const long v = std::strtol(s, &end, 10);
+      if (*end == '\0' && v >= 0 && v <= INT_MAX) return static_cast<int>(v);
+    }
+  return 0;
+}
+
+int blas_dim(int64_t n, const char* what) {
+  if (n < 0 || n > INT_MAX)
+    throw Error(fmt::format("cuda {}: dimension {} does not fit cuBLAS's 32-bit int", what, n),
+                "split the matrix (e.g. fewer tokens per micro-batch)");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(opt.tf32) {
+  const CudaAvailability avail = cuda_devices();
+  if (avail.n_devices == 0) throw Error("no CUDA device visible: " + avail.reason, kNoDeviceHint);
+  device_ = opt.device_index >= 0 ? opt.device_index : local_rank_from_env() % avail.n_devices;
+  if (device_ >= avail.n_devices)
+    throw Error(fmt::format("CUDA device {} asked for, {} visible", device_, avail.n_devices),
+                "one rank per GPU: run at most as many ranks per node as GPUs, or set "
+                "CUDA_VISIBLE_DEVICES");
+  try {
+    ZP_CUDA_CHECK(cudaSetDevice(device_));
+    ZP_CUDA_CHECK(cudaFree(nullptr));  // creates the primary context now, before measuring
+    std::size_t free_b = 0, total_b = 0;
+    ZP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    free_at_start_bytes_ = free_b;
+    total_bytes_ = total_b;
+    if (cfg.gpu_bytes > 0) {
+      void* p = nullptr;
+      const cudaError_t rc = cudaMalloc(&p, cfg.gpu_bytes);
+      if (rc == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        throw Error(fmt::format("cannot reserve {} for the device arena on GPU {}: {} free of {}",
+                                format_bytes(cfg.gpu_bytes), device_, format_bytes(free_b),
+                                format_bytes(total_b)),
+                    "ask for less (--device-memory), or plan a smaller footprint");
+      }
+      ZP_CUDA_CHECK(rc);
+      gpu_base_ = static_cast<std::byte*>(p);
+      gpu_capacity_ = arena_bytes_ = cfg.gpu_bytes;
+    }
+    if (cfg.cpu_bytes > 0) {
+      void* p = nullptr;
+      const cudaError_t rc = cudaHostAlloc(&p, cfg.cpu_bytes, cudaHostAllocDefault);
+      if (rc == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        throw Error(fmt::format("cannot pin {} of host memory for the host arena",
+                                format_bytes(cfg.cpu_bytes)),
+                    "ask for less (--host-memory), or raise the locked-memory limit (ulimit -l)");
+      }
+      ZP_CUDA_CHECK(rc);
+      host_base_ = static_cast<std::byte*>(p);
+    }
+    ZP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(Scratch)));
+    ZP_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(Scratch)));
+    ZP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&readback_), sizeof(Scratch), cudaHostAllocDefault));
+    for (std::size_t i = 0; i < kStreams; ++i) {
+      ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
+      ZP_CUDA_CHECK(cudaEventCreateWithFlags(&events_[i], cudaEventDisableTiming));
+    }
+    ZP_CUBLAS_CHECK(cublasCreate(&blas_));
+    ZP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));
+    // Pedantic: fp32 products and sums throughout (no TF32, no reduced-precision reductions).
+    ZP_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    ZP_CUDA_CHECK(cudaDeviceSynchronize());  // setup only: the memsets are done
+  } catch (...) {
+    release();
+    throw;
+  }
+  arenas_[static_cast<std::size_t>(Tier::gpu)] = std::make_unique<Arena>(Tier::gpu, gpu_base_, cfg.gpu_bytes);
+  arenas_[static_cast<std::size_t>(Tier::cpu)] = std::make_unique<Arena>(Tier::cpu, host_base_, cfg.cpu_bytes);
+  arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, 0);
+}
+
+CudaDevice::~CudaDevice() {
+  for (cudaStream_t s : streams_)
+    if (s != nullptr) cudaStreamSynchronize(s);
+  release();
+}
+
+void CudaDevice::release() noexcept {
+  if (blas_ != nullptr) cublasDestroy(blas_);
+  for (cudaEvent_t& e : events_)
+    if (e != nullptr) cudaEventDestroy(std::exchange(e, nullptr));
+  for (cudaStream_t& s : streams_)
+    if (s != nullptr) cudaStreamDestroy(std::exchange(s, nullptr));
+  if (readback_ != nullptr) cudaFreeHost(readback_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (host_base_ != nullptr) cudaFreeHost(host_base_);
+  if (gpu_base_ != nullptr) cudaFree(gpu_base_);
+  blas_ = nullptr;
+  readback_ = scratch_ = nullptr;
+  host_base_ = gpu_base_ = nullptr;
+  cudaGetLastError();
+}
+
+void CudaDevice::order(Stream waiter, Stream signaller) {
+  if (waiter == signaller) return;
+  cudaEvent_t e = events_[static_cast<std::size_t>(signaller)];
+  ZP_CUDA_CHECK(cudaEventRecord(e, stream(signaller)));
+  ZP_CUDA_CHECK(cudaStreamWaitEvent(stream(waiter), e, 0));
+}
+
+bool CudaDevice::on_device(const void* p) const {
+  if (p == nullptr) return false;
+  const auto* b = static_cast<const std::byte*>(p);
+  if (gpu_base_ != nullptr && b >= gpu_base_ && b < gpu_base_ + gpu_capacity_) return true;
+  if (scratch_ != nullptr && p == static_cast<const void*>(scratch_)) return true;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+CudaMemoryInfo CudaDevice::memory_info() const {
+  std::size_t free_b = 0, total_b = 0;
+  ZP_CUDA_CHECK(cudaSetDevice(device_));
+  ZP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {.total_bytes = total_bytes_, .free_at_start_bytes = free_at_start_bytes_,
+          .free_now_bytes = free_b, .arena_bytes = arena_bytes_};
+}
+
+// ---- memory ----------------------------------------------------------------------------------
+
+void CudaDevice::zero(void* p, uint64_t bytes) {
+  if (bytes == 0) return;
+  if (on_device(p)) ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute()));
+  else std::memset(p, 0, bytes);
+}
+
+// Copies touching host memory return only once complete: the caller may reuse or read its
+// host buffer at once, as with the cpu backend. They run on their own stream after the
+// compute stream's earlier work (which may still write the source or read the destination);
+// later compute work is enqueued after the host wait, so it is ordered after the copy.
+void CudaDevice::copy_across(void* dst, const void* src, uint64_t bytes, Stream s,
+                             cudaMemcpyKind kind) {
+  order(s, Stream::compute);
+  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream(s)));
+  ZP_CUDA_CHECK(cudaStreamSynchronize(stream(s)));
+}
+
+void CudaDevice::copy(void* dst, const void* src, uint64_t bytes) {
+  if (bytes == 0) return;
+  const bool dst_dev = on_device(dst), src_dev = on_device(src);
+  if (dst_dev && src_dev)
+    ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute()));
+  else if (dst_dev)
+    copy_across(dst, src, bytes, Stream::h2d, cudaMemcpyHostToDevice);
+  else if (src_dev)
+    copy_across(dst, src, bytes, Stream::d2h, cudaMemcpyDeviceToHost);
+  else
+    std::memmove(dst, src, bytes);
+}
+
+CudaDevice::Scratch CudaDevice::read_scratch() {
+  ZP_CUDA_CHECK(cudaMemcpyAsync(readback_, scratch_, sizeof(Scratch), cudaMemcpyDeviceToHost, compute()));
+  ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  const Scratch s = *readback_;
+  if (s.bad_target != 0) {
+    ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->bad_target, 0, sizeof(int64_t), compute()));
+    throw Error(fmt::format("cuda crossentropy: the target at row {} is outside the vocabulary",
+                            s.bad_target - 1),
+                "targets must be token ids below the vocabulary size");
+  }
+  return s;
+}
+
+void CudaDevice::synchronize() {
+  for (cudaStream_t s : streams_) ZP_CUDA_CHECK(cudaStreamSynchronize(s));
+  read_scratch();
+}
+
+double CudaDevice::sum(const float* p, int64_t n) {
+  ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->sum, 0, sizeof(double), compute()));
+  cuda::sum_add(compute(), &scratch_->sum, p, n);
+  return read_scratch().sum;
+}
+
+// ---- GEMMs: row-major out = inp @ W^T as column-major out^T = W^T... (see each call) --------
+
+void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc, const char* what) {
+  const float alpha = 1.0f;
+  ZP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, blas_dim(m, what), blas_dim(n, what), blas_dim(k, what),
+                               &alpha, a, CUDA_R_32F, blas_dim(lda, what), b, CUDA_R_32F,
+                               blas_dim(ldb, what), &beta, c, CUDA_R_32F, blas_dim(ldc, what),
+                               tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
+// A row-major (R, K) matrix is a column-major (K, R) one with leading dimension K, so every
+// row-major product X = P @ Q becomes the column-major X^T = Q^T P^T.
+void CudaDevice::matmul_forward(float* out, const float* inp, const float* weight,
+                                const float* bias, int64_t N, int64_t C, int64_t OC) {
+  if (N == 0 || OC == 0) return;
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    cuda::broadcast_rows(compute(), out, bias, N, OC);
+    beta = 1.0f;
+  }
+  // out^T (OC,N) = W (OC,C) [col-major (C,OC), transposed] @ inp^T (C,N) [col-major (C,N)]
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC, "matmul_forward");
+}
+
+void CudaDevice::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, int64_t N, int64_t C,
+                                 int64_t OC) {
+  if (N == 0 || OC == 0 || C == 0) return;
+  // dinp (N,C) += dout (N,OC) @ W (OC,C):  dinp^T (C,N) += W^T (C,OC) @ dout^T (OC,N)
+  gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C, "matmul_backward dinp");
+  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C):  dweight^T (C,OC) += inp^T (C,N) @ dout (N,OC)
+  gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C,
+       "matmul_backward dweight");
+  if (dbias != nullptr) cuda::column_sums_add(compute(), dbias, dout, N, OC);
+}
+
+// ---- the other ops: kernels.cu on the compute stream ------------------------------------------
+
+void CudaDevice::embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                   const float* wpe, int64_t B, int64_t T, int64_t C) {
+  cuda::embedding_forward(compute(), out, tokens, wte, wpe, B, T, C);
+}
+void CudaDevice::embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                    const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  cuda::embedding_backward(compute(), dwte, dwpe, dout, tokens, B, T, C);
+}
+void CudaDevice::layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                                   const float* bias, int64_t N, int64_t C) {
+  cuda::layernorm_forward(compute(), out, stats, inp, weight, bias, N, C);
+}
+void CudaDevice::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* weight, const float* stats,
+                                    int64_t N, int64_t C) {
+  cuda::layernorm_backward(compute(), dinp, dweight, dbias, dout, inp, weight, stats, N, C);
+}
+void CudaDevice::attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+                                  int64_t NH) {
+  cuda::attention_scores(compute(), preatt, qkv, B, T, C, NH);
+}
+void CudaDevice::attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
+  cuda::attention_softmax(compute(), att, preatt, B, NH, T);
+}
+void CudaDevice::attention_values(float* out, const float* att, const float* qkv, int64_t B,
+                                  int64_t T, int64_t C, int64_t NH) {
+  cuda::attention_values(compute(), out, att, qkv, B, T, C, NH);
+}
+void CudaDevice::attention_values_backward(float* datt, float* dqkv, const float* dout,
+                                           const float* att, const float* qkv, int64_t B,
+                                           int64_t T, int64_t C, int64_t NH) {
+  cuda::attention_values_backward(compute(), datt, dqkv, dout, att, qkv, B, T, C, NH);
+}
+void CudaDevice::attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
+                                            int64_t B, int64_t NH, int64_t T) {
+  cuda::attention_softmax_backward(compute(), dpreatt, datt, att, B, NH, T);
+}
+void CudaDevice::attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
+                                           int64_t B, int64_t T, int64_t C, int64_t NH) {
+  cuda::attention_scores_backward(compute(), dqkv, dpreatt, qkv, B, T, C, NH);
+}
+void CudaDevice::gelu_forward(float* out, const float* inp, int64_t n) {
+  cuda::gelu_forward(compute(), out, inp, n);
+}
+void CudaDevice::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  cuda::gelu_backward(compute(), dinp, inp, dout, n);
+}
+void CudaDevice::residual_forward(float* out, const float* a, const float* b, int64_t n) {
+  cuda::residual_forward(compute(), out, a, b, n);
+}
+void CudaDevice::crossentropy_forward(float* logits, float* losses, const int32_t* targets,
+                                      int64_t N, int64_t V) {
+  cuda::crossentropy_forward(compute(), logits, losses, targets, N, V, &scratch_->bad_target);
+}
+void CudaDevice::crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
+                                       int64_t V) {
+  cuda::crossentropy_backward(compute(), probs, targets, dloss, N, V, &scratch_->bad_target);
+}
+void CudaDevice::to_f32(float* dst, const void* src, DType t, int64_t n) {
+  cuda::to_f32(compute(), dst, src, t, n);
+}
+void CudaDevice::accumulate_to(void* dst, const float* src, DType t, int64_t n) {
+  cuda::accumulate_to(compute(), dst, src, t, n);
+}
+void CudaDevice::add(void* dst, const void* src, DType t, int64_t n) {
+  cuda::add(compute(), dst, src, t, n);
+}
+
+// ---- the optimizer ---------------------------------------------------------------------------
+
+GradSumSquares CudaDevice::grad_sum_squares(const void* grads, DType t, uint64_t n) {
+  if (n == 0) return {};
+  if (!on_device(grads)) {  // offloaded gradients in the host tier: the CPU pass
+    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    return zp::runtime::grad_sum_squares(grads, t, n);
+  }
+  ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->sum, 0, sizeof(double), compute()));
+  cuda::sum_squares_add(compute(), &scratch_->sum, grads, t, n);
+  const double s = read_scratch().sum;
+  // Every square of a finite value is exact in double and their sum cannot overflow, so the
+  // sum is finite exactly when every gradient is (cpu_adam.hpp's argument).
+  return {s, std::isfinite(s)};
+}
+
+void CudaDevice::adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) {
+  detail::check_adam_args(cfg, step, ts);
+  if (ts.n == 0) return;
+  if (!on_device(ts.master)) {  // offloaded states in the host tier: the CPU Adam
+    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    cpu_adam_step(cfg, step, ts);
+    return;
+  }
+  cuda::adam_step(compute(), detail::adam_coeffs(cfg, step), ts);
+}
+
+void CudaDevice::sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+                          void* param_out, DType param_dtype, float lr, float momentum,
+                          float weight_decay, float grad_scale, uint64_t n) {
+  if (n == 0) return;
+  if (!on_device(master)) {
+    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    cpu::sgd_step(master, momentum_buf, grads, grad_dtype, param_out, param_dtype, lr, momentum,
+                  weight_decay, grad_scale, static_cast<int64_t>(n));
+    return;
+  }
+  cuda::sgd_step(compute(), master, momentum_buf, grads, grad_dtype, param_out, param_dtype, lr,
+                 momentum, weight_decay, grad_scale, n);
+}
+
+}  // namespace cuda
+
+// ---- public entry points (zp/runtime/cuda.hpp) -------------------------------------------------
+
+bool cuda_built() { return true; }
+
+CudaAvailability cuda_devices() {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string where = visible ? fmt::format(" (CUDA_VISIBLE_DEVICES='{}')", visible) : "";
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    // Without an NVIDIA driver at all the runtime says "insufficient driver": say both.
+    const char* plain = rc == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this CUDA runtime: "
+                        : rc == cudaErrorNoDevice         ? "no CUDA-capable GPU: "
+                                                          : "";
+    return {0, fmt::format("{}{} ({}){}", plain, cudaGetErrorString(rc), cudaGetErrorName(rc), where)};
+  }
+  if (n == 0) return {0, "the CUDA runtime sees 0 devices" + where};
+  return {n, ""};
+}
+
+std::unique_ptr<Device> make_cuda_device(const DeviceConfig& cfg, const CudaOptions& opt) {
+  return std::make_unique<cuda::CudaDevice>(cfg, opt);
+}
+
+CudaMemoryInfo cuda_memory_info(Device& dev) {
+  auto* d = dynamic_cast<cuda::CudaDevice*>(&dev);
+  if (d == nullptr)
+    throw Error(fmt::format("cuda_memory_info: the {} device is not a CUDA device", dev.name()),
+                "ask a device made by make_cuda_device");
+  return d->memory_info();
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,114 @@
+// device_cuda.hpp (internal): the CUDA Device, declared for comm_nccl.cpp, which needs its GPU,
+// its streams and the ordering between them. Not public: users see zp/runtime/cuda.hpp.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+
+#include "zp/runtime/cuda.hpp"
+#include "zp/runtime/device.hpp"
+
+namespace zp::runtime::cuda {
+
+// Streams, each with its own ordering event. Kernels and device-to-device copies run on
+// compute; host-to-device and device-to-host copies on h2d and d2h; NCCL on comm.
+enum class Stream : uint8_t { compute, h2d, d2h, comm };
+inline constexpr std::size_t kStreams = 4;
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  int device_index() const { return device_; }
+  cudaStream_t stream(Stream s) const { return streams_[static_cast<std::size_t>(s)]; }
+  // `waiter` waits (on the GPU, the host does not block) for all work enqueued on `signaller`.
+  void order(Stream waiter, Stream signaller);
+  // Whether p points into device memory (the gpu arena, or any cudaMalloc'd block).
+  bool on_device(const void* p) const;
+  CudaMemoryInfo memory_info() const;
+
+  void zero(void* p, uint64_t bytes) override;
+  void copy(void* dst, const void* src, uint64_t bytes) override;
+  void synchronize() override;
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int64_t B, int64_t T, int64_t C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int64_t B, int64_t T, int64_t C) override;
+  void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int64_t C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* stats, int64_t N,
+                          int64_t C) override;
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                      int64_t N, int64_t C, int64_t OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int64_t N, int64_t C,
+                       int64_t OC) override;
+  void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override;
+  void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) override;
+  void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
+                        int64_t C, int64_t NH) override;
+  void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                                 const float* qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t NH) override;
+  void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
+                                  int64_t NH, int64_t T) override;
+  void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) override;
+  void gelu_forward(float* out, const float* inp, int64_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
+  void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
+                            int64_t V) override;
+  void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
+                             int64_t V) override;
+  void to_f32(float* dst, const void* src, DType t, int64_t n) override;
+  void accumulate_to(void* dst, const float* src, DType t, int64_t n) override;
+  void add(void* dst, const void* src, DType t, int64_t n) override;
+  double sum(const float* p, int64_t n) override;
+  GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) override;
+  void adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) override;
+  void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
+                void* param_out, DType param_dtype, float lr, float momentum, float weight_decay,
+                float grad_scale, uint64_t n) override;
+
+ private:
+  // Small device buffers outside the arena (counted as library overhead by memory_info): the
+  // double a reduction lands in, and the flag a bad cross-entropy target sets.
+  struct Scratch {
+    double sum;
+    int64_t bad_target;
+  };
+  int device_ = 0;
+  bool tf32_ = false;
+  uint64_t total_bytes_ = 0, free_at_start_bytes_ = 0, arena_bytes_ = 0;
+  std::byte* gpu_base_ = nullptr;    // cudaMalloc, the gpu tier
+  std::byte* host_base_ = nullptr;   // cudaHostAlloc, the cpu tier
+  uint64_t gpu_capacity_ = 0;
+  Scratch* scratch_ = nullptr;       // device
+  Scratch* readback_ = nullptr;      // pinned host
+  std::array<cudaStream_t, kStreams> streams_{};
+  std::array<cudaEvent_t, kStreams> events_{};
+  cublasHandle_t blas_ = nullptr;
+
+  cudaStream_t compute() const { return stream(Stream::compute); }
+  // A host-memory copy either way, on its stream, ordered after compute; returns once done.
+  void copy_across(void* dst, const void* src, uint64_t bytes, Stream s, cudaMemcpyKind kind);
+  // Reads scratch_ back (after the compute stream's work) and throws on a bad target.
+  Scratch read_scratch();
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc, const char* what);
+  void release() noexcept;
+};
+
+}  // namespace zp::runtime::cuda

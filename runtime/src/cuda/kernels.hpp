@@ -1,0 +1,64 @@
+// kernels.hpp (internal): host-side launchers of the CUDA kernels in kernels.cu, one per Device
+// op that is not a cuBLAS GEMM. Same names, shapes and semantics as cpu_kernels.hpp (backward
+// kernels accumulate unless cpu_kernels.hpp says they overwrite); each enqueues on `s` and
+// returns at once, checking the launch. Not the device object (device_cuda.cpp) nor cuBLAS.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../cpu_adam_kernels.hpp"
+#include "zp/runtime/dtype.hpp"
+
+namespace zp::runtime::cuda {
+
+void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C);
+void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+void layernorm_forward(cudaStream_t s, float* out, float* stats, const float* inp,
+                       const float* weight, const float* bias, int64_t N, int64_t C);
+void layernorm_backward(cudaStream_t s, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight,
+                        const float* stats, int64_t N, int64_t C);
+// out (N,OC) = bias broadcast over the rows (the GEMM then adds with beta = 1).
+void broadcast_rows(cudaStream_t s, float* out, const float* bias, int64_t N, int64_t OC);
+// dbias (OC) += column sums of dout (N,OC).
+void column_sums_add(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t OC);
+void attention_scores(cudaStream_t s, float* preatt, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH);
+void attention_softmax(cudaStream_t s, float* att, const float* preatt, int64_t B, int64_t NH,
+                       int64_t T);
+void attention_values(cudaStream_t s, float* out, const float* att, const float* qkv, int64_t B,
+                      int64_t T, int64_t C, int64_t NH);
+void attention_values_backward(cudaStream_t s, float* datt, float* dqkv, const float* dout,
+                               const float* att, const float* qkv, int64_t B, int64_t T,
+                               int64_t C, int64_t NH);
+void attention_softmax_backward(cudaStream_t s, float* dpreatt, const float* datt,
+                                const float* att, int64_t B, int64_t NH, int64_t T);
+void attention_scores_backward(cudaStream_t s, float* dqkv, const float* dpreatt,
+                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
+void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n);
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n);
+void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, int64_t n);
+// A target outside [0, V) sets *bad_target (device memory) to 1 + its row, and the row's loss
+// and probabilities to NaN; the device checks the flag when it next reads results back.
+void crossentropy_forward(cudaStream_t s, float* logits, float* losses, const int32_t* targets,
+                          int64_t N, int64_t V, int64_t* bad_target);
+void crossentropy_backward(cudaStream_t s, float* probs, const int32_t* targets, float dloss,
+                           int64_t N, int64_t V, int64_t* bad_target);
+void to_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n);
+void accumulate_to(cudaStream_t s, void* dst, const float* src, DType t, int64_t n);
+void add(cudaStream_t s, void* dst, const void* src, DType t, int64_t n);
+// *out (device, one double) += sum of p[0, n) (in double), or of its squares read as type t.
+void sum_add(cudaStream_t s, double* out, const float* p, int64_t n);
+void sum_squares_add(cudaStream_t s, double* out, const void* p, DType t, uint64_t n);
+// The fused Adam of cpu_adam_kernels.hpp (adam_element, the same per-step coefficients), on
+// device buffers; ts.grad_dtype, ts.moment_dtype and ts.param_out_dtype as there.
+void adam_step(cudaStream_t s, const detail::AdamCoeffs& c, const AdamTensors& ts);
+void sgd_step(cudaStream_t s, float* master, float* momentum_buf, const void* grads,
+              DType grad_dtype, void* param_out, DType param_dtype, float lr, float momentum,
+              float weight_decay, float grad_scale, uint64_t n);
+
+}  // namespace zp::runtime::cuda

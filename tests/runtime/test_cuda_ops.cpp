@@ -1,0 +1,396 @@
+// Every op of the Device seam on the CUDA device against the cpu device (the reference whose
+// kernels test_cpu_kernels checks against float64 finite differences and PyTorch): the same
+// inputs, including the same pre-filled outputs (so accumulation and "untouched" entries are
+// compared too), judged by the normalised error max|gpu - cpu| / max|cpu| with a tolerance per
+// op. The fused Adam and SGD must match the CPU scalar reference bit for bit (same element
+// function, no fused multiply-adds on either side). Label gpu: skipped without a CUDA device.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_adam.hpp"
+#include "zp/runtime/cuda.hpp"
+#include "zp/runtime/device.hpp"
+
+using namespace zp::runtime;
+using zp::planner::Category;
+using zp::planner::Tier;
+
+namespace {
+
+// Tolerances, normalised by the largest reference value. Exact ops (copies, the same fp32
+// additions in the same order) get 0; libm-based ones (tanhf, expf: a few ulp apart between
+// glibc and CUDA) 1e-6; reductions whose order differs (warp trees vs sequential loops,
+// cuBLAS vs OpenBLAS blocking, atomics) 1e-5, about 100 fp32 ulps of the largest value.
+constexpr double kExact = 0.0;
+constexpr double kUlps = 1e-6;
+constexpr double kReorder = 1e-5;
+
+template <class T>
+struct Pair {  // one logical tensor, on both devices
+  T* c;
+  T* g;
+  std::size_t n;
+};
+
+struct Both {
+  std::unique_ptr<Device> cpu, gpu;
+  std::mt19937 rng{1234};
+  Both() {
+    DeviceConfig dc;
+    dc.gpu_bytes = 256ULL << 20;
+    dc.cpu_bytes = 16ULL << 20;
+    dc.n_threads = 1;
+    cpu = make_cpu_device(dc);
+    gpu = make_cuda_device(dc);
+  }
+
+  template <class T>
+  Pair<T> put(const std::vector<T>& host) {
+    const uint64_t bytes = std::max<uint64_t>(1, host.size()) * sizeof(T);
+    auto* c = static_cast<T*>(cpu->arena(Tier::gpu).alloc(bytes, Category::activations, "c"));
+    auto* g = static_cast<T*>(gpu->arena(Tier::gpu).alloc(bytes, Category::activations, "g"));
+    cpu->copy(c, host.data(), host.size() * sizeof(T));
+    gpu->copy(g, host.data(), host.size() * sizeof(T));
+    return {c, g, host.size()};
+  }
+  std::vector<float> normal(std::size_t n, float sd = 1.0f) {
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+  }
+  Pair<float> rand(std::size_t n, float sd = 1.0f) { return put(normal(n, sd)); }
+  Pair<int32_t> ints(std::size_t n, int32_t hi) {
+    std::uniform_int_distribution<int32_t> d(0, hi - 1);
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = d(rng);
+    return put(v);
+  }
+  Pair<uint16_t> half(std::size_t n, DType t, float sd = 1.0f) {
+    std::vector<uint16_t> v(n);
+    const std::vector<float> f = normal(n, sd);
+    for (std::size_t i = 0; i < n; ++i) store_from_f32(v.data(), i, t, f[i]);
+    return put(v);
+  }
+  template <class T>
+  std::vector<T> get(Device& d, const T* p, std::size_t n) {
+    std::vector<T> h(n);
+    d.copy(h.data(), p, n * sizeof(T));
+    return h;
+  }
+  double err(const Pair<float>& p) {
+    const std::vector<float> c = get(*cpu, p.c, p.n), g = get(*gpu, p.g, p.n);
+    double diff = 0, ref = 0;
+    for (std::size_t i = 0; i < p.n; ++i) {
+      if (std::isnan(c[i]) != std::isnan(g[i])) return std::numeric_limits<double>::infinity();
+      diff = std::max(diff, std::fabs(static_cast<double>(g[i]) - c[i]));
+      ref = std::max(ref, std::fabs(static_cast<double>(c[i])));
+    }
+    return ref > 0 ? diff / ref : diff;
+  }
+  template <class T>
+  bool identical(const Pair<T>& p) {
+    const std::vector<T> c = get(*cpu, p.c, p.n), g = get(*gpu, p.g, p.n);
+    return std::memcmp(c.data(), g.data(), p.n * sizeof(T)) == 0;
+  }
+};
+
+#define CHECK_CLOSE(both, pair, tol)       \
+  do {                                     \
+    const double e_ = (both).err(pair);    \
+    CAPTURE(e_);                           \
+    CHECK(e_ <= (tol));                    \
+  } while (0)
+
+// Small GPT-2 shapes with awkward sizes: C not a multiple of 32, V odd, T not a power of 2.
+constexpr int64_t B = 2, T = 13, C = 48, NH = 4, V = 101, OC = 3 * C, N = B * T;
+
+}  // namespace
+
+TEST_CASE("cuda embedding and layernorm equal the cpu backend") {
+  Both b;
+  const auto tokens = b.ints(N, V);
+  const auto wte = b.rand(V * C), wpe = b.rand(T * C);
+  auto out = b.rand(N * C);
+  b.cpu->embedding_forward(out.c, tokens.c, wte.c, wpe.c, B, T, C);
+  b.gpu->embedding_forward(out.g, tokens.g, wte.g, wpe.g, B, T, C);
+  CHECK_CLOSE(b, out, kExact);
+  auto dwte = b.rand(V * C), dwpe = b.rand(T * C);
+  const auto dout = b.rand(N * C);
+  b.cpu->embedding_backward(dwte.c, dwpe.c, dout.c, tokens.c, B, T, C);
+  b.gpu->embedding_backward(dwte.g, dwpe.g, dout.g, tokens.g, B, T, C);
+  CHECK_CLOSE(b, dwte, kReorder);  // repeated tokens: atomic adds in any order
+  CHECK_CLOSE(b, dwpe, kExact);
+
+  // A mean far from zero exercises the two-pass variance.
+  std::vector<float> x = b.normal(N * C);
+  for (float& v : x) v += 30.0f;
+  const auto inp = b.put(x), w = b.rand(C), bias = b.rand(C);
+  auto y = b.rand(N * C), stats = b.rand(2 * N);
+  b.cpu->layernorm_forward(y.c, stats.c, inp.c, w.c, bias.c, N, C);
+  b.gpu->layernorm_forward(y.g, stats.g, inp.g, w.g, bias.g, N, C);
+  CHECK_CLOSE(b, y, kReorder);
+  CHECK_CLOSE(b, stats, kReorder);
+  auto dinp = b.rand(N * C), dw = b.rand(C), db = b.rand(C);
+  const auto dy = b.rand(N * C);
+  b.cpu->layernorm_backward(dinp.c, dw.c, db.c, dy.c, inp.c, w.c, stats.c, N, C);
+  b.gpu->layernorm_backward(dinp.g, dw.g, db.g, dy.g, inp.g, w.g, stats.g, N, C);
+  CHECK_CLOSE(b, dinp, kReorder);
+  CHECK_CLOSE(b, dw, kReorder);
+  CHECK_CLOSE(b, db, kReorder);
+}
+
+TEST_CASE("cuda matmul (cuBLAS SGEMM, TF32 off) equals the cpu backend, with and without bias") {
+  Both b;
+  for (bool with_bias : {true, false}) {
+    CAPTURE(with_bias);
+    const auto inp = b.rand(N * C), w = b.rand(OC * C), bias = b.rand(OC);
+    auto out = b.rand(N * OC);
+    b.cpu->matmul_forward(out.c, inp.c, w.c, with_bias ? bias.c : nullptr, N, C, OC);
+    b.gpu->matmul_forward(out.g, inp.g, w.g, with_bias ? bias.g : nullptr, N, C, OC);
+    CHECK_CLOSE(b, out, kReorder);
+    auto dinp = b.rand(N * C), dw = b.rand(OC * C), db = b.rand(OC);
+    const auto dout = b.rand(N * OC);
+    b.cpu->matmul_backward(dinp.c, dw.c, with_bias ? db.c : nullptr, dout.c, inp.c, w.c, N, C, OC);
+    b.gpu->matmul_backward(dinp.g, dw.g, with_bias ? db.g : nullptr, dout.g, inp.g, w.g, N, C, OC);
+    CHECK_CLOSE(b, dinp, kReorder);
+    CHECK_CLOSE(b, dw, kReorder);
+    CHECK_CLOSE(b, db, with_bias ? kReorder : kExact);  // untouched without bias
+  }
+}
+
+TEST_CASE("cuda attention, three steps forward and backward, equals the cpu backend") {
+  Both b;
+  const auto qkv = b.rand(N * 3 * C);
+  // Outputs start as the same noise on both sides: entries above the diagonal that a kernel
+  // leaves alone must stay equal, and the accumulating kernels add to what is there.
+  auto preatt = b.rand(B * NH * T * T);
+  b.cpu->attention_scores(preatt.c, qkv.c, B, T, C, NH);
+  b.gpu->attention_scores(preatt.g, qkv.g, B, T, C, NH);
+  CHECK_CLOSE(b, preatt, kReorder);
+  auto att = b.rand(B * NH * T * T);
+  b.cpu->attention_softmax(att.c, preatt.c, B, NH, T);
+  b.gpu->attention_softmax(att.g, preatt.g, B, NH, T);
+  CHECK_CLOSE(b, att, kReorder);
+  auto out = b.rand(N * C);
+  b.cpu->attention_values(out.c, att.c, qkv.c, B, T, C, NH);
+  b.gpu->attention_values(out.g, att.g, qkv.g, B, T, C, NH);
+  CHECK_CLOSE(b, out, kReorder);
+
+  const auto dout = b.rand(N * C);
+  auto datt = b.rand(B * NH * T * T), dqkv = b.rand(N * 3 * C);
+  b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, att.c, qkv.c, B, T, C, NH);
+  b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, att.g, qkv.g, B, T, C, NH);
+  CHECK_CLOSE(b, datt, kReorder);
+  CHECK_CLOSE(b, dqkv, kReorder);
+  // In place, as the engine may use it.
+  b.cpu->attention_softmax_backward(datt.c, datt.c, att.c, B, NH, T);
+  b.gpu->attention_softmax_backward(datt.g, datt.g, att.g, B, NH, T);
+  CHECK_CLOSE(b, datt, kReorder);
+  b.cpu->attention_scores_backward(dqkv.c, datt.c, qkv.c, B, T, C, NH);
+  b.gpu->attention_scores_backward(dqkv.g, datt.g, qkv.g, B, T, C, NH);
+  CHECK_CLOSE(b, dqkv, kReorder);
+}
+
+TEST_CASE("cuda gelu, residual and cross-entropy equal the cpu backend") {
+  Both b;
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {
+    CAPTURE(n);
+    const auto x = b.rand(n, 3.0f), y = b.rand(n);
+    auto out = b.rand(n);
+    b.cpu->gelu_forward(out.c, x.c, static_cast<int64_t>(n));
+    b.gpu->gelu_forward(out.g, x.g, static_cast<int64_t>(n));
+    CHECK_CLOSE(b, out, kUlps);
+    auto dx = b.rand(n);
+    b.cpu->gelu_backward(dx.c, x.c, y.c, static_cast<int64_t>(n));
+    b.gpu->gelu_backward(dx.g, x.g, y.g, static_cast<int64_t>(n));
+    CHECK_CLOSE(b, dx, kUlps);
+    b.cpu->residual_forward(out.c, x.c, y.c, static_cast<int64_t>(n));
+    b.gpu->residual_forward(out.g, x.g, y.g, static_cast<int64_t>(n));
+    CHECK_CLOSE(b, out, kExact);
+  }
+  // Large logits: the max subtraction and logsumexp keep the loss finite.
+  auto logits = b.rand(N * V, 20.0f), losses = b.rand(N);
+  const auto targets = b.ints(N, V);
+  b.cpu->crossentropy_forward(logits.c, losses.c, targets.c, N, V);
+  b.gpu->crossentropy_forward(logits.g, losses.g, targets.g, N, V);
+  CHECK_CLOSE(b, logits, kReorder);
+  CHECK_CLOSE(b, losses, kReorder);
+  // Device::sum: the device's own values, summed in double on the host as the reference.
+  double host_sum = 0;
+  for (float l : b.get(*b.gpu, losses.g, N)) host_sum += l;
+  CHECK(std::fabs(b.gpu->sum(losses.g, N) - host_sum) <= 1e-12 * std::fabs(host_sum));
+  b.cpu->crossentropy_backward(logits.c, targets.c, 0.25f, N, V);
+  b.gpu->crossentropy_backward(logits.g, targets.g, 0.25f, N, V);
+  CHECK_CLOSE(b, logits, kReorder);
+}
+
+TEST_CASE("cuda cross-entropy reports a target outside the vocabulary as zp::Error") {
+  Both b;
+  auto logits = b.rand(N * V), losses = b.rand(N);
+  std::vector<int32_t> t(N, 3);
+  t[5] = static_cast<int32_t>(V);  // one past the end
+  const auto targets = b.put(t);
+  b.gpu->crossentropy_forward(logits.g, losses.g, targets.g, N, V);
+  CHECK_THROWS_AS(b.gpu->sum(losses.g, N), zp::Error);
+  // The flag is cleared once reported: the device stays usable.
+  const auto ok = b.rand(N);
+  CHECK(std::isfinite(b.gpu->sum(ok.g, N)));
+}
+
+TEST_CASE("cuda casts, accumulate and add equal the cpu backend bit for bit") {
+  Both b;
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16}) {
+    CAPTURE(to_string(t));
+    const std::size_t n = 4099;
+    const auto src = b.half(n, t == DType::fp32 ? DType::bf16 : t);  // raw 16-bit patterns
+    const auto f = b.rand(n);
+    auto dst32 = b.rand(n);
+    if (t != DType::fp32) {
+      b.cpu->to_f32(dst32.c, src.c, t, static_cast<int64_t>(n));
+      b.gpu->to_f32(dst32.g, src.g, t, static_cast<int64_t>(n));
+      CHECK(b.identical(dst32));
+      auto acc = b.half(n, t);
+      b.cpu->accumulate_to(acc.c, f.c, t, static_cast<int64_t>(n));
+      b.gpu->accumulate_to(acc.g, f.g, t, static_cast<int64_t>(n));
+      CHECK(b.identical(acc));
+      const auto other = b.half(n, t);
+      b.cpu->add(acc.c, other.c, t, static_cast<int64_t>(n));
+      b.gpu->add(acc.g, other.g, t, static_cast<int64_t>(n));
+      CHECK(b.identical(acc));
+    } else {
+      auto acc = b.rand(n);
+      b.cpu->accumulate_to(acc.c, f.c, t, static_cast<int64_t>(n));
+      b.gpu->accumulate_to(acc.g, f.g, t, static_cast<int64_t>(n));
+      CHECK(b.identical(acc));
+    }
+  }
+}
+
+TEST_CASE("cuda grad_sum_squares: the same double sum as the CPU pass, and overflow detected") {
+  Both b;
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16}) {
+    CAPTURE(to_string(t));
+    const std::size_t n = 70001;
+    const void* gc;
+    const void* gg;
+    Pair<float> p32{};
+    Pair<uint16_t> p16{};
+    if (t == DType::fp32) {
+      p32 = b.rand(n);
+      gc = p32.c, gg = p32.g;
+    } else {
+      p16 = b.half(n, t);
+      gc = p16.c, gg = p16.g;
+    }
+    const GradSumSquares c = b.cpu->grad_sum_squares(gc, t, n), g = b.gpu->grad_sum_squares(gg, t, n);
+    CHECK(g.finite);
+    // Every square is exact in double; only the order of the double additions differs.
+    CHECK(std::fabs(g.sum_sq - c.sum_sq) <= 1e-12 * c.sum_sq);
+  }
+  std::vector<float> v(1000, 1.0f);
+  v[777] = std::numeric_limits<float>::infinity();
+  const auto bad = b.put(v);
+  CHECK_FALSE(b.gpu->grad_sum_squares(bad.g, DType::fp32, v.size()).finite);
+}
+
+TEST_CASE("cuda Adam and SGD equal the CPU scalar reference bit for bit") {
+  Both b;
+  force_cpu_adam_isa(CpuIsa::scalar);
+  for (DType gdt : {DType::fp32, DType::fp16, DType::bf16})
+    for (DType mdt : {DType::fp32, DType::bf16})
+      for (bool adamw : {true, false}) {
+        CAPTURE(to_string(gdt));
+        CAPTURE(to_string(mdt));
+        CAPTURE(adamw);
+        const std::size_t n = 1031;
+        auto master = b.rand(n, 0.02f);
+        std::vector<uint16_t> zeros16(n, 0);
+        std::vector<float> zeros32(n, 0.0f);
+        void* mc;
+        void* mg;
+        void* vc;
+        void* vg;
+        if (mdt == DType::fp32) {
+          auto m = b.put(zeros32), v = b.put(zeros32);
+          mc = m.c, mg = m.g, vc = v.c, vg = v.g;
+        } else {
+          auto m = b.put(zeros16), v = b.put(zeros16);
+          mc = m.c, mg = m.g, vc = v.c, vg = v.g;
+        }
+        auto out = b.put(zeros16);
+        const AdamConfig cfg{.lr = 1e-3, .weight_decay = 0.01, .adamw = adamw};
+        for (int64_t step = 1; step <= 3; ++step) {
+          Pair<float> g32{};
+          Pair<uint16_t> g16{};
+          const void* gc;
+          const void* gg;
+          if (gdt == DType::fp32) {
+            g32 = b.rand(n, 1024.0f);
+            gc = g32.c, gg = g32.g;
+          } else {
+            g16 = b.half(n, gdt, 1024.0f);
+            gc = g16.c, gg = g16.g;
+          }
+          const AdamStepArgs args{.step = step, .inv_loss_scale = 1.0 / 1024, .clip_coef = 0.5};
+          AdamTensors ts{.n = n, .master = master.c, .exp_avg = mc, .exp_avg_sq = vc, .moment_dtype = mdt,
+                         .grads = gc, .grad_dtype = gdt, .param_out = out.c,
+                         .param_out_dtype = DType::bf16};
+          b.cpu->adam_step(cfg, args, ts);
+          ts.master = master.g, ts.exp_avg = mg, ts.exp_avg_sq = vg, ts.grads = gg, ts.param_out = out.g;
+          b.gpu->adam_step(cfg, args, ts);
+        }
+        CHECK(b.identical(master));
+        CHECK(b.identical(out));
+      }
+  force_cpu_adam_isa(std::nullopt);
+
+  const std::size_t n = 513;
+  auto w = b.rand(n), mom = b.rand(n);
+  std::vector<uint16_t> zeros16(n, 0);
+  auto out = b.put(zeros16);
+  for (int step = 0; step < 3; ++step) {
+    const auto g = b.half(n, DType::fp16);
+    b.cpu->sgd_step(w.c, mom.c, g.c, DType::fp16, out.c, DType::fp16, 0.1f, 0.9f, 0.01f, 0.5f, n);
+    b.gpu->sgd_step(w.g, mom.g, g.g, DType::fp16, out.g, DType::fp16, 0.1f, 0.9f, 0.01f, 0.5f, n);
+  }
+  CHECK(b.identical(w));
+  CHECK(b.identical(mom));
+  CHECK(b.identical(out));
+}
+
+TEST_CASE("cuda arena: tagged high-water marks as on the cpu backend; copies across tiers") {
+  DeviceConfig dc;
+  dc.gpu_bytes = 1 << 20;
+  dc.cpu_bytes = 1 << 20;
+  auto dev = make_cuda_device(dc);
+  Arena& gpu = dev->arena(Tier::gpu);
+  Arena& cpu = dev->arena(Tier::cpu);
+  void* a = gpu.alloc(1000, Category::params, "a");
+  void* p = cpu.alloc(4096, Category::optimizer, "pinned");
+  CHECK(gpu.in_use(Category::params) == 1024);  // rounded to the 256-byte arena alignment
+  CHECK(dev->measured()[Tier::cpu][Category::optimizer] == 4096);
+  // host -> device -> pinned host -> host, through Device::copy.
+  std::vector<float> h(250), back(250, 0.0f);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i) * 0.5f;
+  dev->copy(a, h.data(), 1000);
+  dev->copy(p, a, 1000);
+  dev->copy(back.data(), p, 1000);
+  CHECK(back == h);
+  dev->zero(a, 1000);
+  dev->copy(back.data(), a, 1000);
+  CHECK(back == std::vector<float>(250, 0.0f));
+  gpu.free(a);
+  cpu.free(p);
+  CHECK(gpu.in_use() == 0);
+  CHECK(gpu.peak_in_use() == 1024);
+  const CudaMemoryInfo m = cuda_memory_info(*dev);
+  CHECK(m.arena_bytes == dc.gpu_bytes);
+  CHECK(m.total_bytes > m.free_now_bytes);
+}
