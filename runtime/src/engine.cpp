@@ -725,12 +725,16 @@ StepStats Engine::optimizer_step() {
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
   if (stage_ <= 1 && dp_ > 1) comm_.all_reduce_sum(grads_, n_params_, pdt_);
+  // The host reads the offloaded gradients below: the device's queued writes into them (a GPU
+  // streams reduced segments into pinned memory) must be done.
+  if (offload_) dev_.synchronize();
   // Stage 1 offloaded: the owned part of the summed 16-bit gradients goes to the host in fp32.
   if (offload_ && stage_ == 1) {
     const Group& gr = groups_.front();
     const auto [lo, hi] = owned(gr);
     dev_.zero(host_grads_[cur_], part_ * 4);
     dev_.add_f32(host_grads_[cur_], at(grads_, lo, pbytes_), pdt_, static_cast<int64_t>(hi - lo));
+    dev_.synchronize();
   }
   const double inv_scale = 1.0 / static_cast<double>(loss_scale_);
   // Global norm: the sum of squares of the raw (loss-scaled) gradients each rank owns, summed

@@ -123,7 +123,8 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
   }
   arenas_[static_cast<std::size_t>(Tier::gpu)] = std::make_unique<Arena>(Tier::gpu, gpu_base_, cfg.gpu_bytes);
   arenas_[static_cast<std::size_t>(Tier::cpu)] = std::make_unique<Arena>(Tier::cpu, host_base_, cfg.cpu_bytes);
-  arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, 0);
+  // The nvme tier is an address space for swap files (no memory behind it), as on the cpu.
+  arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, cfg.nvme_bytes);
 }
 
 CudaDevice::~CudaDevice() {
@@ -339,6 +340,16 @@ void CudaDevice::accumulate_to(void* dst, const float* src, DType t, int64_t n) 
 }
 void CudaDevice::add(void* dst, const void* src, DType t, int64_t n) {
   cuda::add(compute(), dst, src, t, n);
+}
+// The host fp32 partition of an offloaded optimizer (pinned, device-addressable) gains a
+// reduced device segment; a host source is added on the host after the stream drains.
+void CudaDevice::add_f32(float* dst, const void* src, DType t, int64_t n) {
+  if (on_device(src)) {
+    cuda::add_f32(compute(), dst, src, t, n);
+    return;
+  }
+  ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  for (int64_t i = 0; i < n; ++i) dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
 }
 
 // ---- the optimizer ---------------------------------------------------------------------------

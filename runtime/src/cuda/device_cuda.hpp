@@ -74,6 +74,7 @@ class CudaDevice final : public Device {
   void to_f32(float* dst, const void* src, DType t, int64_t n) override;
   void accumulate_to(void* dst, const float* src, DType t, int64_t n) override;
   void add(void* dst, const void* src, DType t, int64_t n) override;
+  void add_f32(float* dst, const void* src, DType t, int64_t n) override;
   double sum(const float* p, int64_t n) override;
   GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) override;
   void adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) override;

@@ -390,6 +390,13 @@ __global__ void add_k(void* dst, const void* src, DType t, int64_t n) {
   }
 }
 
+// dst (fp32) += src as fp32; dst may be pinned host memory (mapped into the device's address
+// space under unified addressing), so an offloaded gradient partition is written over PCIe.
+__global__ void add_f32_k(float* dst, const void* src, DType t, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
+}
+
 // *out += sum of p (squares: of x^2, exact in double), per block then one atomic add.
 __global__ void sum_k(double* out, const float* p, int64_t n) {
   double acc = 0.0;
@@ -613,6 +620,12 @@ void accumulate_to(cudaStream_t s, void* dst, const float* src, DType t, int64_t
 void add(cudaStream_t s, void* dst, const void* src, DType t, int64_t n) {
   if (n == 0) return;
   add_k<<<blocks_for(n), kThreads, 0, s>>>(dst, src, t, n);
+  ZP_LAUNCH_CHECK();
+}
+
+void add_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n) {
+  if (n == 0) return;
+  add_f32_k<<<blocks_for(n), kThreads, 0, s>>>(dst, src, t, n);
   ZP_LAUNCH_CHECK();
 }
 

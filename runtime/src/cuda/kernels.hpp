@@ -51,6 +51,7 @@ void crossentropy_backward(cudaStream_t s, float* probs, const int32_t* targets,
 void to_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n);
 void accumulate_to(cudaStream_t s, void* dst, const float* src, DType t, int64_t n);
 void add(cudaStream_t s, void* dst, const void* src, DType t, int64_t n);
+void add_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n);
 // *out (device, one double) += sum of p[0, n) (in double), or of its squares read as type t.
 void sum_add(cudaStream_t s, double* out, const float* p, int64_t n);
 void sum_squares_add(cudaStream_t s, double* out, const void* p, DType t, uint64_t n);
