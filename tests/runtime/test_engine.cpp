@@ -9,6 +9,7 @@
 #include <random>
 
 #include "gpt2_f64.hpp"
+#include "engine_fixture.hpp"
 #include "process.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
@@ -20,27 +21,14 @@
 
 using namespace zp;
 using namespace zp::runtime;
+using zp::test::comm;
+using zp::test::device_for;
+using zp::test::tiny_plan;
 
 namespace {
 
-Comm& comm() {
-  static MpiSession session(nullptr, nullptr);
-  static std::unique_ptr<Comm> c = make_mpi_comm();
-  return *c;
-}
 
-planner::Plan tiny_plan(planner::Strategy s) {
-  return planner::make_plan(models::load_model("gpt2-tiny"), s,
-                            {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);
-}
 
-std::unique_ptr<Device> device_for(const planner::Plan& p) {
-  DeviceConfig dc;
-  dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) * 2 + (16 << 20);
-  dc.cpu_bytes = 16 << 20;
-  dc.n_threads = 1;
-  return make_cpu_device(dc);
-}
 
 std::vector<float> read_floats(const std::string& path) {
   const std::string bytes = test::slurp(path);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_fixture.hpp"
 #include "process.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
@@ -23,37 +24,16 @@
 
 using namespace zp;
 using namespace zp::runtime;
+using zp::test::comm;
+using zp::test::device_for;
+using zp::test::tiny_plan;
+using zp::test::tiny_strategy;
 
 namespace {
 
-Comm& comm() {
-  static MpiSession session(nullptr, nullptr);
-  static std::unique_ptr<Comm> c = make_mpi_comm();
-  return *c;
-}
 
-planner::Strategy base(int stage, planner::Precision prec) {
-  planner::Strategy s;
-  s.stage = stage;
-  s.precision = prec;
-  s.micro_batch = 2;
-  s.seq = 32;
-  return s;
-}
 
-planner::Plan tiny_plan(const planner::Strategy& s) {
-  return planner::make_plan(models::load_model("gpt2-tiny"), s,
-                            {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);
-}
 
-std::unique_ptr<Device> device_for(const planner::Plan& p) {
-  DeviceConfig dc;
-  dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) * 2 + (16 << 20);
-  dc.cpu_bytes = p.predicted.peak(planner::Tier::cpu) * 2 + (16 << 20);
-  dc.nvme_bytes = p.predicted.peak(planner::Tier::nvme) * 2 + (16 << 20);
-  dc.n_threads = 1;
-  return make_cpu_device(dc);
-}
 
 std::vector<std::string> files_in(const std::string& dir) {
   std::vector<std::string> out;
@@ -87,7 +67,7 @@ TEST_CASE("nvme memory: swap files and host buffers equal the plan per category 
     for (int stage : {1, 2, 3}) {
       for (auto o : {planner::OptimizerKind::adam, planner::OptimizerKind::sgd}) {
         for (uint64_t chunk : {uint64_t{4096}, uint64_t{1} << 20}) {
-          planner::Strategy s = base(stage, prec);
+          planner::Strategy s = tiny_strategy(stage, prec);
           s.optimizer = o;
           s.offload_optimizer = planner::Offload::nvme;
           s.grad_accum = 2;
@@ -159,7 +139,7 @@ TEST_CASE("training with the optimizer on NVMe equals training without it") {
   for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
     for (int stage : {1, 2, 3}) {
       for (auto o : {planner::OptimizerKind::adamw, planner::OptimizerKind::sgd}) {
-        planner::Strategy s = base(stage, prec);
+        planner::Strategy s = tiny_strategy(stage, prec);
         s.optimizer = o;
         CAPTURE(stage);
         CAPTURE(static_cast<int>(prec));
@@ -198,7 +178,7 @@ TEST_CASE("parameters in the host tier (offload_param=cpu): same weights, bytes 
   const test::TempDir swap;
   for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
     for (auto oo : {planner::Offload::cpu, planner::Offload::nvme}) {
-      planner::Strategy s = base(3, prec);
+      planner::Strategy s = tiny_strategy(3, prec);
       s.offload_optimizer = oo;
       s.buffers.optimizer_swap_chunk_size = 4096;
       CAPTURE(static_cast<int>(prec));
@@ -242,7 +222,7 @@ TEST_CASE("parameters in the host tier (offload_param=cpu): same weights, bytes 
 
 TEST_CASE("a swap file truncated between steps: one clear error, files removed") {
   const test::TempDir swap;
-  planner::Strategy s = base(2, planner::Precision::bf16);
+  planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
   s.offload_optimizer = planner::Offload::nvme;
   s.buffers.optimizer_swap_chunk_size = 4096;
   const planner::Plan plan = tiny_plan(s);
@@ -274,7 +254,7 @@ TEST_CASE("a swap file truncated between steps: one clear error, files removed")
 }
 
 TEST_CASE("NVMe offload refusals") {
-  planner::Strategy s = base(2, planner::Precision::bf16);
+  planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
   s.offload_optimizer = planner::Offload::nvme;
   const planner::Plan plan = tiny_plan(s);
   auto dev = device_for(plan);
@@ -296,7 +276,7 @@ TEST_CASE("NVMe offload refusals") {
   const test::TempDir swap;
   opt.nvme_path = swap.path;
   CHECK(error_of(tiny_plan(d), opt).find("--dpu with --offload-optimizer nvme") != std::string::npos);
-  planner::Strategy p = base(3, planner::Precision::bf16);
+  planner::Strategy p = tiny_strategy(3, planner::Precision::bf16);
   p.offload_param = planner::Offload::nvme;
   p.offload_optimizer = planner::Offload::nvme;
   CHECK(error_of(tiny_plan(p), opt).find("parameters on NVMe are planned only") != std::string::npos);

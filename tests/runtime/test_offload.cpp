@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_fixture.hpp"
 #include "process.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
@@ -22,6 +23,10 @@
 
 using namespace zp;
 using namespace zp::runtime;
+using zp::test::comm;
+using zp::test::device_for;
+using zp::test::tiny_plan;
+using zp::test::tiny_strategy;
 
 namespace {
 
@@ -30,33 +35,9 @@ const test::TempDir& tmp() {
   return d;
 }
 
-Comm& comm() {
-  static MpiSession session(nullptr, nullptr);
-  static std::unique_ptr<Comm> c = make_mpi_comm();
-  return *c;
-}
 
-planner::Strategy base(int stage, planner::Precision prec) {
-  planner::Strategy s;
-  s.stage = stage;
-  s.precision = prec;
-  s.micro_batch = 2;
-  s.seq = 32;
-  return s;
-}
 
-planner::Plan tiny_plan(const planner::Strategy& s) {
-  return planner::make_plan(models::load_model("gpt2-tiny"), s,
-                            {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);
-}
 
-std::unique_ptr<Device> device_for(const planner::Plan& p) {
-  DeviceConfig dc;
-  dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) * 2 + (16 << 20);
-  dc.cpu_bytes = p.predicted.peak(planner::Tier::cpu) * 2 + (16 << 20);
-  dc.n_threads = 1;
-  return make_cpu_device(dc);
-}
 
 struct Run {
   std::vector<double> losses;
@@ -97,7 +78,7 @@ TEST_CASE("offload memory: host and device bytes equal the plan per category and
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp32, planner::Precision::fp16}) {
     for (int stage : {1, 2, 3}) {
       for (bool dpu : {false, true}) {
-        planner::Strategy s = base(stage, prec);
+        planner::Strategy s = tiny_strategy(stage, prec);
         s.offload_optimizer = planner::Offload::cpu;
         s.dpu = dpu;
         s.grad_accum = 2;
@@ -149,7 +130,7 @@ TEST_CASE("offloaded training equals training on the device") {
   for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
     for (int stage : {1, 2, 3}) {
       for (auto o : {planner::OptimizerKind::adamw, planner::OptimizerKind::sgd}) {
-        planner::Strategy s = base(stage, prec);
+        planner::Strategy s = tiny_strategy(stage, prec);
         s.optimizer = o;
         CAPTURE(stage);
         CAPTURE(static_cast<int>(prec));
@@ -168,7 +149,7 @@ TEST_CASE("offloaded training equals training on the device") {
 }
 
 TEST_CASE("delayed parameter update: threaded equals inline, one step stale, still trains") {
-  planner::Strategy s = base(2, planner::Precision::bf16);
+  planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
   s.offload_optimizer = planner::Offload::cpu;
   s.dpu = true;
   const planner::Plan plan = tiny_plan(s);
