@@ -3,10 +3,6 @@
 // memory comes from the schedule replay of schedule.cpp, cached per shape.
 #include "zp/planner/fit.hpp"
 
-// GCC 12 reports -Wmaybe-uninitialized inside Boost.Graph's edge iterators when the cached
-// TrainingGraph is moved (a false positive in the library headers).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include <algorithm>
 #include <cmath>
 #include <map>

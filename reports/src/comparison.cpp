@@ -37,7 +37,7 @@ Comparison comparison_from_estimate(const planner::Estimate& e) {
   c.strategy = e.strategy;
   c.device = std::string(planner::to_string(e.options.backend));
   c.has_measured = false;
-  c.ranks.push_back({0, e.per_device, {}});
+  c.ranks.push_back({0, e.per_device, {}, std::nullopt});
   c.predicted_timeline = e.memory.timeline;
   c.op_names = e.schedule.op_names;
   return c;
