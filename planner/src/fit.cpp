@@ -46,10 +46,12 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // stage's buffers matter (stage 3: the gather groups' padding, which depends on dp).
 // PyTorch's caching allocator can reuse the tail of a state's segment, so the deepspeed
 // profile replays each strategy whole.
-// With an offloaded optimizer the optimizer op also holds two host tiles (offload_tile_bytes)
-// and, on NVMe, the swap buffers (optimizer_swap_buffer_bytes).
-using DynKey =
-    std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>;
+// The host tier's buffers of an offloaded optimizer (append_offload_buffers) are replayed on
+// their own, keyed by their sizes, so offload settings do not multiply the dynamic replays;
+// parameters offloaded to the host add device staging buffers, hence offload_param.
+// The deepspeed profile replays whole schedules: they differ with the delayed update too.
+using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool>;
+using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 
 }  // namespace
 
@@ -61,6 +63,7 @@ struct FitEvaluator::Impl {
     StepCosts costs;
     std::vector<uint64_t> group_elems;
     std::map<DynKey, PerDevice> dynamic;
+    std::map<HostKey, PerDevice> host_buffers;
   };
   std::map<ShapeKey, Shape> shapes;
 
@@ -97,7 +100,8 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                             ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
                             : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
   const uint32_t p_bytes = sh.graph.options.param_bytes;
-  const DynKey key{s.stage,
+  // Stages 0 and 1 differ only in states (both keep whole gradients, no buckets): one replay.
+  const DynKey key{whole || s.stage >= 2 ? s.stage : 1,
                    s.stage == 3 || whole ? s.dp : 0,
                    whole ? static_cast<int>(s.offload_optimizer) : 0,
                    whole ? static_cast<int>(s.offload_param) : 0,
@@ -105,20 +109,20 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                    s.buffers.allgather_bucket_size,
                    s.buffers.prefetch_bucket_size,
                    s.buffers.max_live_parameters,
-                   offload_tile_bytes(s, part, p_bytes),
-                   s.offload_optimizer == Offload::nvme && !s.dpu
-                       ? optimizer_swap_buffer_bytes(s, part)
-                       : 0};
+                   static_cast<int>(s.offload_param),
+                   whole && s.dpu};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
     if (!whole) {
-      // Drop the persistent states (allocated before the first op, never freed).
+      // Drop the persistent states (allocated before the first op, never freed) and the
+      // optimizer's host buffers (the only host-tier allocations during the step).
       MemorySchedule dyn = sch;
       dyn.events.clear();
       for (const MemEvent& e : sch.events) {
         const MemBuffer& b = sch.buffers[e.buffer];
         if (e.pos == -1 && is_state(b.category)) continue;
+        if (e.pos >= 0 && b.tier == Tier::cpu) continue;
         dyn.events.push_back(e);
       }
       sch = std::move(dyn);
@@ -129,7 +133,17 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
   MemorySchedule states_only;
   append_model_states(states_only, sh.costs.n_params, part, s, p_bytes);
   const PerDevice states = replay(states_only, o).per_device;
-  return add(states, it->second);
+  const HostKey hkey{offload_tile_bytes(s, part, p_bytes),
+                     s.offload_optimizer == Offload::nvme && !s.dpu
+                         ? optimizer_swap_buffer_bytes(s, part)
+                         : 0};
+  auto hb = sh.host_buffers.find(hkey);
+  if (hb == sh.host_buffers.end()) {
+    MemorySchedule host_only;
+    append_offload_buffers(host_only, 0, s, part, p_bytes);
+    hb = sh.host_buffers.emplace(hkey, replay(host_only, o).per_device).first;
+  }
+  return add(add(states, hb->second), it->second);
 }
 
 namespace {

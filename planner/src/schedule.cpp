@@ -146,6 +146,27 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
   }
 }
 
+void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
+                            uint64_t partition_elems, uint32_t param_bytes) {
+  auto add = [&](const char* name, uint64_t bytes) {
+    out.buffers.push_back({name, Tier::cpu, Category::buffers, bytes, -1});
+    const auto b = static_cast<uint32_t>(out.buffers.size() - 1);
+    out.events.push_back({pos, true, b});
+    return b;
+  };
+  auto free = [&](uint32_t b) { out.events.push_back({pos, false, b}); };
+  uint32_t swap = UINT32_MAX;
+  if (s.offload_optimizer == Offload::nvme && !s.dpu)
+    swap = add("swap_buffers", optimizer_swap_buffer_bytes(s, partition_elems));
+  if (const uint64_t tile = offload_tile_bytes(s, partition_elems, param_bytes); tile > 0) {
+    const uint32_t a = add("param_tile.0", tile);
+    const uint32_t b = add("param_tile.1", tile);
+    free(a);
+    free(b);
+  }
+  if (swap != UINT32_MAX) free(swap);
+}
+
 uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes) {
   if (s.offload_optimizer == Offload::none || s.dpu || s.precision == Precision::fp32) return 0;
   // On NVMe the tiles hold one swap chunk each (the pipeline updates a chunk at a time).
@@ -389,18 +410,7 @@ class ScheduleBuilder {
   // With the optimizer on NVMe (no delayed update), the swap buffers come first (see
   // optimizer_swap_buffer_bytes), and the tiles hold one chunk each.
   void optimizer_buffers(int32_t pos) {
-    const bool nvme = s_.offload_optimizer == Offload::nvme && !s_.dpu;
-    uint32_t swap = UINT32_MAX;
-    if (nvme)
-      swap = alloc(pos, add_buffer("swap_buffers", Tier::cpu, Category::buffers,
-                                   optimizer_swap_buffer_bytes(s_, out_.partition_elems)));
-    if (const uint64_t tile = offload_tile_bytes(s_, out_.partition_elems, p_bytes_); tile > 0) {
-      const uint32_t a = alloc(pos, add_buffer("param_tile.0", Tier::cpu, Category::buffers, tile));
-      const uint32_t b = alloc(pos, add_buffer("param_tile.1", Tier::cpu, Category::buffers, tile));
-      free(pos, a);
-      free(pos, b);
-    }
-    if (swap != UINT32_MAX) free(pos, swap);
+    append_offload_buffers(out_, pos, s_, out_.partition_elems, p_bytes_);
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,

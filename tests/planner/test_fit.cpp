@@ -203,7 +203,7 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
     o.profile = prof;
     FitEvaluator ev(m, o);
     for (int stage : {0, 1, 2, 3})
-      for (Offload oo : {Offload::none, Offload::cpu})
+      for (Offload oo : {Offload::none, Offload::cpu, Offload::nvme})
         for (int64_t dp : {1, 3, 8})
           for (Checkpointing ck : {Checkpointing::none, Checkpointing::full}) {
             if (oo != Offload::none && stage == 0) continue;
@@ -216,6 +216,25 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
             s = resolve_for_model(s, m);
             CAPTURE(describe(s));
             CHECK(ev.memory(s) == estimate(m, s, nullptr, o).per_device);
+            // The same strategy with the delayed update, in fp32, and (stage 3) with the
+            // parameters on the host: each changes what the cache keys must tell apart.
+            if (oo == Offload::none) continue;
+            Strategy d = s;
+            d.dpu = true;
+            CAPTURE(describe(d));
+            CAPTURE(static_cast<int>(prof));
+            CHECK(ev.memory(d) == estimate(m, d, nullptr, o).per_device);
+            Strategy f = s;
+            f.precision = Precision::fp32;
+            f = resolve_for_model(f, m);
+            CAPTURE(describe(f));
+            CHECK(ev.memory(f) == estimate(m, f, nullptr, o).per_device);
+            if (stage == 3) {
+              Strategy p = s;
+              p.offload_param = Offload::cpu;
+              CAPTURE(describe(p));
+              CHECK(ev.memory(p) == estimate(m, p, nullptr, o).per_device);
+            }
           }
   }
 }

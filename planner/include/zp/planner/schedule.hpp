@@ -82,6 +82,12 @@ inline constexpr uint64_t kOffloadTileElems = uint64_t{128} * 1024 * 1024;
 // delayed update (it writes a host copy of the partition instead) or in fp32 training.
 uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
 
+// Appends, at position `pos` (the optimizer op), the host buffers an offloaded optimizer
+// holds during its step and frees after it: the NVMe swap buffers, then the two parameter
+// tiles. The fit search replays them alone, as it does the model states.
+void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
+                            uint64_t partition_elems, uint32_t param_bytes);
+
 // Appends the persistent model states (allocated before the first op, position -1) in the
 // order the runtime allocates them: per tier params, grads, master, moments; then the
 // delayed update's second fp32 gradient partition and host parameter copy. build_schedule
