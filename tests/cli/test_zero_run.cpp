@@ -18,6 +18,9 @@ using zp::test::Result;
 
 namespace {
 
+using zp::test::read_floats;
+using zp::test::rel_l2;
+
 const std::string kRun = std::string(ZP_BIN_DIR) + "/zero-run";
 const std::string kPlan = std::string(ZP_BIN_DIR) + "/zero-plan";
 // Open MPI refuses root and more ranks than cores unless told.
@@ -30,21 +33,7 @@ Result mpirun(int np, std::vector<std::string> args, int timeout_s = 120) {
   return zp::test::run(argv, kEnv, timeout_s);
 }
 
-std::vector<float> read_floats(const std::string& path) {
-  const std::string bytes = zp::test::slurp(path);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
-}
 
 }  // namespace
 

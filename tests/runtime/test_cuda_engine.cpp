@@ -22,6 +22,9 @@ using namespace zp::runtime;
 
 namespace {
 
+using zp::test::read_floats;
+using zp::test::rel_l2;
+
 Comm& mpi() {
   static MpiSession session(nullptr, nullptr);
   static std::unique_ptr<Comm> c = make_mpi_comm();
@@ -50,21 +53,7 @@ DeviceConfig config_for(const planner::Plan& p) {
   return dc;
 }
 
-std::vector<float> read_floats(const std::string& path) {
-  const std::string bytes = test::slurp(path);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
-}
 
 struct Trained {
   std::vector<double> losses;

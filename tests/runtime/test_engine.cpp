@@ -27,15 +27,12 @@ using zp::test::tiny_plan;
 
 namespace {
 
+using zp::test::read_floats;
+using zp::test::rel_l2;
 
 
 
-std::vector<float> read_floats(const std::string& path) {
-  const std::string bytes = test::slurp(path);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
+
 
 // Flat offsets of gpt2-tiny's parameter tensors, from GPT-2's shapes (V=256, P=64, C=64, L=2).
 struct TensorRange {
@@ -150,29 +147,11 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
           CHECK(l3 < l1);
           timeline = engine.timeline();
         }
-        const planner::PerDevice m = dev->measured();
-        // The measured timeline of the first micro-step matches the predicted one op by op.
-        {
-          const auto& m_tl = timeline;
-          const auto g = models::build_training_graph(
-              plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
-          const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
-                                           plan.options);
-          REQUIRE(m_tl.size() == rep.timeline.size());
-          for (std::size_t k = 0; k < m_tl.size(); ++k) {
-            CHECK(m_tl[k].pos == rep.timeline[k].pos);
-            CHECK(m_tl[k].bytes == rep.timeline[k].bytes);
-          }
-        }
         CAPTURE(stage);
         CAPTURE(static_cast<int>(prec));
         CAPTURE(static_cast<int>(ck));
-        for (auto tier : planner::kTiers) {
-          CHECK(m.peak(tier) == plan.predicted.peak(tier));
-          for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
-        }
-        // Everything went back to the arena.
-        CHECK(dev->arena(planner::Tier::gpu).in_use() == 0);
+        // Timeline op by op, every tier and category, and everything back in the arenas.
+        zp::test::check_memory_matches_plan(plan, *dev, timeline);
       }
     }
   }

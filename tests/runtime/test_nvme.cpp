@@ -113,21 +113,7 @@ TEST_CASE("nvme memory: swap files and host buffers equal the plan per category 
             timeline = engine.timeline();
           }
           CHECK(files_in(swap.path).empty());  // removed with the engine
-          const auto g = models::build_training_graph(
-              plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
-          const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
-                                           plan.options);
-          REQUIRE(timeline.size() == rep.timeline.size());
-          for (std::size_t k = 0; k < timeline.size(); ++k) {
-            CHECK(timeline[k].pos == rep.timeline[k].pos);
-            CHECK(timeline[k].bytes == rep.timeline[k].bytes);
-          }
-          const planner::PerDevice m = dev->measured();
-          for (auto tier : planner::kTiers) {
-            CHECK(m.peak(tier) == plan.predicted.peak(tier));
-            for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
-          }
-          for (auto tier : planner::kTiers) CHECK(dev->arena(tier).in_use() == 0);
+          zp::test::check_memory_matches_plan(plan, *dev, timeline);
         }
       }
     }
@@ -204,18 +190,7 @@ TEST_CASE("parameters in the host tier (offload_param=cpu): same weights, bytes 
         for (int i = 0; i < 2; ++i) engine.step();
         timeline = engine.timeline();
       }
-      const auto g = models::build_training_graph(
-          plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
-      const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
-                                       plan.options);
-      REQUIRE(timeline.size() == rep.timeline.size());
-      for (std::size_t k = 0; k < timeline.size(); ++k) CHECK(timeline[k].bytes == rep.timeline[k].bytes);
-      const planner::PerDevice m = dev->measured();
-      for (auto tier : planner::kTiers) {
-        CHECK(m.peak(tier) == plan.predicted.peak(tier));
-        for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
-      }
-      for (auto tier : planner::kTiers) CHECK(dev->arena(tier).in_use() == 0);
+      zp::test::check_memory_matches_plan(plan, *dev, timeline);
     }
   }
 }

@@ -103,22 +103,7 @@ TEST_CASE("offload memory: host and device bytes equal the plan per category and
           engine.flush();
           timeline = engine.timeline();
         }
-        const auto g = models::build_training_graph(
-            plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
-        const auto rep = planner::replay(planner::build_schedule(g, plan.strategy, plan.options),
-                                         plan.options);
-        REQUIRE(timeline.size() == rep.timeline.size());
-        for (std::size_t k = 0; k < timeline.size(); ++k) {
-          CHECK(timeline[k].pos == rep.timeline[k].pos);
-          CHECK(timeline[k].bytes == rep.timeline[k].bytes);
-        }
-        const planner::PerDevice m = dev->measured();
-        for (auto tier : planner::kTiers) {
-          CHECK(m.peak(tier) == plan.predicted.peak(tier));
-          for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
-        }
-        CHECK(dev->arena(planner::Tier::gpu).in_use() == 0);
-        CHECK(dev->arena(planner::Tier::cpu).in_use() == 0);
+        zp::test::check_memory_matches_plan(plan, *dev, timeline);
       }
     }
   }

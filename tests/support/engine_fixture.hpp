@@ -4,9 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <vector>
+
+#include <doctest/doctest.h>
 
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/device.hpp"
 
@@ -43,6 +47,28 @@ inline std::unique_ptr<runtime::Device> device_for(const planner::Plan& p) {
   dc.nvme_bytes = p.predicted.peak(planner::Tier::nvme) * 2 + (16 << 20);
   dc.n_threads = 1;
   return runtime::make_cpu_device(dc);
+}
+
+// After an engine ran `plan` on `dev` and went away: its measured timeline of the first
+// micro-step equals the planner's op by op, every tier's category high-water marks and peak
+// equal the prediction, and every arena is empty again.
+inline void check_memory_matches_plan(const planner::Plan& plan, const runtime::Device& dev,
+                                      const std::vector<planner::TimelineSample>& timeline) {
+  const auto g = models::build_training_graph(
+      plan.model, planner::graph_options(plan.model, plan.strategy, plan.options));
+  const auto rep =
+      planner::replay(planner::build_schedule(g, plan.strategy, plan.options), plan.options);
+  REQUIRE(timeline.size() == rep.timeline.size());
+  for (std::size_t k = 0; k < timeline.size(); ++k) {
+    CHECK(timeline[k].pos == rep.timeline[k].pos);
+    CHECK(timeline[k].bytes == rep.timeline[k].bytes);
+  }
+  const planner::PerDevice m = dev.measured();
+  for (auto tier : planner::kTiers) {
+    CHECK(m.peak(tier) == plan.predicted.peak(tier));
+    for (auto c : planner::kCategories) CHECK(m[tier][c] == plan.predicted[tier][c]);
+    CHECK(dev.arena(tier).in_use() == 0);
+  }
 }
 
 }  // namespace zp::test
