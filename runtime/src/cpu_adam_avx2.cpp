@@ -5,6 +5,8 @@
 // inline functions the rest of the library shares (which per-file -mavx2 would risk).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu_adam_kernels.hpp"
 
 #define ZP_AVX2_FN __attribute__((target("avx2,fma,f16c")))
@@ -30,11 +32,14 @@ ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
   }
 }
 
-// Eight fp32 values stored as T, rounded to nearest even exactly as dtype.hpp does.
-template <DType T>
+// Eight fp32 values stored as T, rounded to nearest even exactly as dtype.hpp does; kStream:
+// a non-temporal store (base + i on a vector boundary), else an unaligned one.
+template <DType T, bool kStream>
 ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
   if constexpr (T == DType::fp32) {
-    _mm256_storeu_ps(static_cast<float*>(base) + i, x);
+    float* dst = static_cast<float*>(base) + i;
+    if constexpr (kStream) _mm256_stream_ps(dst, x);
+    else _mm256_storeu_ps(dst, x);
   } else {
     __m128i h;
     if constexpr (T == DType::fp16) {
@@ -53,7 +58,9 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
       // Each 32-bit lane holds a value <= 0xffff, so unsigned saturation packs it unchanged.
       h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), h);
+    __m128i* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i);
+    if constexpr (kStream) _mm_stream_si128(dst, h);
+    else _mm_storeu_si128(dst, h);
   }
 }
 
@@ -72,7 +79,7 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
 }
 
 // adam_element() on eight lanes, operation for operation.
-template <DType G, DType M, ParamOut P>
+template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX2_INLINE void adam8(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
   __m256 p = _mm256_loadu_ps(t.master + i);
   __m256 m = load8<M>(t.exp_avg, i);
@@ -83,23 +90,54 @@ ZP_AVX2_INLINE void adam8(const Coeffs8& c, const AdamTensors& t, std::size_t i)
   v = _mm256_fmadd_ps(c.beta2, v, _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
   const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
   p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, denom), _mm256_mul_ps(p, c.decay));
-  _mm256_storeu_ps(t.master + i, p);
-  store8<M>(t.exp_avg, i, m);
-  store8<M>(t.exp_avg_sq, i, v);
-  if constexpr (P != ParamOut::none) store8<param_out_dtype(P)>(t.param_out, i, p);
+  store8<DType::fp32, kStream>(t.master, i, p);
+  store8<M, kStream>(t.exp_avg, i, m);
+  store8<M, kStream>(t.exp_avg_sq, i, v);
+  if constexpr (P != ParamOut::none) store8<param_out_dtype(P), kStream>(t.param_out, i, p);
 }
 
-template <DType G, DType M, ParamOut P>
-ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
-                          std::size_t end) {
+// The arrays read and written, kPrefetchElems ahead of element i (a prefetch never faults,
+// also past the end). One call per 16 elements: a 64-byte line of fp32.
+template <DType M>
+ZP_AVX2_INLINE void prefetch_ahead(const AdamTensors& t, std::size_t i) {
+  const std::size_t ahead = i + kPrefetchElems, mb = dtype_bytes(M);
+  _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead), _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb, _MM_HINT_T0);
+}
+
+// The vector body on [begin, end), then the scalar tail. kStream: begin is on a vector boundary
+// of every written array (streaming_aligned); non-temporal stores, prefetched loads, and a
+// store fence so that the stores are visible before the caller's OpenMP barrier.
+template <DType G, DType M, ParamOut P, bool kStream>
+ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                               std::size_t end) {
   const Coeffs8 c8 = broadcast(c);
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    adam8<G, M, P>(c8, local, i);
-    adam8<G, M, P>(c8, local, i + kWidth);
+    if constexpr (kStream) prefetch_ahead<M>(local, i);
+    adam8<G, M, P, kStream>(c8, local, i);
+    adam8<G, M, P, kStream>(c8, local, i + kWidth);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
+  if constexpr (kStream) _mm_sfence();
+}
+
+// Streaming: a scalar head up to master's vector boundary, then the streaming body if every
+// written array is on its boundary there (else the cached body: still correct, not streamed).
+template <DType G, DType M, ParamOut P>
+ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                          std::size_t end, Stores stores) {
+  if (stores == Stores::streaming) {
+    const std::size_t head =
+        std::min(end, begin + elems_to_alignment(t.master + begin, kWidth * sizeof(float)));
+    adam_scalar_range<G, M, P>(c, t, begin, head);
+    if (streaming_aligned<M, P>(t, head, kWidth))
+      return adam_avx2_body<G, M, P, true>(c, t, head, end);
+    begin = head;
+  }
+  adam_avx2_body<G, M, P, false>(c, t, begin, end);
 }
 
 // Sum of squares: each fp32 lane widened to double (exact), squared and accumulated with an

@@ -8,6 +8,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu_adam_kernels.hpp"
 
 #define ZP_AVX512_FN __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -32,11 +34,14 @@ ZP_AVX512_INLINE __m512 load16(const void* base, std::size_t i) {
   }
 }
 
-// Rounded to nearest even exactly as dtype.hpp does (see cpu_adam_avx2.cpp's store8).
-template <DType T>
+// Rounded to nearest even exactly as dtype.hpp does (see cpu_adam_avx2.cpp's store8);
+// kStream: a non-temporal store (base + i on a vector boundary), else an unaligned one.
+template <DType T, bool kStream>
 ZP_AVX512_INLINE void store16(void* base, std::size_t i, __m512 x) {
   if constexpr (T == DType::fp32) {
-    _mm512_storeu_ps(static_cast<float*>(base) + i, x);
+    float* dst = static_cast<float*>(base) + i;
+    if constexpr (kStream) _mm512_stream_ps(dst, x);
+    else _mm512_storeu_ps(dst, x);
   } else {
     __m256i h;
     if constexpr (T == DType::fp16) {
@@ -50,7 +55,9 @@ ZP_AVX512_INLINE void store16(void* base, std::size_t i, __m512 x) {
       const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
       h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));  // truncating
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i), h);
+    __m256i* dst = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i);
+    if constexpr (kStream) _mm256_stream_si256(dst, h);
+    else _mm256_storeu_si256(dst, h);
   }
 }
 
@@ -68,7 +75,7 @@ ZP_AVX512_INLINE Coeffs16 broadcast(const AdamCoeffs& c) {
 }
 
 // adam_element() on sixteen lanes, operation for operation.
-template <DType G, DType M, ParamOut P>
+template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX512_INLINE void adam16(const Coeffs16& c, const AdamTensors& t, std::size_t i) {
   __m512 p = _mm512_loadu_ps(t.master + i);
   __m512 m = load16<M>(t.exp_avg, i);
@@ -79,23 +86,54 @@ ZP_AVX512_INLINE void adam16(const Coeffs16& c, const AdamTensors& t, std::size_
   v = _mm512_fmadd_ps(c.beta2, v, _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
   const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
   p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m, denom), _mm512_mul_ps(p, c.decay));
-  _mm512_storeu_ps(t.master + i, p);
-  store16<M>(t.exp_avg, i, m);
-  store16<M>(t.exp_avg_sq, i, v);
-  if constexpr (P != ParamOut::none) store16<param_out_dtype(P)>(t.param_out, i, p);
+  store16<DType::fp32, kStream>(t.master, i, p);
+  store16<M, kStream>(t.exp_avg, i, m);
+  store16<M, kStream>(t.exp_avg_sq, i, v);
+  if constexpr (P != ParamOut::none) store16<param_out_dtype(P), kStream>(t.param_out, i, p);
 }
 
-template <DType G, DType M, ParamOut P>
-ZP_AVX512_FN void adam_avx512(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
-                              std::size_t end) {
+// The arrays read and written, kPrefetchElems ahead of element i (a prefetch never faults,
+// also past the end).
+template <DType M>
+ZP_AVX512_INLINE void prefetch16(const AdamTensors& t, std::size_t i) {
+  const std::size_t ahead = i + kPrefetchElems, mb = dtype_bytes(M);
+  _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead), _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb, _MM_HINT_T0);
+}
+
+// The vector body on [begin, end), then the scalar tail. kStream: begin is on a vector boundary
+// of every written array (streaming_aligned); non-temporal stores, prefetched loads, and a
+// store fence so that the stores are visible before the caller's OpenMP barrier.
+template <DType G, DType M, ParamOut P, bool kStream>
+ZP_AVX512_FN void adam_avx512_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                                   std::size_t end) {
   const Coeffs16 c16 = broadcast(c);
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    adam16<G, M, P>(c16, local, i);
-    adam16<G, M, P>(c16, local, i + kWidth);
+    if constexpr (kStream) prefetch16<M>(local, i), prefetch16<M>(local, i + kWidth);
+    adam16<G, M, P, kStream>(c16, local, i);
+    adam16<G, M, P, kStream>(c16, local, i + kWidth);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
+  if constexpr (kStream) _mm_sfence();
+}
+
+// Streaming: a scalar head up to master's vector boundary, then the streaming body if every
+// written array is on its boundary there (else the cached body: still correct, not streamed).
+template <DType G, DType M, ParamOut P>
+ZP_AVX512_FN void adam_avx512(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                              std::size_t end, Stores stores) {
+  if (stores == Stores::streaming) {
+    const std::size_t head =
+        std::min(end, begin + elems_to_alignment(t.master + begin, kWidth * sizeof(float)));
+    adam_scalar_range<G, M, P>(c, t, begin, head);
+    if (streaming_aligned<M, P>(t, head, kWidth))
+      return adam_avx512_body<G, M, P, true>(c, t, head, end);
+    begin = head;
+  }
+  adam_avx512_body<G, M, P, false>(c, t, begin, end);
 }
 
 template <DType G>

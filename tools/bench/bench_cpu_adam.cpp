@@ -255,26 +255,47 @@ void BM_Fused(benchmark::State& state, Variant var, std::optional<CpuIsa> isa) {
 // ---- the physical limit: the same streams, trivial arithmetic -----------------------------
 
 // p += g, m += g, v += g (fp32), and the 16-bit copy of p: every load and store of the fused
-// step, with its conversions, but one add per stream instead of Adam's arithmetic.
-template <DType G, bool kOut16>
+// step, with its conversions, in the same order (all loads of a vector, then all stores: with
+// every array on the same 2 MiB alignment, a store followed by a load of another array at the
+// same offset is a false store-to-load dependency that cost this kernel 3x on a Zen 4), and
+// the same store kind the fused step uses at this size: from 2^20 elements non-temporal stores
+// with the loads prefetched 1024 elements ahead (cpu_adam.cpp's kStreamMinElems,
+// cpu_adam_kernels.hpp's kPrefetchElems). One add per stream instead of Adam's arithmetic.
+constexpr std::size_t kStreamMinElems = std::size_t{1} << 20;
+constexpr std::size_t kPrefetchElems = 1024;
+
+template <bool kStream>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void store_f32(float* dst, __m256 x) {
+  if constexpr (kStream) _mm256_stream_ps(dst, x);
+  else _mm256_storeu_ps(dst, x);
+}
+
+template <DType G, bool kOut16, bool kStream>
 __attribute__((target("avx2,fma,f16c"))) void stream_range(const Data& d, std::size_t b, std::size_t e) {
   float *p = d.master.data(), *m = d.m.data(), *v = d.v.data();
   uint16_t* out = d.p16.data();
   std::size_t i = b;
   for (; i + 16 <= e; i += 16) {
+    if constexpr (kStream)
+      for (const float* a : {p, m, v}) _mm_prefetch(reinterpret_cast<const char*>(a + i + kPrefetchElems), _MM_HINT_T0);
     for (std::size_t u = 0; u < 16; u += 8) {
       const std::size_t j = i + u;
+      const __m256 p0 = _mm256_loadu_ps(p + j), m0 = _mm256_loadu_ps(m + j), v0 = _mm256_loadu_ps(v + j);
       __m256 g;
       if constexpr (G == DType::fp16)
         g = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d.g16.data() + j)));
       else
         g = _mm256_loadu_ps(d.g32.data() + j);
-      const __m256 pn = _mm256_add_ps(_mm256_loadu_ps(p + j), g);
-      _mm256_storeu_ps(p + j, pn);
-      _mm256_storeu_ps(m + j, _mm256_add_ps(_mm256_loadu_ps(m + j), g));
-      _mm256_storeu_ps(v + j, _mm256_add_ps(_mm256_loadu_ps(v + j), g));
-      if constexpr (kOut16)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT));
+      const __m256 pn = _mm256_add_ps(p0, g);
+      store_f32<kStream>(p + j, pn);
+      store_f32<kStream>(m + j, _mm256_add_ps(m0, g));
+      store_f32<kStream>(v + j, _mm256_add_ps(v0, g));
+      if constexpr (kOut16) {
+        __m128i* dst = reinterpret_cast<__m128i*>(out + j);
+        const __m128i h = _mm256_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT);
+        if constexpr (kStream) _mm_stream_si128(dst, h);
+        else _mm_storeu_si128(dst, h);
+      }
     }
   }
   for (; i < e; ++i) {
@@ -282,6 +303,62 @@ __attribute__((target("avx2,fma,f16c"))) void stream_range(const Data& d, std::s
     p[i] += g, m[i] += g, v[i] += g;
     if constexpr (kOut16) out[i] = fp32_to_fp16(p[i]);
   }
+  if constexpr (kStream) _mm_sfence();
+}
+
+// The same on 16 lanes, for CPUs where the fused step runs its AVX-512 kernel: its stores
+// are the same width then (a 512-bit non-temporal store fills a whole 64-byte line; on a
+// Zen 4 the AVX2 stream above ran 20-45% slower than this at 2^26).
+template <bool kStream>
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline void store_f32(float* dst, __m512 x) {
+  if constexpr (kStream) _mm512_stream_ps(dst, x);
+  else _mm512_storeu_ps(dst, x);
+}
+
+template <DType G, bool kOut16, bool kStream>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void stream_range_avx512(const Data& d, std::size_t b,
+                                                                         std::size_t e) {
+  float *p = d.master.data(), *m = d.m.data(), *v = d.v.data();
+  uint16_t* out = d.p16.data();
+  std::size_t i = b;
+  for (; i + 32 <= e; i += 32) {
+    for (std::size_t u = 0; u < 32; u += 16) {
+      const std::size_t j = i + u;
+      if constexpr (kStream)
+        for (const float* a : {p, m, v}) _mm_prefetch(reinterpret_cast<const char*>(a + j + kPrefetchElems), _MM_HINT_T0);
+      const __m512 p0 = _mm512_loadu_ps(p + j), m0 = _mm512_loadu_ps(m + j), v0 = _mm512_loadu_ps(v + j);
+      __m512 g;
+      if constexpr (G == DType::fp16)
+        g = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d.g16.data() + j)));
+      else
+        g = _mm512_loadu_ps(d.g32.data() + j);
+      const __m512 pn = _mm512_add_ps(p0, g);
+      store_f32<kStream>(p + j, pn);
+      store_f32<kStream>(m + j, _mm512_add_ps(m0, g));
+      store_f32<kStream>(v + j, _mm512_add_ps(v0, g));
+      if constexpr (kOut16) {
+        __m256i* dst = reinterpret_cast<__m256i*>(out + j);
+        const __m256i h = _mm512_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT);
+        if constexpr (kStream) _mm256_stream_si256(dst, h);
+        else _mm256_storeu_si256(dst, h);
+      }
+    }
+  }
+  stream_range<G, kOut16, false>(d, i, e);  // the tail (fewer than 32 elements)
+  if constexpr (kStream) _mm_sfence();
+}
+
+// Thread ranges start on multiples of 64 elements of 2 MiB-aligned buffers: every vector store
+// is aligned, as the non-temporal ones need.
+template <DType G, bool kOut16>
+void stream_pass(const Data& d) {
+  parallel_ranges(d.n, [&](std::size_t b, std::size_t e) {
+    const bool stream = d.n >= kStreamMinElems;
+    if (cpu_adam_isa() == CpuIsa::avx512)
+      stream ? stream_range_avx512<G, kOut16, true>(d, b, e) : stream_range_avx512<G, kOut16, false>(d, b, e);
+    else
+      stream ? stream_range<G, kOut16, true>(d, b, e) : stream_range<G, kOut16, false>(d, b, e);
+  });
 }
 
 template <DType G, bool kOut16>
@@ -292,18 +369,19 @@ void BM_Stream(benchmark::State& state) {
     state.SkipWithError("the stream kernel needs AVX2+F16C");
     return;
   }
+  state.SetLabel(std::string(to_string(cpu_adam_isa() == CpuIsa::avx512 ? CpuIsa::avx512 : CpuIsa::avx2)));
   const std::vector<std::size_t> idx = sample_indices(d.n);
   std::vector<float> want(idx.size());
   for (std::size_t j = 0; j < idx.size(); ++j)
     want[j] = d.master[idx[j]] + (G == DType::fp16 ? fp16_to_fp32(d.g16[idx[j]]) : d.g32[idx[j]]);
-  parallel_ranges(d.n, [&](std::size_t b, std::size_t e) { stream_range<G, kOut16>(d, b, e); });
+  stream_pass<G, kOut16>(d);
   for (std::size_t j = 0; j < idx.size(); ++j)
     if (d.master[idx[j]] != want[j] || (kOut16 && d.p16[idx[j]] != fp32_to_fp16(want[j]))) {
       state.SkipWithError("the stream kernel gives a wrong answer");
       return;
     }
   for (auto _ : state) {
-    parallel_ranges(d.n, [&](std::size_t b, std::size_t e) { stream_range<G, kOut16>(d, b, e); });
+    stream_pass<G, kOut16>(d);
     benchmark::ClobberMemory();
   }
   set_counters(state, d.n, bytes_per_param({G, DType::fp32, kOut16}));
