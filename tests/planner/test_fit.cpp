@@ -234,6 +234,17 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
               p.offload_param = Offload::cpu;
               CAPTURE(describe(p));
               CHECK(ev.memory(p) == estimate(m, p, nullptr, o).per_device);
+              // On NVMe: the host swap buffers change with their count and size, the dynamic
+              // replay must not keep them.
+              for (uint64_t count : {uint64_t{5}, uint64_t{2}}) {
+                Strategy n = s;
+                n.offload_param = Offload::nvme;
+                n.buffers.param_swap_buffer_count = count;
+                n.buffers.param_swap_buffer_size = count == 5 ? 100'000'000 : 1'000'000;
+                CAPTURE(describe(n));
+                CAPTURE(count);
+                CHECK(ev.memory(n) == estimate(m, n, nullptr, o).per_device);
+              }
             }
           }
   }
