@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,8 +48,9 @@ struct EngineOptions {
   // inline, the reference the threaded run must equal bit for bit).
   int64_t dpu_warmup_steps = 10;
   bool dpu_threaded = true;
-  // --offload-optimizer nvme: the directory of this rank's swap files (zero-run --nvme-path,
-  // or nvme_path of a DeepSpeed config) and DeepSpeed's aio settings for the swapper.
+  // --offload-optimizer nvme and --offload-param nvme: the directory of this rank's swap files
+  // (zero-run --nvme-path, or nvme_path of a DeepSpeed config) and DeepSpeed's aio settings
+  // for the swapper.
   std::string nvme_path;
   AioConfig aio;
 };
@@ -158,6 +160,28 @@ class Engine {
   std::unique_ptr<Swapper> swapper_;
   std::vector<SwapFile> swap_files_;  // master, then exp_avg and exp_avg_sq (or momentum)
 
+  // ZeRO-Infinity, offload_param=nvme (engine_nvme.cpp; stage 3): the 16-bit partition lives in
+  // the swap file rank<r>.params.swp (params_ stays null). Every micro-step gathers groups in
+  // the same order (gather_order_, found by a dry run of the gather logic); each gather's
+  // shard is read in pieces of at most param_buf_elems_ elements through the ring of
+  // param_bufs_, up to param_swap_prefetch_depth gathers ahead, and staged to the device. The
+  // optimizer's new parameters are written back in order through the same buffers.
+  struct ParamPiece {
+    uint32_t entry = 0;            // index into gather_order_
+    uint64_t part_off = 0, n = 0;  // partition elements
+  };
+  bool param_nvme_ = false, planning_gathers_ = false;
+  SwapFile param_file_;
+  std::vector<HostBuffer> param_bufs_;
+  std::vector<std::optional<SwapTicket>> param_tickets_;  // by buffer: its I/O in flight
+  uint64_t param_buf_elems_ = 0;
+  std::vector<std::size_t> gather_order_;  // group indices, one micro-step's gathers
+  std::vector<ParamPiece> pieces_;         // their shards' pieces, in order
+  std::vector<std::size_t> first_piece_;   // by gather entry, and one past the last
+  std::size_t next_read_ = 0, next_use_ = 0, entry_ = 0;
+  std::string param_failure_, param_hint_;  // the first I/O error of the step, if any
+  uint64_t write_chunk_ = UINT64_MAX;       // partition chunk being filled for write-back
+
   // Per-step state.
   std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
   std::vector<std::pair<Tier, void*>> held_;  // buffers to free at destruction (model states)
@@ -215,6 +239,22 @@ class Engine {
   void nvme_update(double inv_scale, double clip, int64_t t);
   void* alloc_swap_buffers(std::vector<HostBuffer>& buffers);  // cpu tier; free the result
   void read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn);
+  // offload_param=nvme: the file and host buffers; the gather order and pieces; a gather's
+  // shard into the device staging buffer; reads issued ahead. Writing the partition back:
+  // put_params in increasing partition order (gaps are zero), end_param_write to finish.
+  // Parameters go to the device partition or, with offload_param=nvme, to the file.
+  void open_param_file();
+  void plan_param_reads();
+  void read_shard(std::size_t group, void* stage);
+  void issue_param_reads();
+  void put_params(uint64_t part_elem, const void* src, uint64_t n);
+  void end_param_write();
+  void to_params(uint64_t part_elem, const void* src, uint64_t n);
+  void wait_param_io(std::size_t buffer);  // the buffer's I/O; its ticket is gone after
+  void drain_param_io();                   // after an error: wait for all, drop the errors
+  // Every rank learns whether any rank's I/O failed (a collective, called at the same points
+  // on every rank); StepFailed on all of them if so.
+  void fail_together(const std::string& failure, const std::string& hint, const char* what);
   // The owned range of a group for this rank, in group-local elements.
   std::pair<uint64_t, uint64_t> owned(const Group& gr) const;
 };
