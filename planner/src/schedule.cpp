@@ -159,12 +159,19 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
   // its fp32 gradient partition while step i+1's backward fills a second one, and writes the
   // new 16-bit parameters into a host copy of the partition that is copied to the device
   // once step i+1's backward is done (zeroplan's double buffering; the paper's schedule).
+  // With the optimizer on NVMe the copy is kept in fp32 training too (the master weights it
+  // would otherwise be copied from are in the swap file), and the CPU step's swap buffers
+  // (optimizer_swap_buffer_bytes) are held for the run: the step runs on its own thread,
+  // which never calls the allocator.
   if (s.dpu && s.offload_optimizer != Offload::none) {
     alloc(-1, add_buffer("grads.dpu", Tier::cpu, Category::grads,
                          checked_mul(4, part, "bytes of the second fp32 gradient partition")));
-    if (s.precision != Precision::fp32)
+    if (s.precision != Precision::fp32 || s.offload_optimizer == Offload::nvme)
       alloc(-1, add_buffer("params.dpu", Tier::cpu, Category::params,
                            checked_mul(param_bytes, part, "bytes of the host parameter copy")));
+    if (s.offload_optimizer == Offload::nvme)
+      alloc(-1, add_buffer("swap_buffers", Tier::cpu, Category::buffers,
+                           optimizer_swap_buffer_bytes(s, part)));
   }
   // ZeRO-Infinity's parameter swapper holds its host buffers for the whole run (DeepSpeed's
   // AsyncPartitionedParameterSwapper allocates buffer_count x buffer_size at start).

@@ -84,14 +84,16 @@ uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_
 
 // Appends, at position `pos` (the optimizer op), the host buffers an offloaded optimizer
 // holds during its step and frees after it: the NVMe swap buffers, then the two parameter
-// tiles. The fit search replays them alone, as it does the model states.
+// tiles (neither with the delayed update: it holds its swap buffers with the model states).
+// The fit search replays them alone, as it does the model states.
 void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
                             uint64_t partition_elems, uint32_t param_bytes);
 
 // Appends the persistent model states (allocated before the first op, position -1) in the
 // order the runtime allocates them: per tier params, grads, master, moments; then the
-// delayed update's second fp32 gradient partition and host parameter copy; then the
-// parameter swap buffers of --offload-param nvme (cpu tier, category buffers). build_schedule
+// delayed update's second fp32 gradient partition, host parameter copy and (optimizer on
+// NVMe) swap buffers; then the parameter swap buffers of --offload-param nvme (cpu tier,
+// category buffers). build_schedule
 // starts with these; the fit search replays them alone.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
                          const Strategy& s, uint32_t param_bytes);
