@@ -74,9 +74,6 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
                             planner::to_string(s.offload_param)),
                 "add --offload-optimizer cpu or nvme (the optimizer then updates the offloaded "
                 "partition)");
-  if (s.offload_optimizer == planner::Offload::nvme && s.dpu)
-    throw Error("--dpu with --offload-optimizer nvme: zero-run's delayed update runs on host states only",
-                "drop --dpu, or use --offload-optimizer cpu --dpu");
   // Every backend's kernels (the Device seam) compute in fp32: fp32 activations, 16-bit
   // weights converted per op, no dropout. That is the graph a plan made with --device cpu
   // predicts, on the cpu and cuda devices alike; a --device cuda plan predicts 16-bit
@@ -134,8 +131,9 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
           fmt::format("--offload-{} nvme needs --nvme-path DIR (a directory on the NVMe drive)",
                       nvme_ ? "optimizer" : "param"),
           "e.g. --nvme-path /local_nvme; each rank keeps its swap files there");
-    swapper_ = std::make_unique<Swapper>(SwapperOptions{.dir = opt_.nvme_path, .rank = rank_,
-                                                        .aio = opt_.aio});
+    const SwapperOptions so{.dir = opt_.nvme_path, .rank = rank_, .aio = opt_.aio};
+    if (nvme_) swapper_ = std::make_unique<Swapper>(so);
+    if (param_nvme_) param_swapper_ = std::make_unique<Swapper>(so);
   }
   layout();
   if (stage_ == 3) find_runs();
@@ -234,7 +232,13 @@ void Engine::allocate_states() {
   }
   if (dpu_) {
     host_grads_[1] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads.dpu"));
-    if (mixed) dpu_params_ = state(Tier::cpu, part_, pbytes_, Category::params, "params.dpu");
+    if (mixed || nvme_) dpu_params_ = state(Tier::cpu, part_, pbytes_, Category::params, "params.dpu");
+    if (nvme_) {  // the CPU step's swap buffers, held for the run (schedule.cpp)
+      void* block = alloc(Tier::cpu, planner::optimizer_swap_buffer_bytes(plan_.strategy, part_),
+                          Category::buffers, "swap_buffers");
+      held_.emplace_back(Tier::cpu, block);
+      carve_swap_buffers(block, dpu_swap_buffers_);
+    }
   }
   // offload_param=nvme: the parameter swapper's host buffers, held for the run, each
   // 4096-aligned inside one block (planner::param_swap_buffer_bytes has the slack).
@@ -727,7 +731,7 @@ void Engine::to_params(uint64_t part_elem, const void* src, uint64_t n) {
 // 16-bit parameters go to the host copy dpu_params_ and nothing touches the device or an
 // arena: safe on the delayed update's thread.
 void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
-  if (nvme_) return nvme_update(inv_scale, clip, t);  // no delayed update: g_buf is cur_
+  if (nvme_) return nvme_update(g_buf, inv_scale, clip, t, to_device);
   const auto kind = plan_.strategy.optimizer;
   const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
                         .weight_decay = opt_.weight_decay,
@@ -794,8 +798,10 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
 void Engine::flush() {
   if (!dpu_pending_) return;
   if (dpu_thread_.joinable()) dpu_thread_.join();
-  apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
   dpu_pending_ = false;
+  if (nvme_) fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
+                           "the delayed swapped optimizer step");
+  apply_host_params(dpu_params_ != nullptr ? dpu_params_ : static_cast<const void*>(master_));
 }
 
 StepStats Engine::optimizer_step() {
@@ -871,7 +877,10 @@ StepStats Engine::optimizer_step() {
     } else {
       if (step_ == 0 && (dpu_ || (pdt_ == DType::fp32 && !nvme_))) sample(opt_pos_);
       offload_update(cur_, inv_scale, clip, t, !dpu_);
-      if (dpu_) apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
+      if (dpu_ && nvme_)
+        fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
+                      "the swapped optimizer step");
+      if (dpu_) apply_host_params(dpu_params_ != nullptr ? dpu_params_ : static_cast<const void*>(master_));
       else gather_params();
     }
   } else {

@@ -38,9 +38,10 @@ std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
 // Frees arena allocations when a scope ends, also when an exception leaves it.
 struct ArenaGuard {
   Arena& arena;
-  std::vector<void*> held;
+  std::vector<void*> held;  // null entries (nothing allocated) are skipped
   ~ArenaGuard() {
-    for (auto it = held.rbegin(); it != held.rend(); ++it) arena.free(*it);
+    for (auto it = held.rbegin(); it != held.rend(); ++it)
+      if (*it != nullptr) arena.free(*it);
   }
 };
 
@@ -64,18 +65,28 @@ void Engine::open_swap_files() {
   }
 }
 
+// The delayed update holds its buffers for the run (dpu_swap_buffers_); a step without it
+// allocates them at the optimizer op and frees them after.
 void* Engine::alloc_swap_buffers(std::vector<HostBuffer>& buffers) {
+  if (dpu_) {
+    buffers = dpu_swap_buffers_;
+    return nullptr;
+  }
+  void* block = alloc(Tier::cpu, planner::optimizer_swap_buffer_bytes(plan_.strategy, part_),
+                      Category::buffers, "swap_buffers");
+  carve_swap_buffers(block, buffers);
+  return block;
+}
+
+void Engine::carve_swap_buffers(void* block, std::vector<HostBuffer>& buffers) const {
   const auto& s = plan_.strategy;
   const uint64_t chunk_bytes = planner::optimizer_swap_chunk_elems(s, part_) * 4;
   const uint64_t n = s.buffers.optimizer_swap_buffer_count * planner::optimizer_swap_files(s);
-  void* block = alloc(Tier::cpu, planner::optimizer_swap_buffer_bytes(s, part_), Category::buffers,
-                      "swap_buffers");
   // The arena aligns to kArenaAlignment; O_DIRECT needs 4096: the planned slack covers it.
   const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
   std::byte* first = static_cast<std::byte*>(block) + ((kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes);
   buffers.clear();
   for (uint64_t i = 0; i < n; ++i) buffers.push_back({first + i * chunk_bytes, chunk_bytes});
-  return block;
 }
 
 // Initial values (engine.cpp init_range: they depend only on the seed and the flat index) for
@@ -105,17 +116,22 @@ void Engine::init_swapped_states() {
 
 // The CPU Adam (or SGD) of engine.cpp offload_update, chunk by chunk: chunk k of the master
 // and moment files is in host memory together; the owned elements of each group inside it are
-// updated from host_grads_[cur_], and the new parameters go to the device (16-bit through
+// updated from host_grads_[g_buf], and the new parameters go to the device (16-bit through
 // the two alternating tiles; fp32 straight from the master chunk) before the chunk is
 // written back. An I/O error on any rank fails the step on every rank together (StepFailed),
 // before any rank starts the next collective.
-void Engine::nvme_update(double inv_scale, double clip, int64_t t) {
+//
+// Without `to_device` (the delayed update, on its own thread or inline during its warmup) the
+// new parameters go to the host copy dpu_params_ (16-bit straight from the Adam, fp32 copied
+// from the master chunk), nothing touches the device, an arena or the communicator, and an
+// I/O error is kept in dpu_failure_ for the main thread to fail the step with.
+void Engine::nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
   const auto kind = plan_.strategy.optimizer;
   const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
                         .weight_decay = opt_.weight_decay,
                         .adamw = kind == planner::OptimizerKind::adamw};
   const AdamStepArgs args{.step = t, .inv_loss_scale = inv_scale, .clip_coef = clip};
-  float* grads = host_grads_[cur_];
+  float* grads = host_grads_[g_buf];
   const bool mixed = pdt_ != DType::fp32;
   std::string failure, hint;
   {
@@ -124,12 +140,12 @@ void Engine::nvme_update(double inv_scale, double clip, int64_t t) {
     guard.held.push_back(alloc_swap_buffers(buffers));
     const uint64_t chunk_bytes = buffers.front().capacity_bytes;
     void* tiles[2] = {nullptr, nullptr};
-    if (mixed) {
+    if (mixed && to_device) {
       const uint64_t tile = std::min(chunk_bytes / 4, part_) * pbytes_;
       guard.held.push_back(tiles[0] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.0"));
       guard.held.push_back(tiles[1] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.1"));
     }
-    if (step_ == 0) sample(opt_pos_);
+    if (step_ == 0 && to_device) sample(opt_pos_);
     int next = 0;
     try {
       ChunkPipeline pipe(*swapper_, chunk_bytes, static_cast<uint32_t>(swap_files_.size()), buffers);
@@ -145,7 +161,7 @@ void Engine::nvme_update(double inv_scale, double clip, int64_t t) {
           const uint64_t a = std::max(e0, gr.part_off), b = std::min(e0 + m, gr.part_off + (hi - lo));
           if (a >= b) continue;
           const uint64_t i = a - e0, n = b - a;
-          void* out = mixed ? at(tiles[next], i, pbytes_) : nullptr;
+          void* out = !mixed ? nullptr : to_device ? at(tiles[next], i, pbytes_) : at(dpu_params_, a, pbytes_);
           if (kind == planner::OptimizerKind::sgd) {
             cpu::sgd_step(master + i, m1 + i, grads + a, DType::fp32, out, pdt_, opt_.lr,
                           opt_.momentum, opt_.weight_decay, static_cast<float>(inv_scale * clip),
@@ -157,20 +173,29 @@ void Engine::nvme_update(double inv_scale, double clip, int64_t t) {
                                       .grad_dtype = DType::fp32, .param_out = out,
                                       .param_out_dtype = pdt_});
           }
+          if (!to_device) {  // fp32: the master weights are the parameters
+            if (!mixed) std::memcpy(at(dpu_params_, a, 4), master + i, n * 4);
+            continue;
+          }
           const uint64_t p0 = (stage_ >= 3 ? gr.part_off : gr.flat_off + lo) + (a - gr.part_off);
           const void* src = mixed ? out : static_cast<const void*>(master + i);
           to_params(p0, src, n);  // the device, or offload_param=nvme's write-back
         }
         next ^= 1;
       });
-      if (param_nvme_) end_param_write();
+      if (param_nvme_ && to_device) end_param_write();
     } catch (const Error& e) {
       failure = e.what();
       hint = e.hint();
-      if (param_nvme_) drain_param_io();
+      if (param_nvme_ && to_device) drain_param_io();
     }
   }
   std::memset(grads, 0, part_ * 4);
+  if (!to_device) {
+    dpu_failure_ = failure;
+    dpu_hint_ = hint;
+    return;
+  }
   fail_together(failure, hint, "the swapped optimizer step");
 }
 
@@ -192,7 +217,7 @@ void Engine::fail_together(const std::string& failure, const std::string& hint, 
 // nvme tier, category params: the planner's model state on that tier.
 void Engine::open_param_file() {
   const uint64_t bytes = checked_mul(part_, pbytes_, "params swap file bytes");
-  param_file_ = swapper_->open("params", bytes);
+  param_file_ = param_swapper_->open("params", bytes);
   held_.emplace_back(Tier::nvme,
                      alloc(Tier::nvme, Swapper::padded_bytes(bytes), Category::params, "params"));
 }
@@ -234,7 +259,7 @@ void Engine::issue_param_reads() {
     const uint64_t a = p.part_off * pbytes_, skew = a % kSwapAlignBytes;
     try {
       param_tickets_[b] =
-          swapper_->read(param_file_, a - skew, param_bufs_[b].data, skew + p.n * pbytes_);
+          param_swapper_->read(param_file_, a - skew, param_bufs_[b].data, skew + p.n * pbytes_);
     } catch (const Error& e) {
       if (param_failure_.empty()) {
         param_failure_ = e.what();
@@ -286,7 +311,7 @@ void Engine::read_shard(std::size_t gi, void* stage) {
 void Engine::wait_param_io(std::size_t b) {
   const SwapTicket t = *param_tickets_[b];
   param_tickets_[b].reset();
-  swapper_->wait(t);
+  param_swapper_->wait(t);
 }
 
 void Engine::drain_param_io() {
@@ -323,7 +348,7 @@ void Engine::put_params(uint64_t part_elem, const void* src, uint64_t n) {
   auto flush = [&](uint64_t c) {
     const std::size_t b = c % n_buf;
     const uint64_t bytes = std::min(w, part_ - c * w) * pbytes_;
-    param_tickets_[b] = swapper_->write(param_file_, c * w * pbytes_, param_bufs_[b].data, bytes);
+    param_tickets_[b] = param_swapper_->write(param_file_, c * w * pbytes_, param_bufs_[b].data, bytes);
   };
   const std::byte* s = static_cast<const std::byte*>(src);
   // part_elem == part_ (with n == 0) finishes: every chunk up to the end is written.

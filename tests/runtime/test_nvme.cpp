@@ -210,7 +210,6 @@ TEST_CASE("parameters on NVMe (offload_param=nvme): same weights, bytes as plann
   for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
     for (auto oo : {planner::Offload::cpu, planner::Offload::nvme}) {
       for (bool dpu : {false, true}) {
-        if (dpu && oo == planner::Offload::nvme) continue;  // refused: see the refusals
         planner::Strategy s = tiny_strategy(3, prec);
         s.offload_optimizer = oo;
         s.dpu = dpu;
@@ -242,9 +241,11 @@ TEST_CASE("parameters on NVMe (offload_param=nvme): same weights, bytes as plann
           CHECK(nvme.weights == on_device.weights);
 
           // The plan, computed here: the partition's file on the nvme tier, nothing of it on
-          // the device or the host; the host buffers: count x (the buffer's elements in whole
-          // 4096-byte blocks + one block for a piece's offset) + the alignment slack, plus
-          // the optimizer step's two 16-bit tiles (bf16, host optimizer, no delayed update).
+          // the device or the host (but the delayed update's host copy of the new parameters,
+          // kept in fp32 training too with the optimizer on NVMe); the host buffers: count x
+          // (the buffer's elements in whole 4096-byte blocks + one block for a piece's
+          // offset) + the alignment slack, plus the optimizer step's two 16-bit tiles (bf16,
+          // host optimizer, no delayed update).
           const uint64_t pbytes = prec == planner::Precision::fp32 ? 4 : 2;
           // (The host tier's fp32 gradient partition: two with the delayed update.)
           const uint64_t part =
@@ -254,12 +255,12 @@ TEST_CASE("parameters on NVMe (offload_param=nvme): same weights, bytes as plann
                 round_up_4096(pbytes * part));
           CHECK(plan.predicted[planner::Tier::gpu][planner::Category::params] == 0);
           CHECK(plan.predicted[planner::Tier::cpu][planner::Category::params] ==
-                (dpu && pbytes == 2 ? pbytes * part : 0));
+                (dpu && (pbytes == 2 || oo == planner::Offload::nvme) ? pbytes * part : 0));
           const uint64_t block_elems = 4096 / pbytes;
           const uint64_t elems =
               std::min(c.size, (part + block_elems - 1) / block_elems * block_elems);
           uint64_t buffers = c.count * (round_up_4096(elems * pbytes) + 4096) + 4096 - 256;
-          if (oo == planner::Offload::cpu && !dpu && pbytes == 2)
+          if (oo == planner::Offload::cpu && !dpu && pbytes == 2)  // the optimizer's tiles
             buffers += 2 * ((part * 2 + 255) / 256 * 256);
           if (oo == planner::Offload::cpu)
             CHECK(plan.predicted[planner::Tier::cpu][planner::Category::buffers] == buffers);
@@ -282,6 +283,103 @@ TEST_CASE("parameters on NVMe (offload_param=nvme): same weights, bytes as plann
       }
     }
   }
+}
+
+TEST_CASE("the delayed update with the optimizer on NVMe equals it with the optimizer on the host") {
+  // --dpu with offload_optimizer=nvme: the CPU step and its swap pipeline run on the update's
+  // thread (and inline, the reference schedule) through swap buffers held for the run; the
+  // same weights as the delayed update on host states, bit for bit, in fp32 and bf16, stages
+  // 2 and 3 (3 also with the parameters on NVMe); every byte as planned, op by op.
+  const test::TempDir swap;
+  for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
+    for (int stage : {2, 3}) {
+      for (auto op : {planner::Offload::none, planner::Offload::nvme}) {
+        if (op == planner::Offload::nvme && stage != 3) continue;
+        planner::Strategy s = tiny_strategy(stage, prec);
+        s.offload_optimizer = planner::Offload::cpu;
+        s.offload_param = op;
+        s.dpu = true;
+        s.buffers.optimizer_swap_chunk_size = 4096;
+        s.buffers.param_swap_buffer_size = 4096;
+        CAPTURE(static_cast<int>(prec));
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(op));
+        EngineOptions opt;
+        opt.nvme_path = swap.path;
+        opt.dpu_warmup_steps = 2;
+        const Run host = train(tiny_plan(s), 6, opt);
+        s.offload_optimizer = planner::Offload::nvme;
+        const planner::Plan plan = tiny_plan(s);
+        for (bool threaded : {true, false}) {
+          CAPTURE(threaded);
+          opt.dpu_threaded = threaded;
+          const Run nvme = train(plan, 6, opt);
+          CHECK(nvme.losses == host.losses);
+          CHECK(nvme.weights.size() == host.weights.size());
+          CHECK(nvme.weights == host.weights);
+        }
+        CHECK(files_in(swap.path).empty());
+        // The plan, computed here: two fp32 gradient partitions, the host parameter copy (in
+        // fp32 training too), the swap buffers for the run (3 sets of a chunk per file + the
+        // alignment slack; no tiles), and with the parameters on NVMe their buffers.
+        const uint64_t pbytes = prec == planner::Precision::fp32 ? 4 : 2;
+        const uint64_t part = plan.predicted[planner::Tier::cpu][planner::Category::grads] / 8;
+        REQUIRE(part > 0);
+        CHECK(plan.predicted[planner::Tier::cpu][planner::Category::params] == pbytes * part);
+        const uint64_t chunk = std::min<uint64_t>(4096, (part + 1023) / 1024 * 1024);
+        uint64_t buffers = 3 * 3 * chunk * 4 + 4096 - 256;
+        if (op == planner::Offload::nvme) {
+          const uint64_t e = std::min<uint64_t>(4096, (part + 4096 / pbytes - 1) / (4096 / pbytes) * (4096 / pbytes));
+          buffers += 5 * (round_up_4096(e * pbytes) + 4096) + 4096 - 256;
+        }
+        CHECK(plan.predicted[planner::Tier::cpu][planner::Category::buffers] == buffers);
+        auto dev = device_for(plan);
+        std::vector<planner::TimelineSample> timeline;
+        {
+          opt.dpu_threaded = true;
+          Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+          for (int i = 0; i < 4; ++i) engine.step();
+          engine.flush();
+          timeline = engine.timeline();
+        }
+        zp::test::check_memory_matches_plan(plan, *dev, timeline);
+      }
+    }
+  }
+}
+
+TEST_CASE("the delayed update's swap file truncated: the step fails on the main thread, files removed") {
+  const test::TempDir swap;
+  planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
+  s.offload_optimizer = planner::Offload::nvme;
+  s.dpu = true;
+  s.buffers.optimizer_swap_chunk_size = 4096;
+  const planner::Plan plan = tiny_plan(s);
+  auto dev = device_for(plan);
+  {
+    EngineOptions opt;
+    opt.nvme_path = swap.path;
+    opt.dpu_warmup_steps = 1;
+    Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+    engine.step();  // plain
+    engine.flush();
+    const std::string victim = swap.file("rank0.exp_avg.swp");
+    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
+    std::string what;
+    bool origin = false;
+    try {
+      engine.step();  // launches the delayed step, which fails on its thread
+      engine.step();  // applies it: the failure surfaces here
+    } catch (const StepFailed& e) {
+      what = e.what();
+      origin = e.origin();
+    }
+    CAPTURE(what);
+    CHECK(origin);
+    CHECK(what.find("read " + victim) != std::string::npos);
+    CHECK(what.find("short read") != std::string::npos);
+  }
+  CHECK(files_in(swap.path).empty());
 }
 
 TEST_CASE("the parameter swap file truncated between steps: one clear error, files removed") {
@@ -374,11 +472,8 @@ TEST_CASE("NVMe offload refusals") {
   EngineOptions opt;
   opt.nvme_path = "/nonexistent-zp-dir";
   CHECK(error_of(plan, opt).find("/nonexistent-zp-dir") != std::string::npos);
-  planner::Strategy d = s;
-  d.dpu = true;
   const test::TempDir swap;
   opt.nvme_path = swap.path;
-  CHECK(error_of(tiny_plan(d), opt).find("--dpu with --offload-optimizer nvme") != std::string::npos);
   planner::Strategy p = tiny_strategy(3, planner::Precision::bf16);
   p.offload_param = planner::Offload::nvme;
   p.offload_optimizer = planner::Offload::cpu;

@@ -156,9 +156,14 @@ class Engine {
   // ZeRO-Infinity, offload_optimizer=nvme (engine_nvme.cpp): master weights and moments live
   // in this rank's swap files (one per state, each an nvme-arena range of its padded size);
   // the optimizer step streams them through the pipeline's host buffers.
+  // With the delayed update the CPU step (and its pipeline) runs on the update's thread through
+  // swap buffers held for the run, and writes the new parameters to dpu_params_; its I/O
+  // error is kept for the main thread, which fails the step on every rank at flush().
   bool nvme_ = false;
   std::unique_ptr<Swapper> swapper_;
   std::vector<SwapFile> swap_files_;  // master, then exp_avg and exp_avg_sq (or momentum)
+  std::vector<HostBuffer> dpu_swap_buffers_;
+  std::string dpu_failure_, dpu_hint_;
 
   // ZeRO-Infinity, offload_param=nvme (engine_nvme.cpp; stage 3): the 16-bit partition lives in
   // the swap file rank<r>.params.swp (params_ stays null). Every micro-step gathers groups in
@@ -171,6 +176,7 @@ class Engine {
     uint64_t part_off = 0, n = 0;  // partition elements
   };
   bool param_nvme_ = false, planning_gathers_ = false;
+  std::unique_ptr<Swapper> param_swapper_;  // its own: the update's thread uses swapper_
   SwapFile param_file_;
   std::vector<HostBuffer> param_bufs_;
   std::vector<std::optional<SwapTicket>> param_tickets_;  // by buffer: its I/O in flight
@@ -233,11 +239,13 @@ class Engine {
   void gather_params();                             // stages 1-2: share updated slices
   // engine_nvme.cpp: the swap files and their nvme-arena ranges; initial master weights and
   // zero moments written to them; the pipelined update of every owned element from
-  // host_grads_[cur_], new parameters to the device; chunks of the swapped master weights.
+  // host_grads_[g_buf], new parameters to the device (or, for the delayed update, to
+  // dpu_params_); chunks of the swapped master weights.
   void open_swap_files();
   void init_swapped_states();
-  void nvme_update(double inv_scale, double clip, int64_t t);
+  void nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device);
   void* alloc_swap_buffers(std::vector<HostBuffer>& buffers);  // cpu tier; free the result
+  void carve_swap_buffers(void* block, std::vector<HostBuffer>& buffers) const;
   void read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn);
   // offload_param=nvme: the file and host buffers; the gather order and pieces; a gather's
   // shard into the device staging buffer; reads issued ahead. Writing the partition back:
