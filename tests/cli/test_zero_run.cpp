@@ -213,7 +213,7 @@ TEST_CASE("faults end every rank with an error, never a hang") {
   CHECK(rc != -1);  // not hung
 }
 
-TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights on 2 ranks, bytes as planned, faults") {
+TEST_CASE("the optimizer on NVMe (and parameters on the host or NVMe): the same weights on 2 ranks, bytes as planned, faults") {
   zp::test::TempDir dir;
   const std::string swap = dir.file("swap");
   REQUIRE(::mkdir(swap.c_str(), 0700) == 0);
@@ -359,9 +359,27 @@ TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights 
   };
   bad(mpirun(2, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme"}),
       "--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)");
-  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme", "--dpu",
-                 "--nvme-path", swap}),
-      "--dpu with --offload-optimizer nvme");
+  // The delayed update with the optimizer on NVMe, on 2 ranks: the weights of the delayed
+  // update on host states, bytes as planned.
+  {
+    std::vector<std::string> args = {"--model", "gpt2-tiny", "--stage", "2", "--precision", "fp32",
+                                     "--micro-batch", "2", "--seq", "32", "--steps", "5", "--dpu",
+                                     "--dpu-warmup", "2", "--optimizer-swap-chunk-size", "4096"};
+    std::vector<std::string> a = args, b = args;
+    a.insert(a.end(), {"--offload-optimizer", "cpu", "--save-weights", dir.file("dpu_cpu.bin")});
+    b.insert(b.end(), {"--offload-optimizer", "nvme", "--nvme-path", swap, "--save-weights",
+                       dir.file("dpu_nvme.bin"), "--report", dir.file("dpu.json")});
+    const Result ra = mpirun(2, a), rb = mpirun(2, b);
+    CAPTURE(rb.err);
+    REQUIRE(ra.rc == 0);
+    REQUIRE(rb.rc == 0);
+    CHECK(zp::test::slurp(dir.file("dpu_cpu.bin")) == zp::test::slurp(dir.file("dpu_nvme.bin")));
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(dir.file("dpu.json")))["ranks"];
+    CHECK(ranks.size() == 2);
+    for (const auto& rank : ranks)
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+    CHECK(swap_files() == 0);
+  }
   // Parameters on NVMe: no directory, below stage 3, nonsense buffer settings.
   bad(mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
                  "--offload-param", "nvme"}),
