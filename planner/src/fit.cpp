@@ -405,8 +405,20 @@ nlohmann::json deepspeed_config(const Strategy& s) {
     if (o == Offload::nvme) x["nvme_path"] = "/local_nvme";
     return x;
   };
-  if (s.offload_optimizer != Offload::none) zo["offload_optimizer"] = offload(s.offload_optimizer);
-  if (s.offload_param != Offload::none) zo["offload_param"] = offload(s.offload_param);
+  // The swap buffers under DeepSpeed's names: the optimizer pipeline's buffer sets, the
+  // parameter swapper's buffer count and size.
+  if (s.offload_optimizer != Offload::none) {
+    zo["offload_optimizer"] = offload(s.offload_optimizer);
+    if (s.offload_optimizer == Offload::nvme)
+      zo["offload_optimizer"]["buffer_count"] = s.buffers.optimizer_swap_buffer_count;
+  }
+  if (s.offload_param != Offload::none) {
+    zo["offload_param"] = offload(s.offload_param);
+    if (s.offload_param == Offload::nvme) {
+      zo["offload_param"]["buffer_count"] = s.buffers.param_swap_buffer_count;
+      zo["offload_param"]["buffer_size"] = s.buffers.param_swap_buffer_size;
+    }
+  }
   if (s.stage == 3) {
     zo["stage3_prefetch_bucket_size"] = s.buffers.prefetch_bucket_size;
     zo["stage3_max_live_parameters"] = s.buffers.max_live_parameters;
