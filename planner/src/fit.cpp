@@ -49,8 +49,10 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The host tier's buffers of an offloaded optimizer (append_offload_buffers) are replayed on
 // their own, keyed by their sizes, so offload settings do not multiply the dynamic replays;
 // parameters offloaded to the host add device staging buffers, hence offload_param.
-// The deepspeed profile replays whole schedules: they differ with the delayed update too.
-using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool>;
+// The deepspeed profile replays whole schedules: they differ with the delayed update and the
+// parameter swap buffers (--offload-param nvme) too.
+using DynKey =
+    std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool, uint64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 
 }  // namespace
@@ -110,18 +112,23 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                    s.buffers.prefetch_bucket_size,
                    s.buffers.max_live_parameters,
                    static_cast<int>(s.offload_param),
-                   whole && s.dpu};
+                   whole && s.dpu,
+                   whole && s.stage == 3 && s.offload_param == Offload::nvme
+                       ? param_swap_buffer_bytes(s, part, p_bytes)
+                       : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
     if (!whole) {
-      // Drop the persistent states (allocated before the first op, never freed) and the
-      // optimizer's host buffers (the only host-tier allocations during the step).
+      // Drop the persistent states (allocated before the first op, never freed), the
+      // parameter swap buffers held with them (host tier, position -1; append_model_states
+      // replays them below) and the optimizer's host buffers (the only host-tier
+      // allocations during the step).
       MemorySchedule dyn = sch;
       dyn.events.clear();
       for (const MemEvent& e : sch.events) {
         const MemBuffer& b = sch.buffers[e.buffer];
-        if (e.pos == -1 && is_state(b.category)) continue;
+        if (e.pos == -1 && (is_state(b.category) || b.tier != Tier::gpu)) continue;
         if (e.pos >= 0 && b.tier == Tier::cpu) continue;
         dyn.events.push_back(e);
       }
@@ -398,8 +405,20 @@ nlohmann::json deepspeed_config(const Strategy& s) {
     if (o == Offload::nvme) x["nvme_path"] = "/local_nvme";
     return x;
   };
-  if (s.offload_optimizer != Offload::none) zo["offload_optimizer"] = offload(s.offload_optimizer);
-  if (s.offload_param != Offload::none) zo["offload_param"] = offload(s.offload_param);
+  // The swap buffers under DeepSpeed's names: the optimizer pipeline's buffer sets, the
+  // parameter swapper's buffer count and size.
+  if (s.offload_optimizer != Offload::none) {
+    zo["offload_optimizer"] = offload(s.offload_optimizer);
+    if (s.offload_optimizer == Offload::nvme)
+      zo["offload_optimizer"]["buffer_count"] = s.buffers.optimizer_swap_buffer_count;
+  }
+  if (s.offload_param != Offload::none) {
+    zo["offload_param"] = offload(s.offload_param);
+    if (s.offload_param == Offload::nvme) {
+      zo["offload_param"]["buffer_count"] = s.buffers.param_swap_buffer_count;
+      zo["offload_param"]["buffer_size"] = s.buffers.param_swap_buffer_size;
+    }
+  }
   if (s.stage == 3) {
     zo["stage3_prefetch_bucket_size"] = s.buffers.prefetch_bucket_size;
     zo["stage3_max_live_parameters"] = s.buffers.max_live_parameters;

@@ -91,6 +91,28 @@ uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems
                      "swap buffer bytes");
 }
 
+uint64_t param_swap_buffer_elems(const Strategy& s, uint64_t partition_elems,
+                                 uint32_t param_bytes) {
+  const uint64_t block_elems = kSwapBlockBytes / param_bytes;
+  const uint64_t whole = (partition_elems + block_elems - 1) / block_elems * block_elems;
+  return std::max<uint64_t>(1, std::min(s.buffers.param_swap_buffer_size, whole));
+}
+
+uint64_t param_swap_buffer_capacity(const Strategy& s, uint64_t partition_elems,
+                                    uint32_t param_bytes) {
+  const uint64_t bytes = checked_mul(param_swap_buffer_elems(s, partition_elems, param_bytes),
+                                     param_bytes, "param swap buffer bytes");
+  return checked_add(swap_file_bytes(bytes), kSwapBlockBytes, "param swap buffer bytes");
+}
+
+uint64_t param_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems,
+                                 uint32_t param_bytes) {
+  return checked_add(checked_mul(s.buffers.param_swap_buffer_count,
+                                 param_swap_buffer_capacity(s, partition_elems, param_bytes),
+                                 "param swap buffer bytes"),
+                     kSwapBlockBytes - kArenaAlignment, "param swap buffer bytes");
+}
+
 namespace {
 
 Category category_of(TensorKind k) {
@@ -137,13 +159,25 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
   // its fp32 gradient partition while step i+1's backward fills a second one, and writes the
   // new 16-bit parameters into a host copy of the partition that is copied to the device
   // once step i+1's backward is done (zeroplan's double buffering; the paper's schedule).
+  // With the optimizer on NVMe the copy is kept in fp32 training too (the master weights it
+  // would otherwise be copied from are in the swap file), and the CPU step's swap buffers
+  // (optimizer_swap_buffer_bytes) are held for the run: the step runs on its own thread,
+  // which never calls the allocator.
   if (s.dpu && s.offload_optimizer != Offload::none) {
     alloc(-1, add_buffer("grads.dpu", Tier::cpu, Category::grads,
                          checked_mul(4, part, "bytes of the second fp32 gradient partition")));
-    if (s.precision != Precision::fp32)
+    if (s.precision != Precision::fp32 || s.offload_optimizer == Offload::nvme)
       alloc(-1, add_buffer("params.dpu", Tier::cpu, Category::params,
                            checked_mul(param_bytes, part, "bytes of the host parameter copy")));
+    if (s.offload_optimizer == Offload::nvme)
+      alloc(-1, add_buffer("swap_buffers", Tier::cpu, Category::buffers,
+                           optimizer_swap_buffer_bytes(s, part)));
   }
+  // ZeRO-Infinity's parameter swapper holds its host buffers for the whole run (DeepSpeed's
+  // AsyncPartitionedParameterSwapper allocates buffer_count x buffer_size at start).
+  if (s.offload_param == Offload::nvme && s.stage == 3)
+    alloc(-1, add_buffer("param_swap_buffers", Tier::cpu, Category::buffers,
+                         param_swap_buffer_bytes(s, part, param_bytes)));
 }
 
 void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
@@ -358,9 +392,10 @@ class ScheduleBuilder {
     holder_[grp] = hold_until;
     gathered_[grp] = alloc(pos, add_buffer("gathered." + grp, Tier::gpu, Category::buffers,
                                            gathered_bytes(grp)));
-    // Parameters offloaded to the host (offload_param=cpu): the rank's shard is copied into a
-    // device staging buffer that the all-gather sends from; it lives until the op's frees.
-    if (s_.offload_param == Offload::cpu)
+    // Parameters offloaded to the host (offload_param=cpu) or read from NVMe through the host
+    // buffers (nvme): the rank's shard is copied into a device staging buffer that the
+    // all-gather sends from; it lives until the op's frees.
+    if (s_.offload_param != Offload::none)
       staged_.push_back(alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
                                               gathered_bytes(grp) / dp_)));
     live_gathered_elems_ += group_elems_.at(grp);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zp/error.hpp"
+#include "zp/planner/schedule.hpp"
 
 namespace zp::planner {
 
@@ -200,15 +201,39 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   std::vector<int> pass_compute, grads_done;
   pass_compute.reserve(n);
 
+  // --offload-param nvme reads each gather's shard through param_swap_buffer_count host
+  // buffers of param_swap_buffer_elems elements (schedule.hpp), issued up to
+  // param_swap_prefetch_depth gathers ahead of the one being staged (engine_nvme.cpp): the
+  // read for the gather at position q of a micro-step waits for the gather `ahead` positions
+  // before it to be staged, ahead = min(depth + 1, buffers / pieces of the shard), at least
+  // 1; not for compute. The first micro-step's reads wait for the previous update (its
+  // parameters are written back to the file).
+  const bool nvme_p = offload_p && s.offload_param == Offload::nvme;
+  const uint32_t pbytes_int = s.precision == Precision::fp32 ? 4 : 2;
+  const uint64_t swap_elems = nvme_p ? param_swap_buffer_elems(s, part, pbytes_int) : 1;
+  auto reads_ahead = [&](std::size_t i) {
+    const uint64_t shard = (c.group_params[i] + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp);
+    const uint64_t pieces = std::max<uint64_t>(1, (shard + swap_elems - 1) / swap_elems);
+    const uint64_t by_buffers = s.buffers.param_swap_buffer_count / pieces;
+    return static_cast<int>(std::clamp<uint64_t>(by_buffers, 1, s.buffers.param_swap_prefetch_depth + 1));
+  };
+  std::vector<int> staged;  // by position in the micro-step: the gather's h2d task
+
   // Stage 3: bring group i's 16-bit parameters: (NVMe ->) host -> GPU partition, all-gather.
-  auto gather = [&](std::size_t i, int after) -> int {
+  auto gather = [&](std::size_t i, int after, const std::vector<int>* ready) -> int {
     if (s.stage != 3) return -1;
     const double part_bytes = static_cast<double>(c.group_params[i]) * pbytes / static_cast<double>(dp);
     int dep = after;
     if (offload_p) {
-      if (s.offload_param == Offload::nvme)
-        dep = sch.add("nvme read params", static_cast<int>(i), Resource::nvme_read, part_bytes / nvme_r, {dep});
-      dep = sch.add("h2d params", static_cast<int>(i), Resource::h2d, part_bytes / h2d, {dep});
+      const int q = static_cast<int>(staged.size());
+      int read = -1;
+      if (nvme_p) {
+        const int a = reads_ahead(i);
+        read = sch.add("nvme read params", static_cast<int>(i), Resource::nvme_read, part_bytes / nvme_r,
+                       {q >= a ? staged[static_cast<std::size_t>(q - a)] : -1}, ready);
+      }
+      dep = sch.add("h2d params", static_cast<int>(i), Resource::h2d, part_bytes / h2d, {dep, read});
+      staged.push_back(dep);
     }
     if (dp > 1)
       dep = sch.add("all-gather", static_cast<int>(i), Resource::net,
@@ -233,10 +258,12 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       const bool last_micro = m + 1 == G;
       // Forward.
       pass_compute.clear();
+      staged.clear();
+      const std::vector<int>* reads_wait = m == 0 ? params_ready : nullptr;
       const int before_fwd = last_gpu;
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(p);
-        const int g = gather(i, prefetch_after(p, before_fwd));
+        const int g = gather(i, prefetch_after(p, before_fwd), reads_wait);
         const int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true), {g},
                               p == 0 && m == 0 ? params_ready : nullptr);
         pass_compute.push_back(t);
@@ -248,7 +275,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       int n_bucket = 0;
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
-        const int g = gather(i, prefetch_after(p, before_bwd));
+        const int g = gather(i, prefetch_after(p, before_bwd), reads_wait);
         const int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false), {g});
         pass_compute.push_back(t);
         last_gpu = t;

@@ -93,6 +93,20 @@ void validate(const Strategy& s) {
     throw Error(fmt::format("optimizer_swap_buffer_count {}: must be 2 to 64",
                             s.buffers.optimizer_swap_buffer_count),
                 "3 overlaps the read of chunk k+1, the update of chunk k and the write of chunk k-1");
+  if (s.buffers.param_swap_buffer_count < 1 || s.buffers.param_swap_buffer_count > 64)
+    throw Error(fmt::format("param_swap_buffer_count {}: must be 1 to 64",
+                            s.buffers.param_swap_buffer_count),
+                "host buffers for --offload-param nvme shard reads; DeepSpeed's offload_param."
+                "buffer_count defaults to 5");
+  if (s.buffers.param_swap_buffer_size == 0)
+    throw Error("param_swap_buffer_size 0: must be at least 1 element",
+                "elements per host buffer for --offload-param nvme; DeepSpeed's offload_param."
+                "buffer_size defaults to 1e8");
+  if (s.buffers.param_swap_prefetch_depth > 64)
+    throw Error(
+        fmt::format("param_swap_prefetch_depth {}: must be 0 to 64",
+                    s.buffers.param_swap_prefetch_depth),
+        "gathers ahead whose shard reads may be in flight; the free buffers limit it anyway");
 }
 
 namespace {
@@ -120,7 +134,14 @@ void require_neutral(const json& obj, std::string_view key, const json& neutral,
                 fmt::format("remove it or set it to {} to plan without it", neutral.dump()));
 }
 
-Offload read_offload(const json& zo, std::string_view key, const std::string& origin) {
+// The section's device, and its buffer settings where zeroplan has them:
+// offload_optimizer.buffer_count (DeepSpeed's default 4, zeroplan's 3 when absent) becomes
+// the optimizer swap pipeline's buffer sets; offload_param.buffer_count and buffer_size the
+// parameter swap buffers. offload_param.max_in_cpu (DeepSpeed keeps up to that many elements
+// of its 16-bit sub-group partitions in host memory) is type-checked and not modelled:
+// zeroplan keeps the whole 16-bit partition on NVMe.
+Offload read_offload(const json& zo, std::string_view key, const std::string& origin,
+                     BufferSizes& buffers) {
   Fields f(zo, origin, "zero_optimization.");
   const json* o = f.object(key);
   if (o == nullptr) return Offload::none;
@@ -136,6 +157,22 @@ Offload read_offload(const json& zo, std::string_view key, const std::string& or
   if (!v)
     throw Error(fmt::format("{}: field '{}device' must be \"none\", \"cpu\" or \"nvme\", got "
                             "\"{}\"", origin, prefix, dev));
+  auto count = [&](std::string_view field, uint64_t& into, uint64_t lo, uint64_t hi) {
+    if (is_auto(*o, field) || !of.has(field)) return;
+    const uint64_t n = of.byte_count(field, into);
+    if (n < lo || n > hi)
+      of.fail(field, hi == UINT64_MAX ? fmt::format("at least {}", lo)
+                                      : fmt::format("a count from {} to {}", lo, hi));
+    into = n;
+  };
+  if (key == "offload_optimizer") {
+    count("buffer_count", buffers.optimizer_swap_buffer_count, 2, 64);
+  } else {
+    count("buffer_count", buffers.param_swap_buffer_count, 1, 64);
+    count("buffer_size", buffers.param_swap_buffer_size, 1, UINT64_MAX);
+    uint64_t max_in_cpu = 0;
+    count("max_in_cpu", max_in_cpu, 0, UINT64_MAX);
+  }
   return *v;
 }
 
@@ -239,8 +276,8 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
                     "parameters");
       s.stage = static_cast<int>(st);
     }
-    s.offload_optimizer = read_offload(*zo, "offload_optimizer", origin);
-    s.offload_param = read_offload(*zo, "offload_param", origin);
+    s.offload_optimizer = read_offload(*zo, "offload_optimizer", origin, s.buffers);
+    s.offload_param = read_offload(*zo, "offload_param", origin, s.buffers);
     if (z.boolean("cpu_offload", false)) s.offload_optimizer = Offload::cpu;  // legacy spelling
     if (z.boolean("cpu_offload_params", false)) s.offload_param = Offload::cpu;
     auto bucket = [&](std::string_view key, uint64_t& into) {
@@ -279,7 +316,10 @@ json to_json(const Strategy& s) {
             {"stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size},
             {"stage3_max_live_parameters", s.buffers.max_live_parameters},
             {"optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size},
-            {"optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count}}}};
+            {"optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count},
+            {"param_swap_buffer_count", s.buffers.param_swap_buffer_count},
+            {"param_swap_buffer_size", s.buffers.param_swap_buffer_size},
+            {"param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth}}}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -317,11 +357,12 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
   if (const json* b = f.object("buffers")) {
-    reject_unknown(*b,
-                   {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                    "stage3_max_live_parameters", "optimizer_swap_chunk_size",
-                    "optimizer_swap_buffer_count"},
-                   origin, "strategy.buffers.");
+    reject_unknown(
+        *b,
+        {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+         "stage3_max_live_parameters", "optimizer_swap_chunk_size", "optimizer_swap_buffer_count",
+         "param_swap_buffer_count", "param_swap_buffer_size", "param_swap_prefetch_depth"},
+        origin, "strategy.buffers.");
     Fields bf(*b, origin, "strategy.buffers.");
     s.buffers.reduce_bucket_size = bf.byte_count("reduce_bucket_size", s.buffers.reduce_bucket_size);
     s.buffers.allgather_bucket_size =
@@ -334,6 +375,12 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         bf.byte_count("optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size);
     s.buffers.optimizer_swap_buffer_count =
         bf.byte_count("optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count);
+    s.buffers.param_swap_buffer_count =
+        bf.byte_count("param_swap_buffer_count", s.buffers.param_swap_buffer_count);
+    s.buffers.param_swap_buffer_size =
+        bf.byte_count("param_swap_buffer_size", s.buffers.param_swap_buffer_size);
+    s.buffers.param_swap_prefetch_depth =
+        bf.byte_count("param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth);
   }
   validate(s);
   return s;

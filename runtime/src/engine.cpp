@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -68,15 +69,11 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
-  if (s.offload_param == planner::Offload::nvme)
-    throw Error("zero-run executes --offload-param cpu; parameters on NVMe are planned only",
-                "run with --offload-param cpu, or without it");
   if (s.offload_param != planner::Offload::none && s.offload_optimizer == planner::Offload::none)
-    throw Error("--offload-param cpu: zero-run needs the optimizer offloaded too",
-                "add --offload-optimizer cpu or nvme (the optimizer then updates the host partition)");
-  if (s.offload_optimizer == planner::Offload::nvme && s.dpu)
-    throw Error("--dpu with --offload-optimizer nvme: zero-run's delayed update runs on host states only",
-                "drop --dpu, or use --offload-optimizer cpu --dpu");
+    throw Error(fmt::format("--offload-param {}: zero-run needs the optimizer offloaded too",
+                            planner::to_string(s.offload_param)),
+                "add --offload-optimizer cpu or nvme (the optimizer then updates the offloaded "
+                "partition)");
   // Every backend's kernels (the Device seam) compute in fp32: fp32 activations, 16-bit
   // weights converted per op, no dropout. That is the graph a plan made with --device cpu
   // predicts, on the cpu and cuda devices alike; a --device cuda plan predicts 16-bit
@@ -127,15 +124,20 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
   dpu_ = offload_ && plan.strategy.dpu;
   nvme_ = plan.strategy.offload_optimizer == planner::Offload::nvme;
-  if (nvme_) {
+  param_nvme_ = stage_ == 3 && plan.strategy.offload_param == planner::Offload::nvme;
+  if (nvme_ || param_nvme_) {
     if (opt_.nvme_path.empty())
-      throw Error("--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)",
-                  "e.g. --nvme-path /local_nvme; each rank keeps its swap files there");
-    swapper_ = std::make_unique<Swapper>(SwapperOptions{.dir = opt_.nvme_path, .rank = rank_,
-                                                        .aio = opt_.aio});
+      throw Error(
+          fmt::format("--offload-{} nvme needs --nvme-path DIR (a directory on the NVMe drive)",
+                      nvme_ ? "optimizer" : "param"),
+          "e.g. --nvme-path /local_nvme; each rank keeps its swap files there");
+    const SwapperOptions so{.dir = opt_.nvme_path, .rank = rank_, .aio = opt_.aio};
+    if (nvme_) swapper_ = std::make_unique<Swapper>(so);
+    if (param_nvme_) param_swapper_ = std::make_unique<Swapper>(so);
   }
   layout();
   if (stage_ == 3) find_runs();
+  if (param_nvme_) plan_param_reads();
   buf_.assign(g_.tensors.size(), nullptr);
   allocate_states();
   init_weights();
@@ -143,6 +145,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
 
 Engine::~Engine() {
   if (dpu_thread_.joinable()) dpu_thread_.join();
+  if (param_nvme_) drain_param_io();  // no I/O into the buffers once they go back
   // Model states go back to their arenas (in reverse); step tensors were freed by the step.
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) dev_.arena(it->first).free(it->second);
 }
@@ -212,9 +215,10 @@ void Engine::allocate_states() {
   const Tier os = offload_ ? Tier::cpu : Tier::gpu;
   // Swap files first: a drive too small fails before any memory is touched.
   if (nvme_) open_swap_files();
+  if (param_nvme_) open_param_file();  // the 16-bit partition (engine_nvme.cpp)
   // offload_param=cpu (stage 3): the 16-bit partition in the host tier, staged per gather.
   const Tier pt = plan_.strategy.offload_param == planner::Offload::cpu ? Tier::cpu : Tier::gpu;
-  params_ = state(pt, held_p, pbytes_, Category::params, "params");
+  if (!param_nvme_) params_ = state(pt, held_p, pbytes_, Category::params, "params");
   if (!offload_ || stage_ < 2) grads_ = state(Tier::gpu, held_g, pbytes_, Category::grads, "grads");
   if (offload_) host_grads_[0] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads"));
   if (!nvme_) {  // else master and moments are in the swap files (engine_nvme.cpp)
@@ -228,7 +232,31 @@ void Engine::allocate_states() {
   }
   if (dpu_) {
     host_grads_[1] = static_cast<float*>(state(Tier::cpu, part_, 4, Category::grads, "grads.dpu"));
-    if (mixed) dpu_params_ = state(Tier::cpu, part_, pbytes_, Category::params, "params.dpu");
+    if (mixed || nvme_) dpu_params_ = state(Tier::cpu, part_, pbytes_, Category::params, "params.dpu");
+    if (nvme_) {  // the CPU step's swap buffers, held for the run (schedule.cpp)
+      void* block = alloc(Tier::cpu, planner::optimizer_swap_buffer_bytes(plan_.strategy, part_),
+                          Category::buffers, "swap_buffers");
+      held_.emplace_back(Tier::cpu, block);
+      carve_swap_buffers(block, dpu_swap_buffers_);
+    }
+  }
+  // offload_param=nvme: the parameter swapper's host buffers, held for the run, each
+  // 4096-aligned inside one block (planner::param_swap_buffer_bytes has the slack).
+  if (param_nvme_) {
+    const auto& s = plan_.strategy;
+    void* block =
+        alloc(Tier::cpu, planner::param_swap_buffer_bytes(s, part_, static_cast<uint32_t>(pbytes_)),
+              Category::buffers, "param_swap_buffers");
+    held_.emplace_back(Tier::cpu, block);
+    const uint64_t cap =
+        planner::param_swap_buffer_capacity(s, part_, static_cast<uint32_t>(pbytes_));
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
+    std::byte* first = static_cast<std::byte*>(block) +
+                       ((kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes);
+    for (uint64_t i = 0; i < s.buffers.param_swap_buffer_count; ++i)
+      param_bufs_.push_back({first + i * cap, cap});
+    param_tickets_.assign(param_bufs_.size(), std::nullopt);
+    param_buf_elems_ = planner::param_swap_buffer_elems(s, part_, static_cast<uint32_t>(pbytes_));
   }
 }
 
@@ -290,7 +318,22 @@ void Engine::init_weights() {
     const auto [lo, hi] = owned(gr);
     const uint64_t k = stage_ == 0 ? gr.flat_off + lo : gr.part_off;
     if (master_) fill(master_ + k, DType::fp32, gr.flat_off + lo, gr.flat_off + hi);
-    if (stage_ == 3) fill(at(params_, k, pbytes_), pdt_, gr.flat_off + lo, gr.flat_off + hi);
+    if (stage_ == 3 && !param_nvme_)
+      fill(at(params_, k, pbytes_), pdt_, gr.flat_off + lo, gr.flat_off + hi);
+  }
+  // offload_param=nvme: the owned partition, in partition order, to its swap file.
+  if (param_nvme_) {
+    for (const Group& gr : groups_) {
+      const auto [lo, hi] = owned(gr);
+      for (uint64_t c = lo; c < hi; c += kStage) {
+        const uint64_t m = std::min(kStage, hi - c);
+        init_range(gr.flat_off + c, gr.flat_off + c + m,
+                   [&](uint64_t flat, float v) { vals[flat - gr.flat_off - c] = v; });
+        for (uint64_t j = 0; j < m; ++j) store_from_f32(raw, j, pdt_, vals[j]);
+        put_params(gr.part_off + (c - lo), raw, m);
+      }
+    }
+    end_param_write();  // an error here is the constructor's: zero-run ends every rank
   }
   if (stage_ < 3) fill(params_, pdt_, 0, n_params_);
   if (nvme_) init_swapped_states();
@@ -400,19 +443,26 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   }
   const Group& gr = groups_[group_index_.at(grp)];
   holder_[grp] = hold_until;
+  live_gathered_elems_ += gr.elems;
+  if (planning_gathers_) {  // plan_param_reads' dry run: the order only
+    gather_order_.push_back(group_index_.at(grp));
+    return;
+  }
   const uint64_t total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
   void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
                   "gathered." + grp);
-  const void* src = at(params_, gr.part_off, pbytes_);
-  if (plan_.strategy.offload_param == planner::Offload::cpu) {  // schedule.cpp gather
+  const void* src = params_ != nullptr ? at(params_, gr.part_off, pbytes_) : nullptr;
+  if (plan_.strategy.offload_param != planner::Offload::none) {  // schedule.cpp gather
     void* stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
-    dev_.copy(stage, src, gr.shard * pbytes_);
+    if (param_nvme_)
+      read_shard(group_index_.at(grp), stage);  // from the swap file
+    else
+      dev_.copy(stage, src, gr.shard * pbytes_);  // from the host tier
     staged_.push_back(stage);
     src = stage;
   }
   comm_.all_gather(src, p, gr.shard, pdt_);
   gathered_[grp] = p;
-  live_gathered_elems_ += gr.elems;
 }
 
 // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
@@ -439,7 +489,7 @@ void Engine::start_run(int32_t r) {
 void Engine::end_run(int32_t r) {
   for (auto it = holder_.begin(); it != holder_.end();) {
     if (it->second <= r) {
-      dev_.arena(Tier::gpu).free(gathered_.at(it->first));
+      if (!planning_gathers_) dev_.arena(Tier::gpu).free(gathered_.at(it->first));
       live_gathered_elems_ -= groups_[group_index_.at(it->first)].elems;
       gathered_.erase(it->first);
       it = holder_.erase(it);
@@ -461,6 +511,10 @@ void Engine::sample(int32_t pos) {
 void Engine::micro_step() {
   const bool record = step_ == 0 && micro_ == 0;
   if (record) sample(-1);
+  if (param_nvme_) {  // this micro-step's shard reads, the first ones issued now
+    next_read_ = next_use_ = entry_ = 0;
+    issue_param_reads();
+  }
   for (int32_t i = 0; i < n_pos_; ++i) {
     const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
     if (op.phase == Phase::optimizer) continue;  // after the last micro-step only
@@ -646,13 +700,28 @@ void Engine::gather_params() {
 // The host partition of updated parameters (16-bit, partition layout; or the fp32 master
 // when training in fp32) goes to the device's params.
 void Engine::apply_host_params(const void* host_params) {
-  for (const Group& gr : groups_) {
-    const auto [lo, hi] = owned(gr);
-    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
-    dev_.copy(at(params_, p0, pbytes_), at(const_cast<void*>(host_params), gr.part_off, pbytes_),
-              (hi - lo) * pbytes_);
+  std::string failure, hint;
+  try {
+    for (const Group& gr : groups_) {
+      const auto [lo, hi] = owned(gr);
+      const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+      to_params(p0, at(const_cast<void*>(host_params), gr.part_off, pbytes_), hi - lo);
+    }
+    if (param_nvme_) end_param_write();
+  } catch (const Error& e) {
+    failure = e.what();
+    hint = e.hint();
+    drain_param_io();
   }
+  if (param_nvme_) fail_together(failure, hint, "the parameter write-back");
   gather_params();
+}
+
+void Engine::to_params(uint64_t part_elem, const void* src, uint64_t n) {
+  if (param_nvme_)
+    put_params(part_elem, src, n);
+  else
+    dev_.copy(at(params_, part_elem, pbytes_), src, n * pbytes_);
 }
 
 // The CPU Adam (or SGD) over the owned partition in the host tier, reading host_grads_[g_buf],
@@ -662,7 +731,7 @@ void Engine::apply_host_params(const void* host_params) {
 // 16-bit parameters go to the host copy dpu_params_ and nothing touches the device or an
 // arena: safe on the delayed update's thread.
 void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
-  if (nvme_) return nvme_update(inv_scale, clip, t);  // no delayed update: g_buf is cur_
+  if (nvme_) return nvme_update(g_buf, inv_scale, clip, t, to_device);
   const auto kind = plan_.strategy.optimizer;
   const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
                         .weight_decay = opt_.weight_decay,
@@ -679,48 +748,70 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
     if (step_ == 0) sample(opt_pos_);
   }
   int next = 0;
-  for (const Group& gr : groups_) {
-    const auto [lo, hi] = owned(gr);
-    const uint64_t n = hi - lo, k0 = gr.part_off;
-    const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
-    for (uint64_t c = 0; c < n; c += tile) {
-      const uint64_t m = std::min(tile, n - c);
-      void* out = param_out != nullptr ? at(param_out, k0 + c, pbytes_) : tiles[next];
-      if (!mixed) out = nullptr;  // fp32: the master weights are the parameters
-      if (kind == planner::OptimizerKind::sgd) {
-        cpu::sgd_step(master_ + k0 + c, exp_avg_ + k0 + c, grads + k0 + c, DType::fp32, out, pdt_,
-                      opt_.lr, opt_.momentum, opt_.weight_decay, static_cast<float>(inv_scale * clip),
-                      static_cast<int64_t>(m));
-      } else {
-        cpu_adam_step(adam, args,
-                      AdamTensors{.n = m, .master = master_ + k0 + c, .exp_avg = exp_avg_ + k0 + c,
-                                  .exp_avg_sq = exp_avg_sq_ + k0 + c, .grads = grads + k0 + c,
-                                  .grad_dtype = DType::fp32, .param_out = out,
-                                  .param_out_dtype = pdt_});
-      }
-      if (to_device) {
-        const void* src = mixed ? tiles[next] : static_cast<const void*>(master_ + k0 + c);
-        dev_.copy(at(params_, p0 + c, pbytes_), src, m * pbytes_);
-        next ^= 1;
+  std::string failure, hint;  // writing the parameters back to their swap file
+  try {
+    for (const Group& gr : groups_) {
+      const auto [lo, hi] = owned(gr);
+      const uint64_t n = hi - lo, k0 = gr.part_off;
+      const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
+      for (uint64_t c = 0; c < n; c += tile) {
+        const uint64_t m = std::min(tile, n - c);
+        void* out = param_out != nullptr ? at(param_out, k0 + c, pbytes_) : tiles[next];
+        if (!mixed) out = nullptr;  // fp32: the master weights are the parameters
+        if (kind == planner::OptimizerKind::sgd) {
+          cpu::sgd_step(master_ + k0 + c, exp_avg_ + k0 + c, grads + k0 + c, DType::fp32, out, pdt_,
+                        opt_.lr, opt_.momentum, opt_.weight_decay,
+                        static_cast<float>(inv_scale * clip), static_cast<int64_t>(m));
+        } else {
+          cpu_adam_step(adam, args,
+                        AdamTensors{.n = m,
+                                    .master = master_ + k0 + c,
+                                    .exp_avg = exp_avg_ + k0 + c,
+                                    .exp_avg_sq = exp_avg_sq_ + k0 + c,
+                                    .grads = grads + k0 + c,
+                                    .grad_dtype = DType::fp32,
+                                    .param_out = out,
+                                    .param_out_dtype = pdt_});
+        }
+        if (to_device) {
+          const void* src = mixed ? tiles[next] : static_cast<const void*>(master_ + k0 + c);
+          to_params(p0 + c, src, m);
+          next ^= 1;
+        }
       }
     }
+    if (to_device && param_nvme_) end_param_write();
+  } catch (const Error& e) {  // only the write-back's I/O throws here
+    failure = e.what();
+    hint = e.hint();
+    drain_param_io();
   }
   if (tiles[0] != nullptr) {
     dev_.arena(Tier::cpu).free(tiles[0]);
     dev_.arena(Tier::cpu).free(tiles[1]);
   }
   std::memset(grads, 0, part_ * 4);
+  // On the main thread (to_device) every rank is here together.
+  if (to_device && param_nvme_) fail_together(failure, hint, "the parameter write-back");
 }
 
 void Engine::flush() {
   if (!dpu_pending_) return;
   if (dpu_thread_.joinable()) dpu_thread_.join();
-  apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
   dpu_pending_ = false;
+  if (nvme_) fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
+                           "the delayed swapped optimizer step");
+  apply_host_params(dpu_params_ != nullptr ? dpu_params_ : static_cast<const void*>(master_));
 }
 
 StepStats Engine::optimizer_step() {
   StepStats st;
+  // offload_param=nvme: a shard read that failed in this step's forward or backward (its
+  // gather went on with zeros) fails the step on every rank before anything is updated.
+  if (param_nvme_) {
+    const std::string failure = std::exchange(param_failure_, {});
+    fail_together(failure, std::exchange(param_hint_, {}), "reading the parameters");
+  }
   const bool replicated = stage_ == 0;
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
@@ -786,7 +877,10 @@ StepStats Engine::optimizer_step() {
     } else {
       if (step_ == 0 && (dpu_ || (pdt_ == DType::fp32 && !nvme_))) sample(opt_pos_);
       offload_update(cur_, inv_scale, clip, t, !dpu_);
-      if (dpu_) apply_host_params(pdt_ == DType::fp32 ? static_cast<const void*>(master_) : dpu_params_);
+      if (dpu_ && nvme_)
+        fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
+                      "the swapped optimizer step");
+      if (dpu_) apply_host_params(dpu_params_ != nullptr ? dpu_params_ : static_cast<const void*>(master_));
       else gather_params();
     }
   } else {

@@ -96,6 +96,20 @@ TEST_CASE("ds-config with flags overriding it") {
   CHECK(j["strategy"]["stage"] == 1);
   CHECK(j["strategy"]["micro_batch"] == 2);
   CHECK(j["strategy"]["precision"] == "bf16");
+  // The offload sections' buffer counts and size; an explicit flag overrides the config's.
+  const std::string nv = dir.write("nv.json", R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "buffer_count": 6},
+      "offload_param": {"device": "nvme", "nvme_path": "/x", "buffer_count": 7, "buffer_size": 5e5}}})");
+  const Result n = zero_plan({"estimate", "--model", "gpt2", "--ds-config", nv,
+                              "--optimizer-swap-buffer-count", "2", "--format", "json"});
+  REQUIRE(n.rc == 0);
+  const auto b = nlohmann::json::parse(n.out)["strategy"]["buffers"];
+  CHECK(b["optimizer_swap_buffer_count"] == 2);
+  CHECK(b["param_swap_buffer_count"] == 7);
+  CHECK(b["param_swap_buffer_size"] == 500000);
+  const Result c = zero_plan({"estimate", "--model", "gpt2", "--ds-config", nv, "--format", "json"});
+  REQUIRE(c.rc == 0);
+  CHECK(nlohmann::json::parse(c.out)["strategy"]["buffers"]["optimizer_swap_buffer_count"] == 6);
 }
 
 TEST_CASE("bad input: one error line, a hint, exit 2") {

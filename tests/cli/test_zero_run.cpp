@@ -213,7 +213,7 @@ TEST_CASE("faults end every rank with an error, never a hang") {
   CHECK(rc != -1);  // not hung
 }
 
-TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights on 2 ranks, bytes as planned, faults") {
+TEST_CASE("the optimizer on NVMe (and parameters on the host or NVMe): the same weights on 2 ranks, bytes as planned, faults") {
   zp::test::TempDir dir;
   const std::string swap = dir.file("swap");
   REQUIRE(::mkdir(swap.c_str(), 0700) == 0);
@@ -275,6 +275,82 @@ TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights 
       for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
   }
 
+  // The parameter partition on NVMe (offload_param=nvme), the optimizer on NVMe or on the
+  // host: the same weights as with everything on the device (dev.bin, the loop's stage-3
+  // run), every tier's bytes as planned; shards larger than a buffer (3000 elements), 3
+  // buffers. Then the same from a DeepSpeed config's offload_param section.
+  for (const char* oo : {"nvme", "cpu"}) {
+    CAPTURE(oo);
+    const std::string report = dir.file("pnvme.json"), weights = dir.file("pnvme.bin");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--precision", "fp32",
+                                "--micro-batch", "2", "--seq", "32", "--steps", "5",
+                                "--offload-param", "nvme", "--offload-optimizer", oo,
+                                "--nvme-path", swap, "--param-swap-buffer-size", "3000",
+                                "--param-swap-buffer-count", "3", "--optimizer-swap-chunk-size",
+                                "4096", "--report", report, "--save-weights", weights});
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("offload params=nvme") != std::string::npos);
+    CHECK(zp::test::slurp(weights) == zp::test::slurp(dir.file("dev.bin")));
+    CHECK(swap_files() == 0);
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];
+    CHECK(ranks.size() == 2);
+    for (const auto& rank : ranks) {
+      CHECK(rank["predicted"]["nvme"]["breakdown"]["params"].get<uint64_t>() > 0);
+      CHECK(rank["predicted"]["gpu"]["breakdown"]["params"].get<uint64_t>() == 0);
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+    }
+  }
+  {
+    const std::string pds = dir.write("pds.json", R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"(", "buffer_count": 2,
+                          "buffer_size": 4096, "max_in_cpu": 1e9}}})");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--ds-config", pds, "--seq", "32", "--steps", "2"});
+    CAPTURE(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("offload params=nvme") != std::string::npos);
+    CHECK(swap_files() == 0);
+  }
+
+  // The parameter partition on NVMe (offload_param=nvme), the optimizer on NVMe or on the
+  // host: the same weights as with everything on the device (dev.bin, the loop's stage-3
+  // run), every tier's bytes as planned; shards larger than a buffer (3000 elements), 3
+  // buffers. Then the same from a DeepSpeed config's offload_param section.
+  for (const char* oo : {"nvme", "cpu"}) {
+    CAPTURE(oo);
+    const std::string report = dir.file("pnvme.json"), weights = dir.file("pnvme.bin");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--precision", "fp32",
+                                "--micro-batch", "2", "--seq", "32", "--steps", "5",
+                                "--offload-param", "nvme", "--offload-optimizer", oo,
+                                "--nvme-path", swap, "--param-swap-buffer-size", "3000",
+                                "--param-swap-buffer-count", "3", "--optimizer-swap-chunk-size",
+                                "4096", "--report", report, "--save-weights", weights});
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("offload params=nvme") != std::string::npos);
+    CHECK(zp::test::slurp(weights) == zp::test::slurp(dir.file("dev.bin")));
+    CHECK(swap_files() == 0);
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];
+    CHECK(ranks.size() == 2);
+    for (const auto& rank : ranks) {
+      CHECK(rank["predicted"]["nvme"]["breakdown"]["params"].get<uint64_t>() > 0);
+      CHECK(rank["predicted"]["gpu"]["breakdown"]["params"].get<uint64_t>() == 0);
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+    }
+  }
+  {
+    const std::string pds = dir.write("pds.json", R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"(", "buffer_count": 2,
+                          "buffer_size": 4096, "max_in_cpu": 1e9}}})");
+    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--ds-config", pds, "--seq", "32", "--steps", "2"});
+    CAPTURE(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("offload params=nvme") != std::string::npos);
+    CHECK(swap_files() == 0);
+  }
+
   auto bad = [](const Result& r, const std::string& needle) {
     CAPTURE(r.err);
     CHECK(r.rc == 2);
@@ -283,9 +359,47 @@ TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights 
   };
   bad(mpirun(2, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme"}),
       "--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)");
-  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "nvme", "--dpu",
-                 "--nvme-path", swap}),
-      "--dpu with --offload-optimizer nvme");
+  // The delayed update with the optimizer on NVMe, on 2 ranks: the weights of the delayed
+  // update on host states, bytes as planned.
+  {
+    std::vector<std::string> args = {"--model", "gpt2-tiny", "--stage", "2", "--precision", "fp32",
+                                     "--micro-batch", "2", "--seq", "32", "--steps", "5", "--dpu",
+                                     "--dpu-warmup", "2", "--optimizer-swap-chunk-size", "4096"};
+    std::vector<std::string> a = args, b = args;
+    a.insert(a.end(), {"--offload-optimizer", "cpu", "--save-weights", dir.file("dpu_cpu.bin")});
+    b.insert(b.end(), {"--offload-optimizer", "nvme", "--nvme-path", swap, "--save-weights",
+                       dir.file("dpu_nvme.bin"), "--report", dir.file("dpu.json")});
+    const Result ra = mpirun(2, a), rb = mpirun(2, b);
+    CAPTURE(rb.err);
+    REQUIRE(ra.rc == 0);
+    REQUIRE(rb.rc == 0);
+    CHECK(zp::test::slurp(dir.file("dpu_cpu.bin")) == zp::test::slurp(dir.file("dpu_nvme.bin")));
+    const auto ranks = nlohmann::json::parse(zp::test::slurp(dir.file("dpu.json")))["ranks"];
+    CHECK(ranks.size() == 2);
+    for (const auto& rank : ranks)
+      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
+    CHECK(swap_files() == 0);
+  }
+  // Parameters on NVMe: no directory, below stage 3, nonsense buffer settings.
+  bad(mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme"}),
+      "--offload-param nvme needs --nvme-path DIR (a directory on the NVMe drive)");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "2", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme", "--nvme-path", swap}),
+      "--offload-param nvme: needs --stage 3, got stage 2");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme", "--nvme-path", swap, "--param-swap-buffer-count", "0"}),
+      "--param-swap-buffer-count: must be >= 1");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme", "--nvme-path", swap, "--param-swap-buffer-count", "100"}),
+      "param_swap_buffer_count 100: must be 1 to 64");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme", "--nvme-path", swap, "--param-swap-buffer-size", "lots"}),
+      "--param-swap-buffer-size: 'lots' is not a number");
+  bad(mpirun(1, {"--model", "gpt2-tiny", "--stage", "3", "--offload-optimizer", "cpu",
+                 "--offload-param", "nvme", "--nvme-path", swap, "--param-swap-prefetch-depth", "99"}),
+      "param_swap_prefetch_depth 99: must be 0 to 64");
+  CHECK(swap_files() == 0);
   // nvme_path from a DeepSpeed config.
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("}}})");
@@ -346,5 +460,30 @@ TEST_CASE("the optimizer on NVMe (and parameters on the host): the same weights 
   CHECK(errors.find("error: rank 1: read " + victim) != std::string::npos);
   CHECK(errors.find("short read") != std::string::npos);
   CHECK(errors.find("error: rank 0") == std::string::npos);  // one voice
+  CHECK(swap_files() == 0);
+
+  // The same with the parameter swap file: rank 1's shard reads come up short in a forward
+  // or backward; its gathers go on with zeros so no collective is left waiting, the step
+  // fails on both ranks before any update, rank 1 names the file and the operation.
+  const std::string pout = dir.file("pout"), perr = dir.file("perr");
+  const pid_t ppid = zp::test::spawn({ZP_MPIEXEC, "-np", "2", kRun, "--model", "gpt2-tiny", "--stage", "3",
+                                      "--seq", "32", "--steps", "100000000", "--offload-optimizer",
+                                      "cpu", "--offload-param", "nvme", "--nvme-path", swap},
+                                     pout, perr, kEnv);
+  for (int i = 0; i < 400 && zp::test::slurp(pout).find("step 2/") == std::string::npos; ++i)
+    ::usleep(50'000);
+  const std::string pvictim = swap + "/rank1.params.swp";
+  REQUIRE(::truncate(pvictim.c_str(), 4096) == 0);
+  for (int i = 0; i < 20; ++i) {  // again: the write-back after each step extends the file
+    ::usleep(50'000);
+    if (::truncate(pvictim.c_str(), 4096) != 0) break;
+  }
+  const int prc = zp::test::wait_for(ppid, 60);
+  const std::string perrors = zp::test::slurp(perr);
+  CAPTURE(perrors);
+  CHECK(prc == 1);
+  CHECK(perrors.find("error: rank 1: read " + pvictim) != std::string::npos);
+  CHECK(perrors.find("short read") != std::string::npos);
+  CHECK(perrors.find("error: rank 0") == std::string::npos);
   CHECK(swap_files() == 0);
 }

@@ -183,6 +183,49 @@ TEST_CASE("simulate: ring collectives and a step worked by hand") {
     CHECK(d.step_seconds == doctest::Approx(12.0).epsilon(0.002));
     CHECK(d.busy_seconds[static_cast<std::size_t>(Resource::cpu)] == doctest::Approx(8.0));
   }
+  SUBCASE("parameters on NVMe: shard reads issued ahead through the swap buffers overlap compute") {
+    // Stage 3 on one GPU, the optimizer on the host (4 ms), gathers one group ahead of compute
+    // (prefetch bucket of 1 element). Four groups: a long first forward (20 s) then groups
+    // with large shards. NVMe at 1e6 B/s reads the 2e6-byte shards in 2 s and the 8e6-byte
+    // ones in 8 s. Reading on demand (depth 0), the last group's read waits for its
+    // predecessor's staging, which waits for the 20 s forward: the drive idles meanwhile.
+    // Read ahead, it follows the previous read at once.
+    StepCosts c4 = c;
+    c4.group_params = {1'000'000, 1'000'000, 4'000'000, 4'000'000};
+    c4.fwd_flops = {20e12, 1e12, 1e12, 1e12};
+    c4.bwd_flops = {2e12, 2e12, 2e12, 2e12};
+    c4.fwd_bytes = c4.bwd_bytes = {0, 0, 0, 0};
+    c4.n_params = 10'000'000;
+    c4.n_layer = 2;
+    s.dp = 1;
+    s.stage = 3;
+    s.offload_optimizer = Offload::cpu;
+    s.offload_param = Offload::nvme;
+    s.buffers.prefetch_bucket_size = 1;
+    Hardware h = hw;
+    h.nvme_read_gbps = 1e6 / 1e9;
+    h.cpu_adam_gparams = 2.5;
+    auto run = [&](uint64_t depth, uint64_t count, uint64_t size) {
+      Strategy x = s;
+      x.buffers.param_swap_prefetch_depth = depth;
+      x.buffers.param_swap_buffer_count = count;
+      x.buffers.param_swap_buffer_size = size;
+      return simulate(c4, x, h, Cluster{1, 1});
+    };
+    const Timeline on_demand = run(0, 5, 100'000'000);
+    const Timeline ahead = run(4, 5, 100'000'000);
+    // One buffer of 1000 elements (thousands of pieces a shard) cannot hold a shard ahead:
+    // the schedule of reading on demand.
+    const Timeline small = run(4, 1, 1000);
+    CHECK(ahead.step_seconds < on_demand.step_seconds - 5.0);
+    CHECK(small.step_seconds == doctest::Approx(on_demand.step_seconds));
+    // Each gather reads its shard once: 4 groups forward and backward, in both steps simulated.
+    int reads = 0;
+    for (const Task& t : ahead.tasks) reads += std::string_view(t.kind) == "nvme read params";
+    CHECK(reads == 2 * 4 * 2);
+    // Read ahead, the step still holds the reads of 20e6 B per pass at 1e6 B/s: >= 40 s.
+    CHECK(ahead.step_seconds >= 40.0);
+  }
   SUBCASE("the trace opens as Chrome trace events") {
     const nlohmann::json j = trace_json(simulate(c, s, hw, Cluster{2, 1}));
     REQUIRE(j.contains("traceEvents"));
@@ -234,6 +277,17 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
               p.offload_param = Offload::cpu;
               CAPTURE(describe(p));
               CHECK(ev.memory(p) == estimate(m, p, nullptr, o).per_device);
+              // On NVMe: the host swap buffers change with their count and size, the dynamic
+              // replay must not keep them.
+              for (uint64_t count : {uint64_t{5}, uint64_t{2}}) {
+                Strategy n = s;
+                n.offload_param = Offload::nvme;
+                n.buffers.param_swap_buffer_count = count;
+                n.buffers.param_swap_buffer_size = count == 5 ? 100'000'000 : 1'000'000;
+                CAPTURE(describe(n));
+                CAPTURE(count);
+                CHECK(ev.memory(n) == estimate(m, n, nullptr, o).per_device);
+              }
             }
           }
   }
@@ -349,6 +403,14 @@ TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {
   CHECK(back.offload_param == Offload::cpu);
   CHECK(back.buffers == s.buffers);
   CHECK(deepspeed_config(s)["train_batch_size"] == 64);
+  // Parameters on NVMe, buffers not DeepSpeed's defaults: the counts and size come back.
+  s.offload_param = Offload::nvme;
+  s.buffers.optimizer_swap_buffer_count = 6;
+  s.buffers.param_swap_buffer_count = 7;
+  s.buffers.param_swap_buffer_size = 20'000'000;
+  const Strategy nv = apply_deepspeed_config(Strategy{}, deepspeed_config(s), "ds.json");
+  CHECK(nv.offload_param == Offload::nvme);
+  CHECK(nv.buffers == s.buffers);
 }
 
 TEST_CASE("DeepSpeed's estimators, values computed by hand from its formulas") {

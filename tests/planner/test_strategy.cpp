@@ -49,6 +49,55 @@ TEST_CASE("DeepSpeed config fills the strategy") {
   CHECK(from_ds(R"({"bf16": {"enabled": true}})").precision == Precision::bf16);
 }
 
+TEST_CASE("DeepSpeed config: the offload sections' buffer settings") {
+  // offload_optimizer.buffer_count becomes the optimizer swap pipeline's buffer sets;
+  // offload_param.buffer_count and buffer_size the parameter swap buffers (max_in_cpu is
+  // type-checked, not modelled).
+  const Strategy s = from_ds(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "buffer_count": 6},
+      "offload_param": {"device": "nvme", "nvme_path": "/x", "buffer_count": 7,
+                        "buffer_size": 5e5, "max_in_cpu": 1e9}}})");
+  CHECK(s.buffers.optimizer_swap_buffer_count == 6);
+  CHECK(s.buffers.param_swap_buffer_count == 7);
+  CHECK(s.buffers.param_swap_buffer_size == 500'000);
+  // Absent: zeroplan's 3 buffer sets; DeepSpeed's parameter defaults, 5 of 1e8 elements.
+  const Strategy d = from_ds(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}})");
+  CHECK(d.buffers.optimizer_swap_buffer_count == 3);
+  CHECK(d.buffers.param_swap_buffer_count == 5);
+  CHECK(d.buffers.param_swap_buffer_size == 100'000'000);
+  // The plan file keeps them.
+  CHECK(strategy_from_json(to_json(s), "plan.json") == s);
+  CHECK(error_of([] {
+          from_ds(
+              R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 0}}})");
+        })
+            .find("'zero_optimization.offload_param.buffer_count' must be a count from 1 to 64, "
+                  "got 0") != std::string::npos);
+  CHECK(
+      error_of([] {
+        from_ds(
+            R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "buffer_count": 1}}})");
+      }).find("'zero_optimization.offload_optimizer.buffer_count' must be a count from 2 to 64") !=
+      std::string::npos);
+  CHECK(error_of([] {
+          from_ds(
+              R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_size": 0}}})");
+        }).find("'zero_optimization.offload_param.buffer_size' must be at least 1") !=
+        std::string::npos);
+  CHECK(error_of([] {
+          from_ds(
+              R"({"zero_optimization": {"offload_param": {"device": "nvme", "max_in_cpu": -1}}})");
+        }).find("offload_param.max_in_cpu") != std::string::npos);
+  Strategy v;
+  v.buffers.param_swap_buffer_count = 65;
+  CHECK(error_of([&] { validate(v); }).find("param_swap_buffer_count 65: must be 1 to 64") !=
+        std::string::npos);
+  v = Strategy{};
+  v.buffers.param_swap_prefetch_depth = 100;
+  CHECK(error_of([&] { validate(v); }).find("param_swap_prefetch_depth 100") != std::string::npos);
+}
+
 TEST_CASE("DeepSpeed config errors name the field") {
   CHECK(error_of([] { from_ds(R"({"zero_optimization": {"stage": 4}})"); })
             .find("'zero_optimization.stage' must be 0, 1, 2 or 3, got 4") != std::string::npos);

@@ -2,8 +2,8 @@
 // bytes against the plan and against the O_DIRECT padding computed here, op by op; training
 // with the states in swap files against training with them on the device (fp32: identical
 // weights) and in the host tier (bf16: identical); the 16-bit parameter partition in the host
-// tier (offload_param=cpu); a swap file truncated between steps; the refusals. The 2-rank
-// runs are in tests/cli/test_zero_run.cpp.
+// tier (offload_param=cpu) and in its own swap file (offload_param=nvme); a swap file
+// truncated between steps; the refusals. The 2-rank runs are in tests/cli/test_zero_run.cpp.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
@@ -195,6 +195,232 @@ TEST_CASE("parameters in the host tier (offload_param=cpu): same weights, bytes 
   }
 }
 
+TEST_CASE("parameters on NVMe (offload_param=nvme): same weights, bytes as planned") {
+  // Stage 3 with the 16-bit partition in rank0.params.swp, read shard by shard through the
+  // host buffers and staged to the device: the same training as with the partition in the
+  // host tier (offload_param=cpu) and on the device (offload_param=none), bit for bit, in
+  // fp32 and bf16, with the optimizer on the host or on NVMe; buffers smaller than a shard
+  // (pieces), one buffer, no read-ahead, a buffer larger than the partition; grad-accum 2 and
+  // the delayed update. Every byte where the plan puts it, op by op.
+  const test::TempDir swap;
+  struct Case {
+    uint64_t size, count, depth;
+  };
+  const std::vector<Case> cases = {{4096, 5, 2}, {3000, 2, 0}, {1000, 1, 3}, {100'000'000, 5, 2}};
+  for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
+    for (auto oo : {planner::Offload::cpu, planner::Offload::nvme}) {
+      for (bool dpu : {false, true}) {
+        planner::Strategy s = tiny_strategy(3, prec);
+        s.offload_optimizer = oo;
+        s.dpu = dpu;
+        s.grad_accum = dpu ? 1 : 2;
+        s.buffers.optimizer_swap_chunk_size = 4096;
+        CAPTURE(static_cast<int>(prec));
+        CAPTURE(static_cast<int>(oo));
+        CAPTURE(dpu);
+        EngineOptions opt;
+        opt.nvme_path = swap.path;
+        opt.dpu_warmup_steps = 2;
+        const Run on_device = train(tiny_plan(s), 5, opt);
+        s.offload_param = planner::Offload::cpu;
+        const Run host = train(tiny_plan(s), 5, opt);
+        CHECK(host.weights == on_device.weights);
+        s.offload_param = planner::Offload::nvme;
+        for (const Case& c : cases) {
+          s.buffers.param_swap_buffer_size = c.size;
+          s.buffers.param_swap_buffer_count = c.count;
+          s.buffers.param_swap_prefetch_depth = c.depth;
+          CAPTURE(c.size);
+          CAPTURE(c.count);
+          CAPTURE(c.depth);
+          const planner::Plan plan = tiny_plan(s);
+          const Run nvme = train(plan, 5, opt);
+          CHECK(nvme.losses == host.losses);
+          CHECK(nvme.weights.size() == on_device.weights.size());
+          CHECK(nvme.weights == host.weights);
+          CHECK(nvme.weights == on_device.weights);
+
+          // The plan, computed here: the partition's file on the nvme tier, nothing of it on
+          // the device or the host (but the delayed update's host copy of the new parameters,
+          // kept in fp32 training too with the optimizer on NVMe); the host buffers: count x
+          // (the buffer's elements in whole 4096-byte blocks + one block for a piece's
+          // offset) + the alignment slack, plus the optimizer step's two 16-bit tiles (bf16,
+          // host optimizer, no delayed update).
+          const uint64_t pbytes = prec == planner::Precision::fp32 ? 4 : 2;
+          // (The host tier's fp32 gradient partition: two with the delayed update.)
+          const uint64_t part =
+              plan.predicted[planner::Tier::cpu][planner::Category::grads] / (dpu ? 8 : 4);
+          REQUIRE(part > 0);
+          CHECK(plan.predicted[planner::Tier::nvme][planner::Category::params] ==
+                round_up_4096(pbytes * part));
+          CHECK(plan.predicted[planner::Tier::gpu][planner::Category::params] == 0);
+          CHECK(plan.predicted[planner::Tier::cpu][planner::Category::params] ==
+                (dpu && (pbytes == 2 || oo == planner::Offload::nvme) ? pbytes * part : 0));
+          const uint64_t block_elems = 4096 / pbytes;
+          const uint64_t elems =
+              std::min(c.size, (part + block_elems - 1) / block_elems * block_elems);
+          uint64_t buffers = c.count * (round_up_4096(elems * pbytes) + 4096) + 4096 - 256;
+          if (oo == planner::Offload::cpu && !dpu && pbytes == 2)  // the optimizer's tiles
+            buffers += 2 * ((part * 2 + 255) / 256 * 256);
+          if (oo == planner::Offload::cpu)
+            CHECK(plan.predicted[planner::Tier::cpu][planner::Category::buffers] == buffers);
+
+          auto dev = device_for(plan);
+          std::vector<planner::TimelineSample> timeline;
+          {
+            Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+            const std::string file = swap.file("rank0.params.swp");
+            struct stat st {};
+            REQUIRE(::stat(file.c_str(), &st) == 0);
+            CHECK((st.st_mode & 0777) == 0600);
+            CHECK(static_cast<uint64_t>(st.st_size) >= pbytes * part);
+            for (int i = 0; i < 2; ++i) engine.step();
+            timeline = engine.timeline();
+          }
+          CHECK(files_in(swap.path).empty());
+          zp::test::check_memory_matches_plan(plan, *dev, timeline);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the delayed update with the optimizer on NVMe equals it with the optimizer on the host") {
+  // --dpu with offload_optimizer=nvme: the CPU step and its swap pipeline run on the update's
+  // thread (and inline, the reference schedule) through swap buffers held for the run; the
+  // same weights as the delayed update on host states, bit for bit, in fp32 and bf16, stages
+  // 2 and 3 (3 also with the parameters on NVMe); every byte as planned, op by op.
+  const test::TempDir swap;
+  for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
+    for (int stage : {2, 3}) {
+      for (auto op : {planner::Offload::none, planner::Offload::nvme}) {
+        if (op == planner::Offload::nvme && stage != 3) continue;
+        planner::Strategy s = tiny_strategy(stage, prec);
+        s.offload_optimizer = planner::Offload::cpu;
+        s.offload_param = op;
+        s.dpu = true;
+        s.buffers.optimizer_swap_chunk_size = 4096;
+        s.buffers.param_swap_buffer_size = 4096;
+        CAPTURE(static_cast<int>(prec));
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(op));
+        EngineOptions opt;
+        opt.nvme_path = swap.path;
+        opt.dpu_warmup_steps = 2;
+        const Run host = train(tiny_plan(s), 6, opt);
+        s.offload_optimizer = planner::Offload::nvme;
+        const planner::Plan plan = tiny_plan(s);
+        for (bool threaded : {true, false}) {
+          CAPTURE(threaded);
+          opt.dpu_threaded = threaded;
+          const Run nvme = train(plan, 6, opt);
+          CHECK(nvme.losses == host.losses);
+          CHECK(nvme.weights.size() == host.weights.size());
+          CHECK(nvme.weights == host.weights);
+        }
+        CHECK(files_in(swap.path).empty());
+        // The plan, computed here: two fp32 gradient partitions, the host parameter copy (in
+        // fp32 training too), the swap buffers for the run (3 sets of a chunk per file + the
+        // alignment slack; no tiles), and with the parameters on NVMe their buffers.
+        const uint64_t pbytes = prec == planner::Precision::fp32 ? 4 : 2;
+        const uint64_t part = plan.predicted[planner::Tier::cpu][planner::Category::grads] / 8;
+        REQUIRE(part > 0);
+        CHECK(plan.predicted[planner::Tier::cpu][planner::Category::params] == pbytes * part);
+        const uint64_t chunk = std::min<uint64_t>(4096, (part + 1023) / 1024 * 1024);
+        uint64_t buffers = 3 * 3 * chunk * 4 + 4096 - 256;
+        if (op == planner::Offload::nvme) {
+          const uint64_t e = std::min<uint64_t>(4096, (part + 4096 / pbytes - 1) / (4096 / pbytes) * (4096 / pbytes));
+          buffers += 5 * (round_up_4096(e * pbytes) + 4096) + 4096 - 256;
+        }
+        CHECK(plan.predicted[planner::Tier::cpu][planner::Category::buffers] == buffers);
+        auto dev = device_for(plan);
+        std::vector<planner::TimelineSample> timeline;
+        {
+          opt.dpu_threaded = true;
+          Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+          for (int i = 0; i < 4; ++i) engine.step();
+          engine.flush();
+          timeline = engine.timeline();
+        }
+        zp::test::check_memory_matches_plan(plan, *dev, timeline);
+      }
+    }
+  }
+}
+
+TEST_CASE("the delayed update's swap file truncated: the step fails on the main thread, files removed") {
+  const test::TempDir swap;
+  planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
+  s.offload_optimizer = planner::Offload::nvme;
+  s.dpu = true;
+  s.buffers.optimizer_swap_chunk_size = 4096;
+  const planner::Plan plan = tiny_plan(s);
+  auto dev = device_for(plan);
+  {
+    EngineOptions opt;
+    opt.nvme_path = swap.path;
+    opt.dpu_warmup_steps = 1;
+    Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+    engine.step();  // plain
+    engine.flush();
+    const std::string victim = swap.file("rank0.exp_avg.swp");
+    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
+    std::string what;
+    bool origin = false;
+    try {
+      engine.step();  // launches the delayed step, which fails on its thread
+      engine.step();  // applies it: the failure surfaces here
+    } catch (const StepFailed& e) {
+      what = e.what();
+      origin = e.origin();
+    }
+    CAPTURE(what);
+    CHECK(origin);
+    CHECK(what.find("read " + victim) != std::string::npos);
+    CHECK(what.find("short read") != std::string::npos);
+  }
+  CHECK(files_in(swap.path).empty());
+}
+
+TEST_CASE("the parameter swap file truncated between steps: one clear error, files removed") {
+  const test::TempDir swap;
+  planner::Strategy s = tiny_strategy(3, planner::Precision::bf16);
+  s.offload_optimizer = planner::Offload::cpu;
+  s.offload_param = planner::Offload::nvme;
+  s.buffers.param_swap_buffer_size = 4096;
+  const planner::Plan plan = tiny_plan(s);
+  auto dev = device_for(plan);
+  {
+    EngineOptions opt;
+    opt.nvme_path = swap.path;
+    Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+    engine.step();
+    const std::string victim = swap.file("rank0.params.swp");
+    REQUIRE(std::filesystem::exists(victim));
+    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
+    std::string what;
+    bool origin = false;
+    try {
+      engine.step();
+    } catch (const StepFailed& e) {
+      what = e.what();
+      origin = e.origin();
+    }
+    CAPTURE(what);
+    CHECK(origin);
+    CHECK(what.find("read " + victim) != std::string::npos);
+    CHECK(what.find("short read") != std::string::npos);
+    // The step's device buffers (gathers, staging) went back; the host tier holds the
+    // states and the parameter swap buffers only, as before the step.
+    CHECK(dev->arena(planner::Tier::gpu).in_use(planner::Category::buffers) == 0);
+    CHECK(dev->arena(planner::Tier::cpu).in_use(planner::Category::buffers) ==
+          plan.predicted[planner::Tier::cpu][planner::Category::buffers] -
+              2 * ((plan.predicted[planner::Tier::cpu][planner::Category::grads] / 4 * 2 + 255) /
+                   256 * 256));
+  }
+  CHECK(files_in(swap.path).empty());
+}
+
 TEST_CASE("a swap file truncated between steps: one clear error, files removed") {
   const test::TempDir swap;
   planner::Strategy s = tiny_strategy(2, planner::Precision::bf16);
@@ -246,18 +472,30 @@ TEST_CASE("NVMe offload refusals") {
   EngineOptions opt;
   opt.nvme_path = "/nonexistent-zp-dir";
   CHECK(error_of(plan, opt).find("/nonexistent-zp-dir") != std::string::npos);
-  planner::Strategy d = s;
-  d.dpu = true;
   const test::TempDir swap;
   opt.nvme_path = swap.path;
-  CHECK(error_of(tiny_plan(d), opt).find("--dpu with --offload-optimizer nvme") != std::string::npos);
   planner::Strategy p = tiny_strategy(3, planner::Precision::bf16);
   p.offload_param = planner::Offload::nvme;
-  p.offload_optimizer = planner::Offload::nvme;
-  CHECK(error_of(tiny_plan(p), opt).find("parameters on NVMe are planned only") != std::string::npos);
-  p.offload_param = planner::Offload::cpu;
+  p.offload_optimizer = planner::Offload::cpu;
+  CHECK(error_of(tiny_plan(p), {}) ==
+        "--offload-param nvme needs --nvme-path DIR (a directory on the NVMe drive)");
   p.offload_optimizer = planner::Offload::none;
+  CHECK(error_of(tiny_plan(p), opt) ==
+        "--offload-param nvme: zero-run needs the optimizer offloaded too");
+  p.offload_param = planner::Offload::cpu;
   CHECK(error_of(tiny_plan(p), opt).find("needs the optimizer offloaded too") != std::string::npos);
+  planner::Strategy q = tiny_strategy(2, planner::Precision::bf16);
+  q.offload_optimizer = planner::Offload::cpu;
+  q.offload_param = planner::Offload::nvme;
+  CHECK_THROWS_WITH_AS(
+      tiny_plan(q), doctest::Contains("--offload-param nvme: needs --stage 3, got stage 2"), Error);
+  q.stage = 3;
+  q.buffers.param_swap_buffer_count = 0;
+  CHECK_THROWS_WITH_AS(tiny_plan(q),
+                       doctest::Contains("param_swap_buffer_count 0: must be 1 to 64"), Error);
+  q.buffers.param_swap_buffer_count = 5;
+  q.buffers.param_swap_buffer_size = 0;
+  CHECK_THROWS_WITH_AS(tiny_plan(q), doctest::Contains("param_swap_buffer_size 0"), Error);
   planner::Strategy c = s;
   c.buffers.optimizer_swap_chunk_size = 1000;
   CHECK_THROWS_WITH_AS(tiny_plan(c), doctest::Contains("optimizer_swap_chunk_size 1000"), Error);

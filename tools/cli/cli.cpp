@@ -59,6 +59,17 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--optimizer-swap-buffer-count", f.optimizer_swap_buffer_count,
                  "--offload-optimizer nvme: host buffer sets the chunks stream through [3]")
       ->group(b);
+  app.add_option("--param-swap-buffer-count", f.param_swap_buffer_count,
+                 "--offload-param nvme: host buffers shard reads go through (offload_param."
+                 "buffer_count) [5]")
+      ->group(b);
+  app.add_option(
+         "--param-swap-buffer-size", f.param_swap_buffer_size,
+         "--offload-param nvme: 16-bit elements per host buffer (offload_param.buffer_size) [1e8]")
+      ->group(b);
+  app.add_option("--param-swap-prefetch-depth", f.param_swap_prefetch_depth,
+                 "--offload-param nvme: gathers ahead whose shard reads may be in flight [2]")
+      ->group(b);
 }
 
 bool StrategyFlags::given(const std::string& flag) const {
@@ -129,6 +140,17 @@ Strategy StrategyFlags::resolve() const {
   if (given("--optimizer-swap-buffer-count"))
     s.buffers.optimizer_swap_buffer_count =
         parse_count(optimizer_swap_buffer_count, "--optimizer-swap-buffer-count");
+  if (given("--param-swap-buffer-count"))
+    s.buffers.param_swap_buffer_count =
+        parse_count(param_swap_buffer_count, "--param-swap-buffer-count");
+  if (given("--param-swap-buffer-size"))
+    s.buffers.param_swap_buffer_size =
+        parse_count(param_swap_buffer_size, "--param-swap-buffer-size");
+  if (given("--param-swap-prefetch-depth"))
+    s.buffers.param_swap_prefetch_depth =  // 0 is allowed: no read ahead
+        param_swap_prefetch_depth == "0"
+            ? 0
+            : parse_count(param_swap_prefetch_depth, "--param-swap-prefetch-depth");
   planner::validate(s);
   return s;
 }

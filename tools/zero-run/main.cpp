@@ -60,16 +60,30 @@ struct Setup {
   uint64_t gpu_bytes = 0, cpu_bytes = 0, nvme_bytes = 0;
 };
 
-// nvme_path of a DeepSpeed config's offload_optimizer section, or "".
-std::string ds_nvme_path(const std::string& ds_config) {
+// nvme_path of a DeepSpeed config's offload_optimizer or offload_param section (for the
+// sections that offload to NVMe), or "". zero-run keeps every swap file of a rank in one
+// directory: two different paths are refused.
+std::string ds_nvme_path(const std::string& ds_config, const planner::Strategy& st) {
   if (ds_config.empty()) return {};
   const nlohmann::json ds = parse_json_text(read_text_file(ds_config), ds_config);
   const auto zo = ds.find("zero_optimization");
   if (zo == ds.end() || !zo->is_object()) return {};
-  const auto oo = zo->find("offload_optimizer");
-  if (oo == zo->end() || !oo->is_object()) return {};
-  const auto p = oo->find("nvme_path");
-  return p != oo->end() && p->is_string() ? p->get<std::string>() : std::string{};
+  auto path_of = [&](const char* section) {
+    const auto o = zo->find(section);
+    if (o == zo->end() || !o->is_object()) return std::string{};
+    const auto p = o->find("nvme_path");
+    return p != o->end() && p->is_string() ? p->get<std::string>() : std::string{};
+  };
+  const std::string opt =
+      st.offload_optimizer == planner::Offload::nvme ? path_of("offload_optimizer") : "";
+  const std::string par =
+      st.offload_param == planner::Offload::nvme ? path_of("offload_param") : "";
+  if (!opt.empty() && !par.empty() && opt != par)
+    throw Error(fmt::format("{}: offload_optimizer.nvme_path {} and offload_param.nvme_path {} "
+                            "differ; zero-run keeps a rank's swap files in one directory",
+                            ds_config, opt, par),
+                "give both the same nvme_path, or pass --nvme-path DIR");
+  return !opt.empty() ? opt : par;
 }
 
 // --device cuda needs a build with the CUDA backend and a visible GPU; refused up front (exit 2)
@@ -138,15 +152,21 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     s.opt.dpu_warmup_steps = a.dpu_warmup == "0" ? 0 : static_cast<int64_t>(parse_count(a.dpu_warmup, "--dpu-warmup"));
   }
 
-  if (s.plan.strategy.offload_optimizer == planner::Offload::nvme) {
-    s.opt.nvme_path = !a.nvme_path.empty() ? a.nvme_path : ds_nvme_path(a.flags.ds_config);
+  const planner::Strategy& st = s.plan.strategy;
+  if (st.offload_optimizer == planner::Offload::nvme ||
+      st.offload_param == planner::Offload::nvme) {
+    const char* which = st.offload_optimizer == planner::Offload::nvme ? "optimizer" : "param";
+    s.opt.nvme_path = !a.nvme_path.empty() ? a.nvme_path : ds_nvme_path(a.flags.ds_config, st);
     if (s.opt.nvme_path.empty())
-      throw Error("--offload-optimizer nvme needs --nvme-path DIR (a directory on the NVMe drive)",
-                  "e.g. --nvme-path /local_nvme (or nvme_path in the DeepSpeed config's "
-                  "offload_optimizer section); each rank keeps its swap files there");
+      throw Error(
+          fmt::format("--offload-{} nvme needs --nvme-path DIR (a directory on the NVMe drive)",
+                      which),
+          fmt::format("e.g. --nvme-path /local_nvme (or nvme_path in the DeepSpeed config's "
+                      "offload_{} section); each rank keeps its swap files there",
+                      which));
   } else if (!a.nvme_path.empty()) {
     throw Error("--nvme-path: the plan offloads nothing to NVMe",
-                "add --offload-optimizer nvme, or drop --nvme-path");
+                "add --offload-optimizer nvme or --offload-param nvme, or drop --nvme-path");
   }
 
   // Arena capacities: what the plan predicts with room to spare, or what the user gives, in
@@ -241,8 +261,8 @@ int main(int argc, char** argv) {
                  "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");
   app.add_option("--host-memory", a.host_memory, "host arena size [prediction + 50%]");
   app.add_option("--nvme-path", a.nvme_path,
-                 "with --offload-optimizer nvme: a directory on the NVMe drive for the swap files "
-                 "[nvme_path of --ds-config]");
+                 "with --offload-optimizer nvme or --offload-param nvme: a directory on the NVMe "
+                 "drive for the swap files [nvme_path of --ds-config]");
   app.add_option("--report", a.report,
                  "write the predicted-vs-measured report: .html (charts), .json, .md, .csv, .txt or "
                  ".xml (JUnit)");
@@ -252,9 +272,12 @@ int main(int argc, char** argv) {
   app.footer(
       "Examples:\n"
       "  zero-run --model gpt2-tiny --stage 2 --steps 5\n"
-      "  zero-plan plan --model gpt2-tiny --stage 3 --dp 4 -o plan.json && mpirun -np 4 zero-run plan.json\n"
+      "  zero-plan plan --model gpt2-tiny --stage 3 --dp 4 -o plan.json && mpirun -np 4 zero-run "
+      "plan.json\n"
       "  mpirun -np 2 zero-run --model gpt2-tiny --stage 1 --checkpointing full --report run.json\n"
       "  zero-run --model gpt2-tiny --stage 2 --offload-optimizer nvme --nvme-path /local_nvme\n"
+      "  zero-run --model gpt2-tiny --stage 3 --offload-optimizer cpu --offload-param nvme "
+      "--nvme-path /local_nvme\n"
       "Exit codes: 0 measured within tolerance, 1 a peak is off by more than the tolerance,\n"
       "2 bad input (one error line and a hint).");
 

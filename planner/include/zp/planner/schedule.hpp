@@ -84,13 +84,16 @@ uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_
 
 // Appends, at position `pos` (the optimizer op), the host buffers an offloaded optimizer
 // holds during its step and frees after it: the NVMe swap buffers, then the two parameter
-// tiles. The fit search replays them alone, as it does the model states.
+// tiles (neither with the delayed update: it holds its swap buffers with the model states).
+// The fit search replays them alone, as it does the model states.
 void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
                             uint64_t partition_elems, uint32_t param_bytes);
 
 // Appends the persistent model states (allocated before the first op, position -1) in the
 // order the runtime allocates them: per tier params, grads, master, moments; then the
-// delayed update's second fp32 gradient partition and host parameter copy. build_schedule
+// delayed update's second fp32 gradient partition, host parameter copy and (optimizer on
+// NVMe) swap buffers; then the parameter swap buffers of --offload-param nvme (cpu tier,
+// category buffers). build_schedule
 // starts with these; the fit search replays them alone.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
                          const Strategy& s, uint32_t param_bytes);
@@ -109,6 +112,24 @@ uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems)
 uint64_t optimizer_swap_files(const Strategy& s);  // 3 for Adam, 2 for SGD
 // buffer_count x files x chunk x 4 bytes, plus kSwapBlockBytes - kArenaAlignment to align.
 uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems);
+
+// --offload-param nvme (ZeRO-Infinity; stage 3). The 16-bit partition is one swap file of
+// swap_file_bytes(partition x param bytes) on the nvme tier (category params). Shards are read
+// from it into param_swap_buffer_count host buffers (DeepSpeed's offload_param.buffer_count),
+// one cpu-tier allocation (category buffers) made with the model states and held for the run,
+// aligned to a block inside the arena like the optimizer's. A buffer holds
+// param_swap_buffer_elems elements: param_swap_buffer_size (DeepSpeed's buffer_size), or the
+// partition rounded up to a block of elements where that is smaller. A piece of a shard starts
+// anywhere in a block, so a buffer is that many elements' bytes rounded up to a block, plus
+// one block for the piece's offset into its first block. Each gathered shard is then staged
+// into a device buffer, as with offload_param=cpu; the updated parameters are written back
+// after the optimizer step through the same host buffers (no other memory).
+uint64_t param_swap_buffer_elems(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
+// round_up(elems x param_bytes, kSwapBlockBytes) + kSwapBlockBytes.
+uint64_t param_swap_buffer_capacity(const Strategy& s, uint64_t partition_elems,
+                                    uint32_t param_bytes);
+// buffer_count x capacity, plus kSwapBlockBytes - kArenaAlignment to align.
+uint64_t param_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
 
 MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
                               const PlanOptions& o);

@@ -47,6 +47,16 @@ struct BufferSizes {
   // DeepSpeed's offload_optimizer.buffer_count plays this role, default 4).
   uint64_t optimizer_swap_chunk_size = uint64_t{1} << 20;
   uint64_t optimizer_swap_buffer_count = 3;
+  // --offload-param nvme, DeepSpeed's offload_param.buffer_count and buffer_size with their
+  // defaults (deepspeed/runtime/zero/offload_config.py: 5 and 1e8): the host buffers that
+  // shards of the 16-bit partition are read into from the swap file (and written back from
+  // after the optimizer step), and the elements each holds (at most the partition). A shard
+  // larger than a buffer is read as several pieces. Prefetch depth (zeroplan's, no DeepSpeed
+  // name): how many gathers ahead of the one being served shard reads may be issued, as far
+  // as free buffers allow (0: a shard is read when its gather needs it).
+  uint64_t param_swap_buffer_count = 5;
+  uint64_t param_swap_buffer_size = 100'000'000;
+  uint64_t param_swap_prefetch_depth = 2;
   bool operator==(const BufferSizes&) const = default;
 };
 
@@ -73,7 +83,8 @@ struct Strategy {
 void validate(const Strategy& s);
 
 // Fills a strategy from a DeepSpeed config (its JSON object). Fields it reads:
-// zero_optimization.{stage, offload_optimizer.device, offload_param.device,
+// zero_optimization.{stage, offload_optimizer.{device, buffer_count},
+// offload_param.{device, buffer_count, buffer_size},
 // reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size,
 // stage3_max_live_parameters}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps, optimizer.type, activation_checkpointing. DeepSpeed fields

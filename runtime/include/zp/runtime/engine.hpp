@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,8 +48,9 @@ struct EngineOptions {
   // inline, the reference the threaded run must equal bit for bit).
   int64_t dpu_warmup_steps = 10;
   bool dpu_threaded = true;
-  // --offload-optimizer nvme: the directory of this rank's swap files (zero-run --nvme-path,
-  // or nvme_path of a DeepSpeed config) and DeepSpeed's aio settings for the swapper.
+  // --offload-optimizer nvme and --offload-param nvme: the directory of this rank's swap files
+  // (zero-run --nvme-path, or nvme_path of a DeepSpeed config) and DeepSpeed's aio settings
+  // for the swapper.
   std::string nvme_path;
   AioConfig aio;
 };
@@ -154,9 +156,37 @@ class Engine {
   // ZeRO-Infinity, offload_optimizer=nvme (engine_nvme.cpp): master weights and moments live
   // in this rank's swap files (one per state, each an nvme-arena range of its padded size);
   // the optimizer step streams them through the pipeline's host buffers.
+  // With the delayed update the CPU step (and its pipeline) runs on the update's thread through
+  // swap buffers held for the run, and writes the new parameters to dpu_params_; its I/O
+  // error is kept for the main thread, which fails the step on every rank at flush().
   bool nvme_ = false;
   std::unique_ptr<Swapper> swapper_;
   std::vector<SwapFile> swap_files_;  // master, then exp_avg and exp_avg_sq (or momentum)
+  std::vector<HostBuffer> dpu_swap_buffers_;
+  std::string dpu_failure_, dpu_hint_;
+
+  // ZeRO-Infinity, offload_param=nvme (engine_nvme.cpp; stage 3): the 16-bit partition lives in
+  // the swap file rank<r>.params.swp (params_ stays null). Every micro-step gathers groups in
+  // the same order (gather_order_, found by a dry run of the gather logic); each gather's
+  // shard is read in pieces of at most param_buf_elems_ elements through the ring of
+  // param_bufs_, up to param_swap_prefetch_depth gathers ahead, and staged to the device. The
+  // optimizer's new parameters are written back in order through the same buffers.
+  struct ParamPiece {
+    uint32_t entry = 0;            // index into gather_order_
+    uint64_t part_off = 0, n = 0;  // partition elements
+  };
+  bool param_nvme_ = false, planning_gathers_ = false;
+  std::unique_ptr<Swapper> param_swapper_;  // its own: the update's thread uses swapper_
+  SwapFile param_file_;
+  std::vector<HostBuffer> param_bufs_;
+  std::vector<std::optional<SwapTicket>> param_tickets_;  // by buffer: its I/O in flight
+  uint64_t param_buf_elems_ = 0;
+  std::vector<std::size_t> gather_order_;  // group indices, one micro-step's gathers
+  std::vector<ParamPiece> pieces_;         // their shards' pieces, in order
+  std::vector<std::size_t> first_piece_;   // by gather entry, and one past the last
+  std::size_t next_read_ = 0, next_use_ = 0, entry_ = 0;
+  std::string param_failure_, param_hint_;  // the first I/O error of the step, if any
+  uint64_t write_chunk_ = UINT64_MAX;       // partition chunk being filled for write-back
 
   // Per-step state.
   std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
@@ -209,12 +239,30 @@ class Engine {
   void gather_params();                             // stages 1-2: share updated slices
   // engine_nvme.cpp: the swap files and their nvme-arena ranges; initial master weights and
   // zero moments written to them; the pipelined update of every owned element from
-  // host_grads_[cur_], new parameters to the device; chunks of the swapped master weights.
+  // host_grads_[g_buf], new parameters to the device (or, for the delayed update, to
+  // dpu_params_); chunks of the swapped master weights.
   void open_swap_files();
   void init_swapped_states();
-  void nvme_update(double inv_scale, double clip, int64_t t);
+  void nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device);
   void* alloc_swap_buffers(std::vector<HostBuffer>& buffers);  // cpu tier; free the result
+  void carve_swap_buffers(void* block, std::vector<HostBuffer>& buffers) const;
   void read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn);
+  // offload_param=nvme: the file and host buffers; the gather order and pieces; a gather's
+  // shard into the device staging buffer; reads issued ahead. Writing the partition back:
+  // put_params in increasing partition order (gaps are zero), end_param_write to finish.
+  // Parameters go to the device partition or, with offload_param=nvme, to the file.
+  void open_param_file();
+  void plan_param_reads();
+  void read_shard(std::size_t group, void* stage);
+  void issue_param_reads();
+  void put_params(uint64_t part_elem, const void* src, uint64_t n);
+  void end_param_write();
+  void to_params(uint64_t part_elem, const void* src, uint64_t n);
+  void wait_param_io(std::size_t buffer);  // the buffer's I/O; its ticket is gone after
+  void drain_param_io();                   // after an error: wait for all, drop the errors
+  // Every rank learns whether any rank's I/O failed (a collective, called at the same points
+  // on every rank); StepFailed on all of them if so.
+  void fail_together(const std::string& failure, const std::string& hint, const char* what);
   // The owned range of a group for this rank, in group-local elements.
   std::pair<uint64_t, uint64_t> owned(const Group& gr) const;
 };
