@@ -363,6 +363,49 @@ TEST_CASE("fit: ranking, reasons, and what is missing when nothing fits") {
   CHECK(none.closest->shortfalls.front().find("has") != std::string::npos);
 }
 
+TEST_CASE("fit: the threaded search gives the one-thread answer, candidate for candidate") {
+  FitRequest r;
+  r.model = zp::models::load_model("gpt2");
+  r.hw = load_hardware("v100-32g");
+  r.gpus = 16;
+  r.mps = {1, 2, 4};
+  r.top = 1000;
+  r.threads = 1;
+  const FitResult one = fit(r);
+  REQUIRE(one.n_fit > 100);
+  for (unsigned threads : {2u, 3u, 0u}) {
+    r.threads = threads;
+    const FitResult many = fit(r);
+    CAPTURE(threads);
+    CHECK(many.n_searched == one.n_searched);
+    CHECK(many.n_fit == one.n_fit);
+    CHECK(many.n_shapes == one.n_shapes);
+    REQUIRE(many.candidates.size() == one.candidates.size());
+    for (std::size_t i = 0; i < one.candidates.size(); ++i) {
+      const Candidate& a = one.candidates[i];
+      const Candidate& b = many.candidates[i];
+      CHECK(describe(b.strategy) == describe(a.strategy));
+      CHECK(b.per_device == a.per_device);
+      CHECK(b.step_seconds == a.step_seconds);
+      CHECK(b.why == a.why);
+    }
+  }
+  // Nothing fits: the same closest miss, whatever the thread count.
+  FitRequest big = r;
+  big.model = zp::models::load_model("gpt3-175b");
+  big.hw.nvme_bytes = 0;
+  big.gpus = 1;
+  big.mps = {1};
+  big.threads = 1;
+  const FitResult none1 = fit(big);
+  big.threads = 2;
+  const FitResult none2 = fit(big);
+  REQUIRE(none1.closest);
+  REQUIRE(none2.closest);
+  CHECK(describe(none2.closest->strategy) == describe(none1.closest->strategy));
+  CHECK(none2.closest->shortfalls == none1.closest->shortfalls);
+}
+
 TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {
   Strategy s;
   s.stage = 3;
