@@ -4,9 +4,13 @@
 #include "zp/planner/fit.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <map>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -49,11 +53,18 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The host tier's buffers of an offloaded optimizer (append_offload_buffers) are replayed on
 // their own, keyed by their sizes, so offload settings do not multiply the dynamic replays;
 // parameters offloaded to the host add device staging buffers, hence offload_param.
-// The deepspeed profile replays whole schedules: they differ with the delayed update and the
-// parameter swap buffers (--offload-param nvme) too.
-using DynKey =
-    std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool, uint64_t>;
+// The deepspeed profile replays whole schedules: they differ with the delayed update, the
+// parameter swap buffers (--offload-param nvme), the optimizer's swap buffers and the
+// offload tiles too.
+using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
+                          uint64_t, uint64_t, uint64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
+// What the persistent states depend on within one shape (model_state_bytes and
+// append_model_states): the partition, the stage, the precision and optimizer, where the
+// optimizer and parameters live, the delayed update's host buffers, and the swap buffers held
+// with the states (the delayed update's optimizer swap buffers on NVMe, the parameter
+// swapper's buffers).
+using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t>;
 
 }  // namespace
 
@@ -61,25 +72,39 @@ struct FitEvaluator::Impl {
   models::ModelSpec model;
   PlanOptions options;
   struct Shape {
+    models::GraphOptions go;
+    bool built = false;
     models::TrainingGraph graph;
     StepCosts costs;
     std::vector<uint64_t> group_elems;
     std::map<DynKey, PerDevice> dynamic;
     std::map<HostKey, PerDevice> host_buffers;
+    std::map<StatesKey, PerDevice> states;
   };
   std::map<ShapeKey, Shape> shapes;
 
-  Shape& shape(const Strategy& s) {
+  // The shape's cache entry, not yet built when new. Inserting is the only step that changes
+  // `shapes` itself: evaluate() inserts every shape before its threads fill them in.
+  Shape& slot(const Strategy& s) {
     const models::GraphOptions go = graph_options(model, s, options);
     auto [it, inserted] = shapes.try_emplace(shape_key(go));
-    if (inserted) {
-      Shape& sh = it->second;
-      sh.graph = models::build_training_graph(model, go);
-      sh.costs = step_costs(sh.graph);
-      sh.group_elems = sh.costs.group_params;
-    }
+    if (inserted) it->second.go = go;
     return it->second;
   }
+  static void build(Shape& sh, const models::ModelSpec& model) {
+    if (sh.built) return;
+    sh.graph = models::build_training_graph(model, sh.go);
+    sh.costs = step_costs(sh.graph);
+    sh.group_elems = sh.costs.group_params;
+    sh.built = true;
+  }
+  Shape& shape(const Strategy& s) {
+    Shape& sh = slot(s);
+    build(sh, model);
+    return sh;
+  }
+  // Touches `sh` and reads the rest: threads working on different shapes do not meet.
+  PerDevice memory(Shape& sh, const Strategy& s) const;
 };
 
 FitEvaluator::FitEvaluator(models::ModelSpec model, PlanOptions options)
@@ -94,9 +119,10 @@ uint64_t FitEvaluator::n_shapes() const { return impl_->shapes.size(); }
 
 const StepCosts& FitEvaluator::costs(const Strategy& s) { return impl_->shape(s).costs; }
 
-PerDevice FitEvaluator::memory(const Strategy& s) {
-  Impl::Shape& sh = impl_->shape(s);
-  const PlanOptions& o = impl_->options;
+PerDevice FitEvaluator::memory(const Strategy& s) { return impl_->memory(impl_->shape(s), s); }
+
+PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
+  const PlanOptions& o = options;
   const bool whole = o.profile == Profile::deepspeed;
   const uint64_t part = s.stage >= 1
                             ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
@@ -115,31 +141,48 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
                    whole && s.dpu,
                    whole && s.stage == 3 && s.offload_param == Offload::nvme
                        ? param_swap_buffer_bytes(s, part, p_bytes)
-                       : 0};
+                       : 0,
+                   whole && s.offload_optimizer == Offload::nvme
+                       ? optimizer_swap_buffer_bytes(s, part)
+                       : 0,
+                   whole ? offload_tile_bytes(s, part, p_bytes) : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
     if (!whole) {
-      // Drop the persistent states (allocated before the first op, never freed), the
-      // parameter swap buffers held with them (host tier, position -1; append_model_states
-      // replays them below) and the optimizer's host buffers (the only host-tier
-      // allocations during the step).
-      MemorySchedule dyn = sch;
-      dyn.events.clear();
-      for (const MemEvent& e : sch.events) {
+      // Drop, in place, the persistent states (allocated before the first op, never freed),
+      // the parameter swap buffers held with them (host tier, position -1;
+      // append_model_states replays them below) and the optimizer's host buffers (the only
+      // host-tier allocations during the step).
+      std::erase_if(sch.events, [&](const MemEvent& e) {
         const MemBuffer& b = sch.buffers[e.buffer];
-        if (e.pos == -1 && (is_state(b.category) || b.tier != Tier::gpu)) continue;
-        if (e.pos >= 0 && b.tier == Tier::cpu) continue;
-        dyn.events.push_back(e);
-      }
-      sch = std::move(dyn);
+        return (e.pos == -1 && (is_state(b.category) || b.tier != Tier::gpu)) ||
+               (e.pos >= 0 && b.tier == Tier::cpu);
+      });
     }
     it = sh.dynamic.emplace(key, replay(sch, o).per_device).first;
   }
   if (whole) return it->second;
-  MemorySchedule states_only;
-  append_model_states(states_only, sh.costs.n_params, part, s, p_bytes);
-  const PerDevice states = replay(states_only, o).per_device;
+  const StatesKey skey{part,
+                       s.stage,
+                       static_cast<int>(s.precision),
+                       static_cast<int>(s.optimizer),
+                       static_cast<int>(s.offload_optimizer),
+                       static_cast<int>(s.offload_param),
+                       s.dpu,
+                       s.dpu && s.offload_optimizer == Offload::nvme
+                           ? optimizer_swap_buffer_bytes(s, part)
+                           : 0,
+                       s.stage == 3 && s.offload_param == Offload::nvme
+                           ? param_swap_buffer_bytes(s, part, p_bytes)
+                           : 0};
+  auto st = sh.states.find(skey);
+  if (st == sh.states.end()) {
+    MemorySchedule states_only;
+    append_model_states(states_only, sh.costs.n_params, part, s, p_bytes);
+    st = sh.states.emplace(skey, replay(states_only, o).per_device).first;
+  }
+  const PerDevice& states = st->second;
   const HostKey hkey{offload_tile_bytes(s, part, p_bytes),
                      s.offload_optimizer == Offload::nvme && !s.dpu
                          ? optimizer_swap_buffer_bytes(s, part)
@@ -151,6 +194,65 @@ PerDevice FitEvaluator::memory(const Strategy& s) {
     hb = sh.host_buffers.emplace(hkey, replay(host_only, o).per_device).first;
   }
   return add(add(states, hb->second), it->second);
+}
+
+std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
+                                             const Cluster& cl, unsigned threads) {
+  Impl& im = *impl_;
+  // Group the strategies by shape, shapes in first-seen order (one thread builds a shape's
+  // graph and its replays; its strategies are then evaluated on the same thread).
+  std::vector<Impl::Shape*> shapes;
+  std::vector<std::vector<std::size_t>> members;
+  std::map<const Impl::Shape*, std::size_t> index;
+  for (std::size_t i = 0; i < ss.size(); ++i) {
+    Impl::Shape* sh = &im.slot(ss[i]);
+    auto [it, inserted] = index.try_emplace(sh, shapes.size());
+    if (inserted) {
+      shapes.push_back(sh);
+      members.emplace_back();
+    }
+    members[it->second].push_back(i);
+  }
+  std::vector<Candidate> out(ss.size());
+  std::vector<std::exception_ptr> errors(shapes.size());
+  std::vector<std::size_t> failed_at(shapes.size(), ss.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t u = next++; u < shapes.size(); u = next++) {
+      try {
+        Impl::Shape& sh = *shapes[u];
+        Impl::build(sh, im.model);
+        for (std::size_t i : members[u]) {
+          failed_at[u] = i;
+          Candidate& c = out[i];
+          c.strategy = ss[i];
+          c.per_device = im.memory(sh, ss[i]);
+          c.shortfalls = shortfalls(c.per_device, ss[i], hw);
+          if (!c.shortfalls.empty()) continue;
+          const Timeline t = simulate(sh.costs, ss[i], hw, cl);
+          c.step_seconds = t.step_seconds;
+          c.tflops_per_gpu = t.tflops_per_gpu;
+          c.tokens_per_second = t.tokens_per_second;
+          c.busy_seconds = t.busy_seconds;
+        }
+        failed_at[u] = ss.size();
+      } catch (...) {
+        errors[u] = std::current_exception();
+      }
+    }
+  };
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t n_threads = std::min<std::size_t>(threads, shapes.size());
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  // The error of the first failing strategy in the order given, as one thread would meet it.
+  std::size_t first = shapes.size();
+  for (std::size_t u = 0; u < shapes.size(); ++u)
+    if (errors[u] && (first == shapes.size() || failed_at[u] < failed_at[first])) first = u;
+  if (first < shapes.size()) std::rethrow_exception(errors[first]);
+  return out;
 }
 
 namespace {
@@ -267,6 +369,7 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
   const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
                                                             : r.grad_accums;
   for (const auto& mps : mp_rounds) {
+    std::vector<Strategy> round;  // this round's configurations, in search order
     for (int64_t mp : mps) {
       if (cl2.gpus % mp != 0)
         throw Error(fmt::format("--mp {}: does not divide --gpus {}", mp, cl2.gpus),
@@ -292,32 +395,46 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
                   s.mp = mp;
                   s.dp = cl2.gpus / mp;
                   if (ck != Checkpointing::full) s.partition_activations = false;
-                  ++out.n_searched;
-                  Candidate c;
-                  c.strategy = s;
-                  c.per_device = ev.memory(s);
-                  c.shortfalls = shortfalls(c.per_device, s, r.hw);
-                  if (!c.shortfalls.empty()) {
-                    const double ratio = overshoot(c.per_device, s, r.hw);
-                    if (ratio < closest_ratio) {
-                      closest_ratio = ratio;
-                      out.closest = c;
-                    }
-                    continue;
-                  }
-                  const Timeline t = simulate(ev.costs(s), s, r.hw, cl);
-                  c.step_seconds = t.step_seconds;
-                  c.tflops_per_gpu = t.tflops_per_gpu;
-                  c.tokens_per_second = t.tokens_per_second;
-                  c.busy_seconds = t.busy_seconds;
-                  fits.push_back(std::move(c));
-                  if (stop_at_first_fit) {
-                    out.n_fit = 1;
-                    out.candidates = std::move(fits);
-                    out.n_shapes = ev.n_shapes();
-                    return out;
-                  }
+                  round.push_back(s);
                 }
+    }
+    // The first fit (--max-model's probes): one at a time, stopping there. The whole search:
+    // every configuration of the round at once, on the evaluator's threads, then read in
+    // search order as if evaluated one by one.
+    std::vector<Candidate> evaluated;
+    if (!stop_at_first_fit) evaluated = ev.evaluate(round, r.hw, cl, r.threads);
+    for (std::size_t i = 0; i < round.size(); ++i) {
+      ++out.n_searched;
+      Candidate c;
+      if (stop_at_first_fit) {
+        c.strategy = round[i];
+        c.per_device = ev.memory(c.strategy);
+        c.shortfalls = shortfalls(c.per_device, c.strategy, r.hw);
+        if (c.shortfalls.empty()) {
+          const Timeline t = simulate(ev.costs(c.strategy), c.strategy, r.hw, cl);
+          c.step_seconds = t.step_seconds;
+          c.tflops_per_gpu = t.tflops_per_gpu;
+          c.tokens_per_second = t.tokens_per_second;
+          c.busy_seconds = t.busy_seconds;
+        }
+      } else {
+        c = std::move(evaluated[i]);
+      }
+      if (!c.shortfalls.empty()) {
+        const double ratio = overshoot(c.per_device, c.strategy, r.hw);
+        if (ratio < closest_ratio) {
+          closest_ratio = ratio;
+          out.closest = c;
+        }
+        continue;
+      }
+      fits.push_back(std::move(c));
+      if (stop_at_first_fit) {
+        out.n_fit = 1;
+        out.candidates = std::move(fits);
+        out.n_shapes = ev.n_shapes();
+        return out;
+      }
     }
     if (!fits.empty() && r.mps.empty()) break;
   }

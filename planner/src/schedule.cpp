@@ -526,9 +526,11 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
     const std::size_t i = static_cast<std::size_t>(t);
     r.peak_allocated[i] = peak_total[i];
     const uint64_t reserved = t == Tier::gpu ? peak_reserved[i] : peak_total[i];
-    // Allocator overhead: what the allocator reserves beyond the bytes in use at the peak.
-    r.per_device[t][Category::overhead] = reserved - peak_total[i];
-    r.per_device.set_peak(t, reserved);
+    // Allocator overhead: what the allocator reserves beyond the bytes in use at the peak;
+    // on PyTorch, also the CUDA context (kCudaContextBytes), held all along.
+    const uint64_t context = t == Tier::gpu && use_caching ? kCudaContextBytes : 0;
+    r.per_device[t][Category::overhead] = reserved - peak_total[i] + context;
+    r.per_device.set_peak(t, reserved + context);
   }
   return r;
 }

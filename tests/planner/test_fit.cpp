@@ -267,6 +267,21 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
             CAPTURE(describe(d));
             CAPTURE(static_cast<int>(prof));
             CHECK(ev.memory(d) == estimate(m, d, nullptr, o).per_device);
+            if (oo == Offload::nvme) {
+              // The delayed update holds the optimizer's swap buffers with the states: their
+              // count changes the states the cache must tell apart.
+              Strategy b = d;
+              b.buffers.optimizer_swap_buffer_count = 2;
+              CAPTURE(describe(b));
+              CHECK(ev.memory(b) == estimate(m, b, nullptr, o).per_device);
+            }
+            if (oo == Offload::nvme) {
+              // Smaller swap chunks: smaller swap buffers and offload tiles.
+              Strategy c = s;
+              c.buffers.optimizer_swap_chunk_size = 16384;
+              CAPTURE(describe(c));
+              CHECK(ev.memory(c) == estimate(m, c, nullptr, o).per_device);
+            }
             Strategy f = s;
             f.precision = Precision::fp32;
             f = resolve_for_model(f, m);
@@ -293,6 +308,24 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
   }
 }
 
+// Where the settings below come from. The claims are the abstract of Ren et al. 2021,
+// "ZeRO-Offload: Democratizing Billion-Scale Model Training" (arXiv 2101.06840,
+// https://huggingface.co/papers/2101.06840), and seed 002: "over 13 billion parameters on a
+// single GPU", "30TF using PyTorch alone for a 1.4B parameter model, the largest that can be
+// trained without running out of memory", "near linear speedup on up to 128 GPUs", "over 70
+// billion parameters on a single DGX-2 box" with model parallelism. The model settings of the
+// 10B GPT-2 are DeepSpeed's own:
+//   [tutorial] https://www.deepspeed.ai/tutorials/zero-offload/ (deepspeedai/DeepSpeed
+//     docs/_tutorials/zero-offload.md): a 10B GPT-2 on one 32 GB V100 with --model-parallel-size 1
+//     --num-layers 50 --hidden-size 4096 --num-attention-heads 32 --batch-size 10
+//     --checkpoint-activations, ZeRO stage 2 with offload_optimizer cpu;
+//   [script] microsoft/DeepSpeedExamples Megatron-LM/scripts/
+//     ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh: the same flags with --seq-length 1024
+//     (the family's context length, resolved by default here), --fp16 and --cpu-optimizer.
+// The paper's own table of model settings (its table 3: widths, batch sizes and model-parallel
+// degrees per size) is not in the sources this project could reach; the settings marked
+// "unverified" below are the previous recollection of it, kept because nothing sourced
+// replaces them, and they are not tuned to the planner.
 TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%") {
   auto within = [](double got, double paper) {
     CAPTURE(got);
@@ -300,19 +333,32 @@ TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%
     CHECK(got >= 0.85 * paper);
     CHECK(got <= 1.15 * paper);
   };
+  SUBCASE("the tutorial's 10B GPT-2 trains on one 32 GB V100 with ZeRO-Offload") {
+    // [tutorial], [script]: 50 layers, hidden 4096, 32 heads, batch 10, checkpointing.
+    const auto m = gpt(50, 4096, 32);
+    within(static_cast<double>(zp::models::count_params(m).total), 10e9);
+    FitRequest r = v100_request(m, 1, true);
+    r.micro_batches = {10};
+    r.checkpointing = {Checkpointing::full};
+    CHECK_FALSE(fit(r).candidates.empty());
+  }
   SUBCASE("about 13B parameters on one 32 GB V100 with ZeRO-Offload") {
-    // GPT-2 like, hidden 4096, 32 heads, activation checkpointing, micro-batch 4 or 8.
-    for (int64_t mb : {4, 8}) {
-      FitRequest r = v100_request(gpt(50, 4096, 32), 1, true);
-      r.micro_batches = {mb};
-      r.checkpointing = {Checkpointing::full};
-      const auto mm = max_model(r);
-      REQUIRE(mm);
-      within(static_cast<double>(mm->params), 13e9);
-    }
+    // The tutorial's width, heads, batch 10 and checkpointing ([tutorial], [script]), more
+    // layers: the planner finds 58 layers, 11.9B (-8.5%). The paper's 13B used a smaller
+    // batch per GPU (unverified recollection of its table 3: 4); at 4 the planner finds 14.3B.
+    FitRequest r = v100_request(gpt(50, 4096, 32), 1, true);
+    r.micro_batches = {10};
+    r.checkpointing = {Checkpointing::full};
+    const auto mm = max_model(r);
+    REQUIRE(mm);
+    within(static_cast<double>(mm->params), 13e9);
   }
   SUBCASE("about 1.4B parameters on one 32 GB V100 without offload (plain PyTorch)") {
-    // Hidden 2048 (16 heads), checkpointing, batch 32 per GPU as for the paper's small models.
+    // Unverified (recollection of the paper's table 3): hidden 2048, 16 heads, batch 32 per
+    // GPU, checkpointing. The batch decides the answer: the planner's largest model is 2.07B
+    // at batch 1 or 2 (+48%), 1.92B at 8, 1.87B at 10 (the tutorial's), 1.77B at 16 and 1.41B
+    // at 32, so the paper's 1.4B is the limit at batch 32, and no smaller batch is within 15%
+    // of it. The abstract states no batch for it.
     FitRequest r = v100_request(gpt(20, 2048, 16), 1, false);
     r.micro_batches = {32};
     r.checkpointing = {Checkpointing::full};
@@ -321,7 +367,8 @@ TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%
     within(static_cast<double>(mm->params), 1.4e9);
   }
   SUBCASE("about 70B parameters on 16 V100s (one DGX-2) with model parallelism") {
-    // Hidden 9216 (72 heads), 8-way Megatron model parallelism, batch 8, checkpointing.
+    // Unverified (recollection of the paper's table 3): hidden 9216, 72 heads, 8-way Megatron
+    // model parallelism, batch 8, checkpointing. The planner finds 79.0B (+12.8%).
     FitRequest r = v100_request(gpt(60, 9216, 72), 16, true);
     r.mps = {8};
     r.micro_batches = {8};
@@ -330,11 +377,12 @@ TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%
     REQUIRE(mm);
     within(static_cast<double>(mm->params), 70e9);
   }
-  SUBCASE("near-linear scaling to 128 GPUs (10B model, ZeRO-Offload)") {
+  SUBCASE("near-linear scaling to 128 GPUs (the tutorial's 10B model, ZeRO-Offload)") {
+    // [tutorial], [script]: 50 layers, hidden 4096, 32 heads, batch 10 per GPU.
     for (bool dpu : {false, true}) {
       auto tput = [&](int64_t gpus) {
         FitRequest r = v100_request(gpt(50, 4096, 32), gpus, true);
-        r.micro_batches = {8};
+        r.micro_batches = {10};
         r.checkpointing = {Checkpointing::full};
         r.dpu = {dpu};
         const FitResult f = fit(r);
@@ -382,6 +430,49 @@ TEST_CASE("fit: ranking, reasons, and what is missing when nothing fits") {
   REQUIRE_FALSE(none.closest->shortfalls.empty());
   CHECK(none.closest->shortfalls.front().find("needs") != std::string::npos);
   CHECK(none.closest->shortfalls.front().find("has") != std::string::npos);
+}
+
+TEST_CASE("fit: the threaded search gives the one-thread answer, candidate for candidate") {
+  FitRequest r;
+  r.model = zp::models::load_model("gpt2");
+  r.hw = load_hardware("v100-32g");
+  r.gpus = 16;
+  r.mps = {1, 2, 4};
+  r.top = 1000;
+  r.threads = 1;
+  const FitResult one = fit(r);
+  REQUIRE(one.n_fit > 100);
+  for (unsigned threads : {2u, 3u, 0u}) {
+    r.threads = threads;
+    const FitResult many = fit(r);
+    CAPTURE(threads);
+    CHECK(many.n_searched == one.n_searched);
+    CHECK(many.n_fit == one.n_fit);
+    CHECK(many.n_shapes == one.n_shapes);
+    REQUIRE(many.candidates.size() == one.candidates.size());
+    for (std::size_t i = 0; i < one.candidates.size(); ++i) {
+      const Candidate& a = one.candidates[i];
+      const Candidate& b = many.candidates[i];
+      CHECK(describe(b.strategy) == describe(a.strategy));
+      CHECK(b.per_device == a.per_device);
+      CHECK(b.step_seconds == a.step_seconds);
+      CHECK(b.why == a.why);
+    }
+  }
+  // Nothing fits: the same closest miss, whatever the thread count.
+  FitRequest big = r;
+  big.model = zp::models::load_model("gpt3-175b");
+  big.hw.nvme_bytes = 0;
+  big.gpus = 1;
+  big.mps = {1};
+  big.threads = 1;
+  const FitResult none1 = fit(big);
+  big.threads = 2;
+  const FitResult none2 = fit(big);
+  REQUIRE(none1.closest);
+  REQUIRE(none2.closest);
+  CHECK(describe(none2.closest->strategy) == describe(none1.closest->strategy));
+  CHECK(none2.closest->shortfalls == none1.closest->shortfalls);
 }
 
 TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {

@@ -1,6 +1,8 @@
 // bench_fit: the `zero-plan fit` search. The bar: >= 10,000 configurations searched in under
 // a second, against a baseline that runs the full estimate (graph + schedule + replay) per
-// configuration, measured in the same run. Each benchmark checks its answer before timing.
+// configuration, measured in the same run. The search runs on one thread and on all of the
+// machine's (threads:0), and each benchmark checks its answer before timing (the threaded
+// search must give the one-thread result, candidate for candidate).
 #include <benchmark/benchmark.h>
 
 #include "zp/models/model_spec.hpp"
@@ -24,12 +26,33 @@ FitRequest request() {
   return r;
 }
 
+bool same(const FitResult& a, const FitResult& b) {
+  if (a.n_searched != b.n_searched || a.n_fit != b.n_fit ||
+      a.candidates.size() != b.candidates.size())
+    return false;
+  for (std::size_t i = 0; i < a.candidates.size(); ++i) {
+    const Candidate& x = a.candidates[i];
+    const Candidate& y = b.candidates[i];
+    if (describe(x.strategy) != describe(y.strategy) || !(x.per_device == y.per_device) ||
+        x.step_seconds != y.step_seconds || x.why != y.why)
+      return false;
+  }
+  return true;
+}
+
 void BM_FitSearch(benchmark::State& state) {
-  const FitRequest r = request();
+  FitRequest r = request();
+  r.threads = static_cast<unsigned>(state.range(0));
   const FitResult check = fit(r);
   if (check.n_searched < 10'000 || check.candidates.empty() ||
       check.candidates.front().tokens_per_second <= 0) {
     state.SkipWithError("fit searched too little or found nothing");
+    return;
+  }
+  FitRequest one = r;
+  one.threads = 1;
+  if (r.threads != 1 && !same(check, fit(one))) {
+    state.SkipWithError("the threaded search differs from the one-thread search");
     return;
   }
   for (auto _ : state) benchmark::DoNotOptimize(fit(r).n_fit);
@@ -38,7 +61,7 @@ void BM_FitSearch(benchmark::State& state) {
   state.counters["configs_per_s"] = benchmark::Counter(
       static_cast<double>(check.n_searched), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_FitSearch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FitSearch)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Baseline: the full estimate per configuration (what the search would cost without the
 // per-shape cache), over a slice of the same space.

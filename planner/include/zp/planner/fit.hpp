@@ -52,6 +52,9 @@ struct FitRequest {
   // node's GPUs that divide the GPUs and the heads, smallest first.
   std::vector<int64_t> mps;
   std::size_t top = 5;
+  // Threads that build the per-shape graphs and replays and simulate the candidates;
+  // 0: std::thread::hardware_concurrency(). The result does not depend on it.
+  unsigned threads = 0;
 };
 
 struct Candidate {
@@ -84,6 +87,12 @@ class FitEvaluator {
   FitEvaluator(FitEvaluator&&) noexcept;
   PerDevice memory(const Strategy& s);          // s: seq resolved (resolve_for_model)
   const StepCosts& costs(const Strategy& s);    // per (micro-batch, checkpointing, mp, ...)
+  // Every strategy's memory, what it lacks on `hw` and, when it fits, its simulated step, in
+  // the order given. Strategies are grouped by shape and each shape (its graph, replays and
+  // simulations) is worked by one of `threads` threads, so the result is the same as
+  // evaluating them one by one, whatever the thread count.
+  std::vector<Candidate> evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
+                                  const Cluster& cl, unsigned threads);
   uint64_t n_shapes() const;
  private:
   struct Impl;

@@ -147,8 +147,21 @@ struct MemoryReport {
   int32_t peak_pos = -1;              // where the gpu tier peaked
 };
 
+// GPU memory a PyTorch process holds before its first tensor: the CUDA context and the
+// kernels of PyTorch and its CUDA libraries, loaded with the context. Hugging Face measured it
+// (transformers docs, "Model training anatomy", docs/source/en/model_memory_anatomy.md):
+// after torch.ones((1, 1)).to("cuda") nvidia-smi reports 1343 MiB used on a Tesla V100-SXM2
+// 16 GB (driver 460.91, CUDA 11.2), "the kernels alone take up 1.3GB"; the same page says it
+// is 1-2 GB in general. It is what DeepSpeed on PyTorch pays on top of what the caching
+// allocator reserves. CUDA's lazy module loading (CUDA_MODULE_LOADING=LAZY, the default from
+// CUDA 12.2) loads kernels on first use and shrinks it; the eager figure is kept as the bound.
+// Our own runtime's arena lives in the process's context too, but its prediction (the
+// zeroplan profile) is the cpu backend's arena, which has no CUDA context.
+inline constexpr uint64_t kCudaContextBytes = uint64_t{1343} << 20;
+
 // Replays the schedule: the gpu tier through the arena (zeroplan) or the caching allocator
 // (deepspeed); cpu and nvme tiers count bytes (their allocators round but do not fragment).
+// Under the deepspeed profile the gpu tier's overhead (and peak) also holds kCudaContextBytes.
 MemoryReport replay(const MemorySchedule& s, const PlanOptions& o);
 
 // Chrome Trace Event JSON ("ph":"C" counters, one series per category and tier, "ph":"X" ops)
