@@ -313,44 +313,6 @@ TEST_CASE("the optimizer on NVMe (and parameters on the host or NVMe): the same 
     CHECK(swap_files() == 0);
   }
 
-  // The parameter partition on NVMe (offload_param=nvme), the optimizer on NVMe or on the
-  // host: the same weights as with everything on the device (dev.bin, the loop's stage-3
-  // run), every tier's bytes as planned; shards larger than a buffer (3000 elements), 3
-  // buffers. Then the same from a DeepSpeed config's offload_param section.
-  for (const char* oo : {"nvme", "cpu"}) {
-    CAPTURE(oo);
-    const std::string report = dir.file("pnvme.json"), weights = dir.file("pnvme.bin");
-    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--stage", "3", "--precision", "fp32",
-                                "--micro-batch", "2", "--seq", "32", "--steps", "5",
-                                "--offload-param", "nvme", "--offload-optimizer", oo,
-                                "--nvme-path", swap, "--param-swap-buffer-size", "3000",
-                                "--param-swap-buffer-count", "3", "--optimizer-swap-chunk-size",
-                                "4096", "--report", report, "--save-weights", weights});
-    CAPTURE(r.err);
-    REQUIRE(r.rc == 0);
-    CHECK(r.out.find("offload params=nvme") != std::string::npos);
-    CHECK(zp::test::slurp(weights) == zp::test::slurp(dir.file("dev.bin")));
-    CHECK(swap_files() == 0);
-    const auto ranks = nlohmann::json::parse(zp::test::slurp(report))["ranks"];
-    CHECK(ranks.size() == 2);
-    for (const auto& rank : ranks) {
-      CHECK(rank["predicted"]["nvme"]["breakdown"]["params"].get<uint64_t>() > 0);
-      CHECK(rank["predicted"]["gpu"]["breakdown"]["params"].get<uint64_t>() == 0);
-      for (const char* tier : {"gpu", "cpu", "nvme"}) CHECK(rank["measured"][tier] == rank["predicted"][tier]);
-    }
-  }
-  {
-    const std::string pds = dir.write("pds.json", R"({"zero_optimization": {"stage": 3,
-        "offload_optimizer": {"device": "cpu"},
-        "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"(", "buffer_count": 2,
-                          "buffer_size": 4096, "max_in_cpu": 1e9}}})");
-    const Result r = mpirun(2, {"--model", "gpt2-tiny", "--ds-config", pds, "--seq", "32", "--steps", "2"});
-    CAPTURE(r.err);
-    CHECK(r.rc == 0);
-    CHECK(r.out.find("offload params=nvme") != std::string::npos);
-    CHECK(swap_files() == 0);
-  }
-
   auto bad = [](const Result& r, const std::string& needle) {
     CAPTURE(r.err);
     CHECK(r.rc == 2);

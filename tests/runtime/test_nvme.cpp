@@ -31,10 +31,6 @@ using zp::test::tiny_strategy;
 
 namespace {
 
-
-
-
-
 std::vector<std::string> files_in(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().string());
@@ -58,6 +54,25 @@ Run train(const planner::Plan& plan, int steps, EngineOptions opt) {
 }
 
 uint64_t round_up_4096(uint64_t b) { return (b + 4095) / 4096 * 4096; }
+
+// Truncates `victim` (a swap file) to one block, then steps the engine up to `max_steps` times
+// until a step fails: the failure must be this rank's own, naming the file, the read and why.
+void expect_short_read(Engine& engine, const std::string& victim, int max_steps) {
+  REQUIRE(std::filesystem::exists(victim));
+  REQUIRE(::truncate(victim.c_str(), 4096) == 0);
+  std::string what;
+  bool origin = false;
+  try {
+    for (int i = 0; i < max_steps; ++i) engine.step();
+  } catch (const StepFailed& e) {
+    what = e.what();
+    origin = e.origin();
+  }
+  CAPTURE(what);
+  CHECK(origin);
+  CHECK(what.find("read " + victim) != std::string::npos);
+  CHECK(what.find("short read") != std::string::npos);
+}
 
 }  // namespace
 
@@ -363,21 +378,9 @@ TEST_CASE("the delayed update's swap file truncated: the step fails on the main 
     Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
     engine.step();  // plain
     engine.flush();
-    const std::string victim = swap.file("rank0.exp_avg.swp");
-    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
-    std::string what;
-    bool origin = false;
-    try {
-      engine.step();  // launches the delayed step, which fails on its thread
-      engine.step();  // applies it: the failure surfaces here
-    } catch (const StepFailed& e) {
-      what = e.what();
-      origin = e.origin();
-    }
-    CAPTURE(what);
-    CHECK(origin);
-    CHECK(what.find("read " + victim) != std::string::npos);
-    CHECK(what.find("short read") != std::string::npos);
+    // The next step launches the delayed step, which fails on its thread; the one after
+    // applies it, and the failure surfaces there.
+    expect_short_read(engine, swap.file("rank0.exp_avg.swp"), 2);
   }
   CHECK(files_in(swap.path).empty());
 }
@@ -395,21 +398,7 @@ TEST_CASE("the parameter swap file truncated between steps: one clear error, fil
     opt.nvme_path = swap.path;
     Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
     engine.step();
-    const std::string victim = swap.file("rank0.params.swp");
-    REQUIRE(std::filesystem::exists(victim));
-    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
-    std::string what;
-    bool origin = false;
-    try {
-      engine.step();
-    } catch (const StepFailed& e) {
-      what = e.what();
-      origin = e.origin();
-    }
-    CAPTURE(what);
-    CHECK(origin);
-    CHECK(what.find("read " + victim) != std::string::npos);
-    CHECK(what.find("short read") != std::string::npos);
+    expect_short_read(engine, swap.file("rank0.params.swp"), 1);
     // The step's device buffers (gathers, staging) went back; the host tier holds the
     // states and the parameter swap buffers only, as before the step.
     CHECK(dev->arena(planner::Tier::gpu).in_use(planner::Category::buffers) == 0);
@@ -433,21 +422,7 @@ TEST_CASE("a swap file truncated between steps: one clear error, files removed")
     opt.nvme_path = swap.path;
     Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
     engine.step();
-    const std::string victim = swap.file("rank0.exp_avg_sq.swp");
-    REQUIRE(std::filesystem::exists(victim));
-    REQUIRE(::truncate(victim.c_str(), 4096) == 0);
-    std::string what;
-    bool origin = false;
-    try {
-      engine.step();
-    } catch (const StepFailed& e) {
-      what = e.what();
-      origin = e.origin();
-    }
-    CAPTURE(what);
-    CHECK(origin);
-    CHECK(what.find("read " + victim) != std::string::npos);
-    CHECK(what.find("short read") != std::string::npos);
+    expect_short_read(engine, swap.file("rank0.exp_avg_sq.swp"), 1);
     // The step's host buffers went back to the arena.
     CHECK(dev->arena(planner::Tier::cpu).in_use(planner::Category::buffers) == 0);
   }
