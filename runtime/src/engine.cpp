@@ -240,24 +240,7 @@ void Engine::allocate_states() {
       carve_swap_buffers(block, dpu_swap_buffers_);
     }
   }
-  // offload_param=nvme: the parameter swapper's host buffers, held for the run, each
-  // 4096-aligned inside one block (planner::param_swap_buffer_bytes has the slack).
-  if (param_nvme_) {
-    const auto& s = plan_.strategy;
-    void* block =
-        alloc(Tier::cpu, planner::param_swap_buffer_bytes(s, part_, static_cast<uint32_t>(pbytes_)),
-              Category::buffers, "param_swap_buffers");
-    held_.emplace_back(Tier::cpu, block);
-    const uint64_t cap =
-        planner::param_swap_buffer_capacity(s, part_, static_cast<uint32_t>(pbytes_));
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
-    std::byte* first = static_cast<std::byte*>(block) +
-                       ((kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes);
-    for (uint64_t i = 0; i < s.buffers.param_swap_buffer_count; ++i)
-      param_bufs_.push_back({first + i * cap, cap});
-    param_tickets_.assign(param_bufs_.size(), std::nullopt);
-    param_buf_elems_ = planner::param_swap_buffer_elems(s, part_, static_cast<uint32_t>(pbytes_));
-  }
+  if (param_nvme_) alloc_param_buffers();  // engine_nvme.cpp
 }
 
 // GPT-2's initialisation (Radford et al. 2019, as in llm.c and Hugging Face): weights

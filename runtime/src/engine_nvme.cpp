@@ -45,6 +45,14 @@ struct ArenaGuard {
   }
 };
 
+// The first O_DIRECT-aligned byte of an arena block: the arena aligns to kArenaAlignment
+// only; the planned sizes carry the slack.
+std::byte* swap_aligned(void* block) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
+  return static_cast<std::byte*>(block) +
+         (kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes;
+}
+
 }  // namespace
 
 // One file of part_ fp32 elements per state, in the planner's order (master, then the
@@ -82,9 +90,7 @@ void Engine::carve_swap_buffers(void* block, std::vector<HostBuffer>& buffers) c
   const auto& s = plan_.strategy;
   const uint64_t chunk_bytes = planner::optimizer_swap_chunk_elems(s, part_) * 4;
   const uint64_t n = s.buffers.optimizer_swap_buffer_count * planner::optimizer_swap_files(s);
-  // The arena aligns to kArenaAlignment; O_DIRECT needs 4096: the planned slack covers it.
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
-  std::byte* first = static_cast<std::byte*>(block) + ((kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes);
+  std::byte* first = swap_aligned(block);
   buffers.clear();
   for (uint64_t i = 0; i < n; ++i) buffers.push_back({first + i * chunk_bytes, chunk_bytes});
 }
@@ -220,6 +226,22 @@ void Engine::open_param_file() {
   param_file_ = param_swapper_->open("params", bytes);
   held_.emplace_back(Tier::nvme,
                      alloc(Tier::nvme, Swapper::padded_bytes(bytes), Category::params, "params"));
+}
+
+// The parameter swapper's host buffers, held for the run, each 4096-aligned inside one block
+// (planner::param_swap_buffer_bytes has the slack).
+void Engine::alloc_param_buffers() {
+  const auto& s = plan_.strategy;
+  const auto pb = static_cast<uint32_t>(pbytes_);
+  void* block = alloc(Tier::cpu, planner::param_swap_buffer_bytes(s, part_, pb), Category::buffers,
+                      "param_swap_buffers");
+  held_.emplace_back(Tier::cpu, block);
+  const uint64_t cap = planner::param_swap_buffer_capacity(s, part_, pb);
+  std::byte* first = swap_aligned(block);
+  for (uint64_t i = 0; i < s.buffers.param_swap_buffer_count; ++i)
+    param_bufs_.push_back({first + i * cap, cap});
+  param_tickets_.assign(param_bufs_.size(), std::nullopt);
+  param_buf_elems_ = planner::param_swap_buffer_elems(s, part_, pb);
 }
 
 // The gathers of a micro-step are the same every time (the runs and the prefetch rules of

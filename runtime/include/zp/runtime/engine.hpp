@@ -252,6 +252,7 @@ class Engine {
   // put_params in increasing partition order (gaps are zero), end_param_write to finish.
   // Parameters go to the device partition or, with offload_param=nvme, to the file.
   void open_param_file();
+  void alloc_param_buffers();  // cpu tier, held with the model states
   void plan_param_reads();
   void read_shard(std::size_t group, void* stage);
   void issue_param_reads();
