@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -105,10 +106,25 @@ struct MaxModel {
   models::ModelSpec model;   // the family's shape with the largest n_layer that fits
   uint64_t params = 0;
   Candidate best;            // the fastest configuration for it
+  FitResult search;          // fit() at that depth (best == search.candidates.front())
+  uint64_t n_probes = 0;     // exact evaluations at other depths on the way
 };
-// Largest n_layer (the family's width kept) for which some configuration of `r` fits;
-// nullopt when not even one layer does.
-std::optional<MaxModel> max_model(const FitRequest& r);
+// One exact evaluation of max_model's, at one depth, as it finishes.
+struct MaxModelProbe {
+  int64_t n_layer = 0;
+  uint64_t params = 0;           // of the family at that depth
+  bool fits = false;             // some of the configurations evaluated fits
+  uint64_t n_configurations = 0; // configurations evaluated at that depth
+  uint64_t n_search = 0;         // configurations of the whole search
+  double seconds = 0;
+};
+using MaxModelProgress = std::function<void(const MaxModelProbe&)>;
+// Largest n_layer (the family's width kept) for which some configuration of `r` fits: the L
+// where fit() finds a fit at L and none at L + 1. nullopt when not even one layer does.
+// Extrapolates each configuration's memory from two small depths and confirms exactly
+// (fit.cpp explains how); `progress`, when set, hears of every exact evaluation, on the
+// calling thread.
+std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& progress = {});
 
 // The winner as a DeepSpeed config (fields apply_deepspeed_config reads back to the same
 // strategy). Recomputation and DPU are not DeepSpeed config fields: see notes.
