@@ -100,6 +100,12 @@ struct FitEvaluator::Impl {
     sh.group_elems = sh.costs.group_params;
     sh.built = true;
   }
+  // Frees the shape's graph (hundreds of MB at thousands of layers); its caches stay, and the
+  // next strategy that needs the graph builds it again.
+  static void release(Shape& sh) {
+    sh.graph = models::TrainingGraph{};
+    sh.built = false;
+  }
   Shape& shape(const Strategy& s) {
     Shape& sh = slot(s);
     build(sh, model);
@@ -199,7 +205,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
 }
 
 std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
-                                             const Cluster& cl, unsigned threads) {
+                                             const Cluster& cl, unsigned threads,
+                                             bool keep_graphs) {
   Impl& im = *impl_;
   // Group the strategies by shape, shapes in first-seen order (one thread builds a shape's
   // graph and its replays; its strategies are then evaluated on the same thread).
@@ -237,6 +244,7 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
           c.tokens_per_second = t.tokens_per_second;
           c.busy_seconds = t.busy_seconds;
         }
+        if (!keep_graphs) Impl::release(sh);
         failed_at[u] = ss.size();
       } catch (...) {
         errors[u] = std::current_exception();
@@ -400,7 +408,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
   return rounds;
 }
 
-FitResult search(const FitRequest& r, FitEvaluator& ev) {
+FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
   const Cluster2 cl2 = resolve_cluster(r);
   const Cluster cl{cl2.gpus, cl2.nodes};
   FitResult out;
@@ -411,7 +419,7 @@ FitResult search(const FitRequest& r, FitEvaluator& ev) {
   for (const std::vector<Strategy>& round : configurations(r, cl2)) {
     // Every configuration of the round at once, on the evaluator's threads, then read in
     // search order as if evaluated one by one.
-    std::vector<Candidate> evaluated = ev.evaluate(round, r.hw, cl, r.threads);
+    std::vector<Candidate> evaluated = ev.evaluate(round, r.hw, cl, r.threads, keep_graphs);
     for (std::size_t i = 0; i < round.size(); ++i) {
       ++out.n_searched;
       Candidate c = std::move(evaluated[i]);
@@ -449,7 +457,7 @@ FitResult fit(const FitRequest& r) {
   if (r.options.backend != Backend::cuda)
     throw Error("fit: the search plans GPU training", "leave out --device or use --device cuda");
   FitEvaluator ev(r.model, r.options);
-  return search(r, ev);
+  return search(r, ev, false);  // the evaluator ends here: no graph is needed twice
 }
 
 // --max-model: the largest n_layer for which some configuration of the search fits,
@@ -500,7 +508,7 @@ class DepthProber {
     models::ModelSpec m = r_.model;
     m.n_layer = L;
     FitEvaluator ev(m, r_.options);
-    std::vector<Candidate> c = ev.evaluate(ss, r_.hw, cl_, r_.threads);
+    std::vector<Candidate> c = ev.evaluate(ss, r_.hw, cl_, r_.threads, false);
     ++n_probes_;
     if (progress_) {
       MaxModelProbe p;

@@ -91,9 +91,11 @@ class FitEvaluator {
   // Every strategy's memory, what it lacks on `hw` and, when it fits, its simulated step, in
   // the order given. Strategies are grouped by shape and each shape (its graph, replays and
   // simulations) is worked by one of `threads` threads, so the result is the same as
-  // evaluating them one by one, whatever the thread count.
+  // evaluating them one by one, whatever the thread count. keep_graphs false: each shape's
+  // graph is freed once its strategies are done (memory() and costs() build it again), so a
+  // deep model holds only the graphs being worked on, not every shape's.
   std::vector<Candidate> evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
-                                  const Cluster& cl, unsigned threads);
+                                  const Cluster& cl, unsigned threads, bool keep_graphs = true);
   uint64_t n_shapes() const;
  private:
   struct Impl;
