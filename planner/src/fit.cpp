@@ -471,18 +471,21 @@ FitResult fit(const FitRequest& r) {
 // layers): the GPU arena's fragmentation (the `overhead` category of the best-fit replay) moves
 // with L, by up to ~130 MB below 16 layers for stage 3 with offloaded parameters and by under
 // ~1 MB past 24 layers, and can even make the GPU peak shrink by a few KB from one depth to the
-// next; the host's swap buffers are capped, so the host peak is affine only piecewise; partitions
-// are rounded to alignments. So the extrapolation only says where to look, and every answer is
+// next; buffers grow with L up to a cap, so peaks are affine only piecewise (gpt2, stage 3,
+// parameters on NVMe, B=1: the GPU's buffers are 0.59 GB at 16 layers, 1.27 GB at 64, 3.09 GB
+// from some hundreds of layers on; the host's swap buffers stop growing at 9 layers);
+// partitions are rounded to alignments. So the extrapolation only says where to look, and every answer is
 // confirmed by exact evaluations:
-//   1. every configuration exactly at kBaseLayers and, those that fit, at kSlopeLayers;
+//   1. every configuration exactly at kBaseLayers and at kSlopeLayers;
 //   2. per configuration, the deepest L its affine extrapolation fits (shortfalls() on the
 //      extrapolated peaks); the deepest of them, D;
-//   3. the configurations extrapolated past D/2 exactly at D, and extrapolated again from
-//      kSlopeLayers and D (past the fragmentation of small depths: within a layer or two);
-//   4. exact probes of those configurations around the new estimate: steps of 1, 2, 4, ... until
+//   3. the configurations extrapolated past D/4 exactly at D, each extrapolated again from its
+//      last two exact depths (secant steps), the probe moved to the new estimate, until it
+//      stays; those extrapolated well short of the deepest drop out (to step 5);
+//   4. exact probes of the remaining ones around the estimate: steps of 1, 2, 4, ... until
 //      the boundary is bracketed, then bisection: lo fits, lo + 1 does not;
-//   5. confirmation with the whole search at lo + 1 (every configuration, exactly): nothing
-//      fits. When something does (a configuration the extrapolation misjudged), the plain
+//   5. confirmation with the whole search at lo + 1 (every other configuration, exactly):
+//      nothing fits. When something does (a configuration the extrapolation misjudged), the plain
 //      doubling and bisection with the whole search goes on from there.
 // Depths below kSlopeLayers are searched by plain bisection with the whole search (cheap).
 // The answer is the same as plain doubling and bisection's whenever fits(L) is monotone in L
@@ -589,22 +592,17 @@ std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& p
   };
 
   int64_t lo = 0;  // the answer: fits(lo), not fits(lo + 1)
+  // 1. Every configuration exactly at kBaseLayers and kSlopeLayers.
   const std::vector<Candidate> base = probe.at(kBaseLayers, all);
-  std::vector<Strategy> deep;  // those that fit at kBaseLayers
-  std::vector<PerDevice> at_base;
-  std::vector<std::size_t> deep_index;  // into all
-  for (std::size_t i = 0; i < base.size(); ++i)
-    if (base[i].shortfalls.empty()) {
-      deep.push_back(base[i].strategy);
-      at_base.push_back(base[i].per_device);
-      deep_index.push_back(i);
-    }
-  if (deep.empty()) {
+  auto none_fit = [](const std::vector<Candidate>& c) {
+    return std::none_of(c.begin(), c.end(), [](const Candidate& x) { return x.shortfalls.empty(); });
+  };
+  if (none_fit(base)) {
     if (!fits(1)) return std::nullopt;
     lo = bisect(1, kBaseLayers, fits);
   } else {
-    const std::vector<Candidate> slope = probe.at(kSlopeLayers, deep);
-    std::vector<std::size_t> deeper;  // indices into deep of those that fit at kSlopeLayers
+    const std::vector<Candidate> slope = probe.at(kSlopeLayers, all);
+    std::vector<std::size_t> deeper;  // indices into all of those that fit at kSlopeLayers
     for (std::size_t i = 0; i < slope.size(); ++i)
       if (slope[i].shortfalls.empty()) deeper.push_back(i);
     if (deeper.empty()) {
@@ -612,9 +610,9 @@ std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& p
     } else {
       // 2. The extrapolation from the two small depths.
       int64_t d = kSlopeLayers;
-      std::vector<int64_t> guess(deep.size(), 0);
+      std::vector<int64_t> guess(all.size(), 0);
       for (std::size_t i : deeper) {
-        guess[i] = extrapolated_depth(deep[i], r.hw, kBaseLayers, at_base[i], kSlopeLayers,
+        guess[i] = extrapolated_depth(all[i], r.hw, kBaseLayers, base[i].per_device, kSlopeLayers,
                                       slope[i].per_device, limit);
         d = std::max(d, guess[i]);
       }
@@ -630,10 +628,10 @@ std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& p
                                                       // depths probed (older_depth, last_depth)
       for (std::size_t i : deeper)
         if (guess[i] >= d / kTopFraction) {
-          top.push_back(deep[i]);
-          in_top[deep_index[i]] = true;
-          top_index.push_back(deep_index[i]);
-          prev_peaks.push_back(at_base[i]);
+          top.push_back(all[i]);
+          in_top[i] = true;
+          top_index.push_back(i);
+          prev_peaks.push_back(base[i].per_device);
           last_peaks.push_back(slope[i].per_device);
         }
       std::map<int64_t, bool> fits_top_at;  // exact probes of `top`
