@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <map>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -97,6 +99,12 @@ struct FitEvaluator::Impl {
     sh.costs = step_costs(sh.graph);
     sh.group_elems = sh.costs.group_params;
     sh.built = true;
+  }
+  // Frees the shape's graph (hundreds of MB at thousands of layers); its caches stay, and the
+  // next strategy that needs the graph builds it again.
+  static void release(Shape& sh) {
+    sh.graph = models::TrainingGraph{};
+    sh.built = false;
   }
   Shape& shape(const Strategy& s) {
     Shape& sh = slot(s);
@@ -197,7 +205,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
 }
 
 std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
-                                             const Cluster& cl, unsigned threads) {
+                                             const Cluster& cl, unsigned threads,
+                                             bool keep_graphs) {
   Impl& im = *impl_;
   // Group the strategies by shape, shapes in first-seen order (one thread builds a shape's
   // graph and its replays; its strategies are then evaluated on the same thread).
@@ -235,6 +244,7 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
           c.tokens_per_second = t.tokens_per_second;
           c.busy_seconds = t.busy_seconds;
         }
+        if (!keep_graphs) Impl::release(sh);
         failed_at[u] = ss.size();
       } catch (...) {
         errors[u] = std::current_exception();
@@ -347,13 +357,10 @@ void explain(std::vector<Candidate>& c) {
   }
 }
 
-FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) {
-  const Cluster2 cl2 = resolve_cluster(r);
-  const Cluster cl{cl2.gpus, cl2.nodes};
+// The search space of `r`, round by round: the model-parallel degrees are tried in rounds
+// (1 first; the next only when nothing fits), each round's configurations in search order.
+std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
-  FitResult out;
-  out.gpus = cl2.gpus;
-  out.nodes = cl2.nodes;
   std::vector<std::vector<int64_t>> mp_rounds;
   if (!r.mps.empty()) {
     mp_rounds.push_back(r.mps);
@@ -364,12 +371,11 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
           r.model.n_inner % mp == 0)
         mp_rounds.push_back({mp});
   }
-  std::vector<Candidate> fits;
-  double closest_ratio = 1e300;
   const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
                                                             : r.grad_accums;
+  std::vector<std::vector<Strategy>> rounds;
   for (const auto& mps : mp_rounds) {
-    std::vector<Strategy> round;  // this round's configurations, in search order
+    std::vector<Strategy>& round = rounds.emplace_back();
     for (int64_t mp : mps) {
       if (cl2.gpus % mp != 0)
         throw Error(fmt::format("--mp {}: does not divide --gpus {}", mp, cl2.gpus),
@@ -398,28 +404,25 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
                   round.push_back(s);
                 }
     }
-    // The first fit (--max-model's probes): one at a time, stopping there. The whole search:
-    // every configuration of the round at once, on the evaluator's threads, then read in
+  }
+  return rounds;
+}
+
+FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
+  const Cluster2 cl2 = resolve_cluster(r);
+  const Cluster cl{cl2.gpus, cl2.nodes};
+  FitResult out;
+  out.gpus = cl2.gpus;
+  out.nodes = cl2.nodes;
+  std::vector<Candidate> fits;
+  double closest_ratio = 1e300;
+  for (const std::vector<Strategy>& round : configurations(r, cl2)) {
+    // Every configuration of the round at once, on the evaluator's threads, then read in
     // search order as if evaluated one by one.
-    std::vector<Candidate> evaluated;
-    if (!stop_at_first_fit) evaluated = ev.evaluate(round, r.hw, cl, r.threads);
+    std::vector<Candidate> evaluated = ev.evaluate(round, r.hw, cl, r.threads, keep_graphs);
     for (std::size_t i = 0; i < round.size(); ++i) {
       ++out.n_searched;
-      Candidate c;
-      if (stop_at_first_fit) {
-        c.strategy = round[i];
-        c.per_device = ev.memory(c.strategy);
-        c.shortfalls = shortfalls(c.per_device, c.strategy, r.hw);
-        if (c.shortfalls.empty()) {
-          const Timeline t = simulate(ev.costs(c.strategy), c.strategy, r.hw, cl);
-          c.step_seconds = t.step_seconds;
-          c.tflops_per_gpu = t.tflops_per_gpu;
-          c.tokens_per_second = t.tokens_per_second;
-          c.busy_seconds = t.busy_seconds;
-        }
-      } else {
-        c = std::move(evaluated[i]);
-      }
+      Candidate c = std::move(evaluated[i]);
       if (!c.shortfalls.empty()) {
         const double ratio = overshoot(c.per_device, c.strategy, r.hw);
         if (ratio < closest_ratio) {
@@ -429,12 +432,6 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool stop_at_first_fit) 
         continue;
       }
       fits.push_back(std::move(c));
-      if (stop_at_first_fit) {
-        out.n_fit = 1;
-        out.candidates = std::move(fits);
-        out.n_shapes = ev.n_shapes();
-        return out;
-      }
     }
     if (!fits.empty() && r.mps.empty()) break;
   }
@@ -460,45 +457,290 @@ FitResult fit(const FitRequest& r) {
   if (r.options.backend != Backend::cuda)
     throw Error("fit: the search plans GPU training", "leave out --device or use --device cuda");
   FitEvaluator ev(r.model, r.options);
-  return search(r, ev, false);
+  return search(r, ev, false);  // the evaluator ends here: no graph is needed twice
 }
 
-std::optional<MaxModel> max_model(const FitRequest& r) {
-  auto fits = [&](int64_t layers) {
-    FitRequest q = r;
-    q.model.n_layer = layers;
-    FitEvaluator ev(q.model, q.options);
-    return search(q, ev, true).n_fit > 0;
-  };
-  int64_t lo = 0, hi = 0;  // fits at lo (0: none known), not at hi
-  int64_t l = std::max<int64_t>(1, r.model.n_layer);
-  if (fits(l)) {
-    lo = l;
-    hi = l * 2;
-    while (fits(hi)) {
-      lo = hi;
-      if (hi > (int64_t{1} << 20))
-        throw Error("--max-model: more than a million layers fit", "check the hardware file");
-      hi *= 2;
+// --max-model: the largest n_layer for which some configuration of the search fits,
+// fits(L) = "some configuration of some model-parallel round fits at depth L", exactly as
+// fit() decides it at that depth. The answer is the depth L with fits(L) and not fits(L+1).
+//
+// Probing depths by plain doubling and bisection builds the graph of every shape at every
+// probed depth, and with offloading the answer is thousands of layers deep (minutes). A strategy
+// is the same L identical blocks plus a fixed head and tail, so each tier's peak is close to
+// affine in L, a + b*L, but not exactly (measured on gpt2, every strategy of the search at 1..128
+// layers): the GPU arena's fragmentation (the `overhead` category of the best-fit replay) moves
+// with L, by up to ~130 MB below 16 layers for stage 3 with offloaded parameters and by under
+// ~1 MB past 24 layers, and can even make the GPU peak shrink by a few KB from one depth to the
+// next; buffers grow with L up to a cap, so peaks are affine only piecewise (gpt2, stage 3,
+// parameters on NVMe, B=1: the GPU's buffers are 0.59 GB at 16 layers, 1.27 GB at 64, 3.09 GB
+// from some hundreds of layers on; the host's swap buffers stop growing at 9 layers);
+// partitions are rounded to alignments. So the extrapolation only says where to look, and every answer is
+// confirmed by exact evaluations:
+//   1. every configuration exactly at kBaseLayers and at kSlopeLayers;
+//   2. per configuration, the deepest L its affine extrapolation fits (shortfalls() on the
+//      extrapolated peaks); the deepest of them, D;
+//   3. the configurations extrapolated past D/4 exactly at D, each extrapolated again from its
+//      last two exact depths (secant steps), the probe moved to the new estimate, until it
+//      stays; those extrapolated well short of the deepest drop out (to step 5);
+//   4. exact probes of the remaining ones around the estimate: steps of 1, 2, 4, ... until
+//      the boundary is bracketed, then bisection: lo fits, lo + 1 does not;
+//   5. confirmation with the whole search at lo + 1 (every other configuration, exactly):
+//      nothing fits. When something does (a configuration the extrapolation misjudged), the plain
+//      doubling and bisection with the whole search goes on from there.
+// Depths below kSlopeLayers are searched by plain bisection with the whole search (cheap).
+// The answer is the same as plain doubling and bisection's whenever fits(L) is monotone in L
+// (the assumption plain bisection makes too); tests/planner/test_fit.cpp compares the two.
+namespace {
+
+constexpr int64_t kBaseLayers = 16;
+constexpr int64_t kSlopeLayers = 64;
+constexpr int64_t kTopFraction = 4;     // configurations extrapolated past 1/4 of the deepest
+constexpr int kMaxRefinements = 8;      // secant steps before exact probing takes over
+constexpr int64_t kKeepFraction = 8;    // after a secant step, those within 1/8 of the deepest
+
+class DepthProber {
+ public:
+  DepthProber(const FitRequest& r, const Cluster& cl, const MaxModelProgress& progress,
+              std::size_t n_configurations)
+      : r_(r), cl_(cl), progress_(progress), n_configurations_(n_configurations) {}
+
+  // Each configuration of `ss` evaluated exactly at depth L (memory and shortfalls; the step
+  // of those that fit is simulated too, as fit() does).
+  std::vector<Candidate> at(int64_t L, const std::vector<Strategy>& ss) {
+    const auto t0 = std::chrono::steady_clock::now();
+    models::ModelSpec m = r_.model;
+    m.n_layer = L;
+    FitEvaluator ev(m, r_.options);
+    std::vector<Candidate> c = ev.evaluate(ss, r_.hw, cl_, r_.threads, false);
+    ++n_probes_;
+    if (progress_) {
+      MaxModelProbe p;
+      p.n_layer = L;
+      p.params = static_cast<uint64_t>(models::count_params(m).total);
+      p.fits = std::any_of(c.begin(), c.end(), [](const Candidate& x) { return x.shortfalls.empty(); });
+      p.n_configurations = ss.size();
+      p.n_search = n_configurations_;
+      p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress_(p);
     }
-  } else {
-    hi = l;
-    if (!fits(1)) return std::nullopt;
-    lo = 1;
+    return c;
   }
+  bool any_fits(int64_t L, const std::vector<Strategy>& ss) {
+    const std::vector<Candidate> c = at(L, ss);
+    return std::any_of(c.begin(), c.end(), [](const Candidate& x) { return x.shortfalls.empty(); });
+  }
+  uint64_t n_probes() const { return n_probes_; }
+
+ private:
+  const FitRequest& r_;
+  Cluster cl_;
+  const MaxModelProgress& progress_;
+  std::size_t n_configurations_;
+  uint64_t n_probes_ = 0;
+};
+
+// Bisection between a depth that fits (lo) and one that does not (hi): the last that fits.
+template <typename Fits>
+int64_t bisect(int64_t lo, int64_t hi, Fits&& fits) {
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     (fits(mid) ? lo : hi) = mid;
   }
+  return lo;
+}
+
+// The deepest L below cap at which `s` fits (0: none), its peaks extrapolated on the line
+// through its exact peaks pa at depth la and pb at depth lb (la < lb): per tier
+// peak(L) = pb + (pb - pa) * (L - lb) / (lb - la), a negative slope (fragmentation) taken as 0;
+// cap when it still fits there.
+int64_t extrapolated_depth(const Strategy& s, const Hardware& hw, int64_t la, const PerDevice& pa,
+                           int64_t lb, const PerDevice& pb, int64_t cap) {
+  auto fits_at = [&](int64_t L) {
+    PerDevice d;
+    for (Tier t : kTiers) {
+      const double slope = std::max(0.0, (static_cast<double>(pb.peak(t)) - static_cast<double>(pa.peak(t))) /
+                                             static_cast<double>(lb - la));
+      const double peak = static_cast<double>(pb.peak(t)) + slope * static_cast<double>(L - lb);
+      d.set_peak(t, peak >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(std::max(0.0, std::ceil(peak))));
+    }
+    return shortfalls(d, s, hw).empty();
+  };
+  if (fits_at(cap)) return cap;
+  if (!fits_at(1)) return 0;
+  return bisect(1, cap, fits_at);
+}
+
+}  // namespace
+
+std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& progress) {
+  const Cluster2 cl2 = resolve_cluster(r);
+  const Cluster cl{cl2.gpus, cl2.nodes};
+  std::vector<Strategy> all;  // every configuration of every model-parallel round
+  for (const std::vector<Strategy>& round : configurations(r, cl2))
+    all.insert(all.end(), round.begin(), round.end());
+  DepthProber probe(r, cl, progress, all.size());
+  auto fits = [&](int64_t L) { return probe.any_fits(L, all); };
+
+  // Plain doubling from the family's own depth l calls it an error when a depth past a million
+  // layers fits: the first of 2l, 4l, ... above 2^20, `limit`; under monotonicity, exactly when
+  // the answer is `limit` or more.
+  const int64_t l = std::max<int64_t>(1, r.model.n_layer);
+  int64_t limit = 2 * l;
+  while (limit <= (int64_t{1} << 20)) limit *= 2;
+  auto too_deep = [] {
+    return Error("--max-model: more than a million layers fit", "check the hardware file");
+  };
+
+  int64_t lo = 0;  // the answer: fits(lo), not fits(lo + 1)
+  // 1. Every configuration exactly at kBaseLayers and kSlopeLayers.
+  const std::vector<Candidate> base = probe.at(kBaseLayers, all);
+  auto none_fit = [](const std::vector<Candidate>& c) {
+    return std::none_of(c.begin(), c.end(), [](const Candidate& x) { return x.shortfalls.empty(); });
+  };
+  if (none_fit(base)) {
+    if (!fits(1)) return std::nullopt;
+    lo = bisect(1, kBaseLayers, fits);
+  } else {
+    const std::vector<Candidate> slope = probe.at(kSlopeLayers, all);
+    std::vector<std::size_t> deeper;  // indices into all of those that fit at kSlopeLayers
+    for (std::size_t i = 0; i < slope.size(); ++i)
+      if (slope[i].shortfalls.empty()) deeper.push_back(i);
+    if (deeper.empty()) {
+      lo = bisect(kBaseLayers, kSlopeLayers, fits);
+    } else {
+      // 2. The extrapolation from the two small depths.
+      int64_t d = kSlopeLayers;
+      std::vector<int64_t> guess(all.size(), 0);
+      for (std::size_t i : deeper) {
+        guess[i] = extrapolated_depth(all[i], r.hw, kBaseLayers, base[i].per_device, kSlopeLayers,
+                                      slope[i].per_device, limit);
+        d = std::max(d, guess[i]);
+      }
+      if (d >= limit) throw too_deep();
+      // 3. The promising configurations exactly at d, extrapolated again from their last two
+      // exact depths, until the estimate stays (a secant iteration per configuration: the
+      // peaks are piecewise affine, e.g. stage 3's prefetch buffers grow with L up to their
+      // cap, so the slope of small depths can be far from the slope near the answer).
+      std::vector<Strategy> top;
+      std::vector<std::size_t> top_index;  // into all
+      std::vector<bool> in_top(all.size(), false);
+      std::vector<PerDevice> prev_peaks, last_peaks;  // per top configuration, at the last two
+                                                      // depths probed (older_depth, last_depth)
+      for (std::size_t i : deeper)
+        if (guess[i] >= d / kTopFraction) {
+          top.push_back(all[i]);
+          in_top[i] = true;
+          top_index.push_back(i);
+          prev_peaks.push_back(base[i].per_device);
+          last_peaks.push_back(slope[i].per_device);
+        }
+      std::map<int64_t, bool> fits_top_at;  // exact probes of `top`
+      int64_t last_depth = kSlopeLayers, older_depth = kBaseLayers;
+      int64_t estimate = d;
+      for (int k = 0; k < kMaxRefinements && estimate > kSlopeLayers && !fits_top_at.contains(estimate); ++k) {
+        const int64_t at = estimate;
+        const std::vector<Candidate> c = probe.at(at, top);
+        bool any = false;
+        estimate = kSlopeLayers;
+        for (std::size_t j = 0; j < top.size(); ++j) {
+          any = any || c[j].shortfalls.empty();
+          prev_peaks[j] = std::exchange(last_peaks[j], c[j].per_device);
+        }
+        fits_top_at[at] = any;
+        older_depth = std::exchange(last_depth, at);
+        std::vector<int64_t> e(top.size());
+        for (std::size_t j = 0; j < top.size(); ++j) {
+          e[j] = extrapolated_depth(top[j], r.hw, older_depth, prev_peaks[j], last_depth,
+                                    last_peaks[j], limit);
+          estimate = std::max(estimate, e[j]);
+        }
+        // Those now extrapolated well short of the deepest, and not fitting here, leave `top`
+        // for the confirmation of step 5. A probe that fit may have fit by them: forgotten.
+        std::size_t kept = 0;
+        for (std::size_t j = 0; j < top.size(); ++j) {
+          if (e[j] < estimate - estimate / kKeepFraction && !c[j].shortfalls.empty()) {
+            in_top[top_index[j]] = false;
+            continue;
+          }
+          top[kept] = top[j];
+          top_index[kept] = top_index[j];
+          prev_peaks[kept] = prev_peaks[j];
+          last_peaks[kept] = last_peaks[j];
+          ++kept;
+        }
+        if (kept < top.size()) {
+          top.resize(kept);
+          top_index.resize(kept);
+          prev_peaks.resize(kept);
+          last_peaks.resize(kept);
+          std::erase_if(fits_top_at, [&](const auto& kv) { return kv.second && kv.first != at; });
+        }
+      }
+      if (estimate >= limit) throw too_deep();
+      // 4. Exact probes of the promising configurations around the estimate. They fit at
+      // kSlopeLayers (exactly), which bounds the walk down.
+      auto fits_top = [&](int64_t L) {
+        if (L <= kSlopeLayers) return true;
+        auto [it, inserted] = fits_top_at.try_emplace(L, false);
+        if (inserted) it->second = probe.any_fits(L, top);
+        return it->second;
+      };
+      int64_t hi = 0;
+      if (fits_top(estimate)) {
+        lo = estimate;
+        for (int64_t step = 1;; step *= 2) {
+          hi = lo + step;
+          if (hi >= limit) {
+            if (fits_top(limit)) throw too_deep();
+            hi = limit;
+            break;
+          }
+          if (!fits_top(hi)) break;
+          lo = hi;
+        }
+      } else {
+        hi = estimate;
+        for (int64_t step = 1;; step *= 2) {
+          lo = std::max(kSlopeLayers, hi - step);
+          if (fits_top(lo)) break;
+          hi = lo;
+        }
+      }
+      lo = bisect(lo, hi, fits_top);
+      // 5. Confirmation with the whole search at lo + 1: `top` does not fit there (probed), the
+      // others are evaluated now. When one fits (the extrapolation set it aside wrongly), plain
+      // doubling and bisection with the whole search goes on from there.
+      std::vector<Strategy> rest;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (!in_top[i]) rest.push_back(all[i]);
+      if (fits_top(lo + 1) || (!rest.empty() && probe.any_fits(lo + 1, rest))) {
+        lo = lo + 1;
+        for (int64_t step = 1;; step *= 2) {
+          const int64_t next = lo + step;
+          if (next >= limit) {
+            if (fits(limit)) throw too_deep();
+            lo = bisect(lo, limit, fits);
+            break;
+          }
+          if (!fits(next)) {
+            lo = bisect(lo, next, fits);
+            break;
+          }
+          lo = next;
+        }
+      }
+    }
+  }
+  if (lo >= limit) throw too_deep();
   MaxModel m;
   m.model = r.model;
   m.model.n_layer = lo;
   m.params = static_cast<uint64_t>(models::count_params(m.model).total);
   FitRequest q = r;
   q.model = m.model;
-  q.top = 1;
-  FitResult f = fit(q);
-  m.best = f.candidates.front();
+  m.search = fit(q);
+  m.best = m.search.candidates.front();
+  m.n_probes = probe.n_probes();
   return m;
 }
 

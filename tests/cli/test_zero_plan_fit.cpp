@@ -26,6 +26,8 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+std::string fmt_layers(int64_t n) { return "max-model: " + std::to_string(n) + " layers"; }
+
 void check_bad_input(const Result& r, const std::string& needle) {
   CAPTURE(r.err);
   CHECK(r.rc == 2);
@@ -97,6 +99,33 @@ TEST_CASE("fit --max-model: the largest of the family, with its config") {
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["max_model"]["params"].get<int64_t>() > 1'557'611'200);  // more than gpt2-xl itself
   CHECK(j["max_model"]["config"]["n_embd"] == 1600);
+  // stderr is not a terminal here: no progress lines unless asked for.
+  CHECK(r.err.find("max-model:") == std::string::npos);
+
+  // --progress: one line per probed depth on stderr; stdout the same JSON, nothing else.
+  Result p = zero_plan({"fit", "--model", "gpt2-xl", "--hardware", "v100-32g", "--max-model",
+                        "--stage", "2", "--offload-optimizer", "cpu", "--micro-batch", "1",
+                        "--checkpointing", "full", "--format", "json", "--progress"});
+  CAPTURE(p.err);
+  REQUIRE(p.rc == 0);
+  const auto jp = nlohmann::json::parse(p.out);
+  CHECK(jp["max_model"] == j["max_model"]);
+  const int64_t L = j["max_model"]["n_layer"].get<int64_t>();
+  std::istringstream lines(p.err);
+  std::string line;
+  int n_lines = 0;
+  bool fits_at_L = false, not_at_L1 = false;
+  while (std::getline(lines, line)) {
+    CAPTURE(line);
+    REQUIRE(line.rfind("max-model: ", 0) == 0);
+    ++n_lines;
+    if (line.rfind(fmt_layers(L) + " (", 0) == 0) fits_at_L |= line.find("): fits, ") != std::string::npos;
+    if (line.rfind(fmt_layers(L + 1) + " (", 0) == 0)
+      not_at_L1 |= line.find("): does not fit, ") != std::string::npos;
+  }
+  CHECK(n_lines >= 2);
+  CHECK(fits_at_L);
+  CHECK(not_at_L1);
 }
 
 TEST_CASE("fit: bad input and models that fit nowhere") {

@@ -475,6 +475,127 @@ TEST_CASE("fit: the threaded search gives the one-thread answer, candidate for c
   CHECK(none2.closest->shortfalls == none1.closest->shortfalls);
 }
 
+// The plain search for the largest depth, as max_model did before it extrapolated: doubling
+// from the family's depth, then bisection, every probe the whole search (fit()) at that depth.
+// 0: not even one layer fits.
+int64_t plain_max_layers(const FitRequest& r) {
+  auto fits = [&](int64_t L) {
+    FitRequest q = r;
+    q.model.n_layer = L;
+    return !fit(q).candidates.empty();
+  };
+  int64_t lo = 0, hi = 0;
+  const int64_t l = std::max<int64_t>(1, r.model.n_layer);
+  if (fits(l)) {
+    lo = l;
+    hi = 2 * l;
+    while (fits(hi)) {
+      lo = hi;
+      hi *= 2;
+    }
+  } else {
+    hi = l;
+    if (!fits(1)) return 0;
+    lo = 1;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+TEST_CASE("fit --max-model: the extrapolated search gives plain bisection's depth") {
+  // Small memories, so that the answers are tens to hundreds of layers and plain bisection
+  // (a whole search per probe) stays affordable. The V100 preset's speeds.
+  auto small_hw = [](uint64_t gpu_gib, uint64_t host_gib, uint64_t nvme_gib, int64_t per_node) {
+    Hardware hw = load_hardware("v100-32g");
+    hw.name = "small";
+    hw.gpu_memory_bytes = gpu_gib << 30;
+    hw.host_memory_bytes = host_gib << 30;
+    hw.nvme_bytes = nvme_gib << 30;
+    hw.gpus_per_node = per_node;
+    return hw;
+  };
+  struct Case {
+    std::string name;
+    FitRequest r;
+  };
+  std::vector<Case> cases;
+  auto add = [&](std::string name, zp::models::ModelSpec m, Hardware hw, int64_t gpus) {
+    FitRequest r;
+    r.model = std::move(m);
+    r.hw = std::move(hw);
+    r.gpus = gpus;
+    r.micro_batches = {1, 4};
+    r.checkpointing = {Checkpointing::none, Checkpointing::full};
+    r.threads = 2;
+    cases.push_back({std::move(name), std::move(r)});
+    return &cases.back().r;
+  };
+  // Offload everywhere: the host or the drive is the limit, past the GPU's.
+  add("narrow, every offload", gpt(4, 256, 4), small_hw(2, 2, 4, 1), 1);
+  add("gpt2 width, host and drive small", gpt(12, 768, 12), small_hw(4, 8, 16, 1), 1);
+  // Two GPUs on a node share its host memory and drive; dp 2 halves the states.
+  add("two ranks per node", gpt(12, 768, 12), small_hw(4, 8, 16, 2), 2);
+  // No drive: the host holds the offloaded states.
+  add("no NVMe", gpt(8, 512, 8), small_hw(2, 6, 0, 1), 1);
+  // The GPU is the limit: stage 3 with everything offloaded keeps only activations growing.
+  {
+    FitRequest* r = add("activations bound, stage 3", gpt(4, 256, 4), small_hw(6, 64, 256, 1), 1);
+    r->stages = {3};
+    r->offload_optimizer = {Offload::nvme};
+    r->offload_param = {Offload::nvme};
+    r->micro_batches = {1};
+    r->checkpointing = {Checkpointing::none};
+  }
+  // Answers below 16 and between 16 and 64 layers: the small depths searched plainly.
+  add("a few layers", gpt(4, 1024, 16), small_hw(2, 4, 0, 1), 1);
+  add("tens of layers", gpt(4, 512, 8), small_hw(2, 2, 0, 1), 1);
+  // Nothing fits, not even one layer.
+  add("nothing fits", gpt(4, 4096, 32), small_hw(1, 1, 0, 1), 1);
+  // The deepspeed profile (whole replays, the caching allocator's rounding).
+  {
+    FitRequest* r = add("deepspeed profile", gpt(12, 768, 12), small_hw(4, 8, 16, 1), 1);
+    r->options.profile = Profile::deepspeed;
+  }
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const int64_t plain = plain_max_layers(c.r);
+    std::vector<MaxModelProbe> probes;
+    const auto mm = max_model(c.r, [&](const MaxModelProbe& p) { probes.push_back(p); });
+    CHECK(probes.size() == (mm ? mm->n_probes : probes.size()));
+    if (plain == 0) {
+      CHECK_FALSE(mm);
+      continue;
+    }
+    REQUIRE(mm);
+    CHECK(mm->model.n_layer == plain);
+    CHECK(mm->model.n_embd == c.r.model.n_embd);
+    CHECK(mm->params == static_cast<uint64_t>(zp::models::count_params(mm->model).total));
+    // The search at the answer is fit()'s, and its best is the answer's best.
+    FitRequest q = c.r;
+    q.model.n_layer = plain;
+    const FitResult f = fit(q);
+    REQUIRE_FALSE(f.candidates.empty());
+    CHECK(describe(mm->best.strategy) == describe(f.candidates.front().strategy));
+    CHECK(mm->best.per_device == f.candidates.front().per_device);
+    CHECK(mm->search.n_fit == f.n_fit);
+    // Every configuration of the search was evaluated exactly one layer deeper, and none fit.
+    uint64_t deeper = 0;
+    for (const MaxModelProbe& p : probes) {
+      CAPTURE(p.n_layer);
+      CHECK(p.n_search == f.n_searched);
+      CHECK(p.params == static_cast<uint64_t>(zp::models::count_params(gpt(p.n_layer, c.r.model.n_embd, c.r.model.n_head)).total));
+      if (p.n_layer == plain + 1) {
+        CHECK_FALSE(p.fits);
+        deeper += p.n_configurations;
+      }
+    }
+    CHECK(deeper >= f.n_searched);
+  }
+}
+
 TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {
   Strategy s;
   s.stage = 3;

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <iostream>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -34,6 +36,8 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
   f.add_flag("--max-model", c.max_model,
              "find the largest model of the family (the --model's width, more or fewer layers) "
              "that fits");
+  f.add_flag("--progress", c.progress,
+             "with --max-model: one line per probed depth on stderr [on when stderr is a terminal]");
   f.add_option("--emit-deepspeed", c.emit_deepspeed, "write the winner as a DeepSpeed config");
   f.add_option("--trace", c.trace, "write the winner's simulated step as a Chrome trace (Perfetto)");
   f.add_option("-o,--output", c.output, "write to this file (atomically) instead of stdout");
@@ -167,12 +171,20 @@ int FitCommand::run() const {
   planner::FitResult f;
   std::optional<planner::MaxModel> mm;
   if (max_model) {
-    mm = planner::max_model(r);
+    // One line per exact evaluation at one depth, on stderr only (stdout carries the result),
+    // when a person is watching or --progress asks.
+    planner::MaxModelProgress on_probe;
+    if (progress || isatty(STDERR_FILENO) == 1)
+      on_probe = [](const planner::MaxModelProbe& p) {
+        std::cerr << fmt::format("max-model: {} layers ({} params): {}, {:.1f} s ({} of {} configurations)\n",
+                                 p.n_layer, format_count(p.params), p.fits ? "fits" : "does not fit",
+                                 p.seconds, p.n_configurations, p.n_search)
+                  << std::flush;
+      };
+    mm = planner::max_model(r, on_probe);
     if (mm) {
-      planner::FitRequest q = r;
-      q.model = mm->model;
-      f = planner::fit(q);
-      r = q;
+      r.model = mm->model;
+      f = mm->search;
     } else {
       planner::FitRequest q = r;
       q.model.n_layer = 1;

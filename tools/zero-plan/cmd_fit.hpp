@@ -15,6 +15,7 @@ struct FitCommand {
   std::string model, hardware, gpus = "1", nodes, top = "5", format, output, emit_deepspeed,
       trace;
   bool max_model = false;
+  bool progress = false;  // --progress: max-model's probes on stderr even when not a terminal
   StrategyFlags flags;
   TargetFlags target;
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,9 +91,11 @@ class FitEvaluator {
   // Every strategy's memory, what it lacks on `hw` and, when it fits, its simulated step, in
   // the order given. Strategies are grouped by shape and each shape (its graph, replays and
   // simulations) is worked by one of `threads` threads, so the result is the same as
-  // evaluating them one by one, whatever the thread count.
+  // evaluating them one by one, whatever the thread count. keep_graphs false: each shape's
+  // graph is freed once its strategies are done (memory() and costs() build it again), so a
+  // deep model holds only the graphs being worked on, not every shape's.
   std::vector<Candidate> evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
-                                  const Cluster& cl, unsigned threads);
+                                  const Cluster& cl, unsigned threads, bool keep_graphs = true);
   uint64_t n_shapes() const;
  private:
   struct Impl;
@@ -105,10 +108,25 @@ struct MaxModel {
   models::ModelSpec model;   // the family's shape with the largest n_layer that fits
   uint64_t params = 0;
   Candidate best;            // the fastest configuration for it
+  FitResult search;          // fit() at that depth (best == search.candidates.front())
+  uint64_t n_probes = 0;     // exact evaluations at other depths on the way
 };
-// Largest n_layer (the family's width kept) for which some configuration of `r` fits;
-// nullopt when not even one layer does.
-std::optional<MaxModel> max_model(const FitRequest& r);
+// One exact evaluation of max_model's, at one depth, as it finishes.
+struct MaxModelProbe {
+  int64_t n_layer = 0;
+  uint64_t params = 0;           // of the family at that depth
+  bool fits = false;             // some of the configurations evaluated fits
+  uint64_t n_configurations = 0; // configurations evaluated at that depth
+  uint64_t n_search = 0;         // configurations of the whole search
+  double seconds = 0;
+};
+using MaxModelProgress = std::function<void(const MaxModelProbe&)>;
+// Largest n_layer (the family's width kept) for which some configuration of `r` fits: the L
+// where fit() finds a fit at L and none at L + 1. nullopt when not even one layer does.
+// Extrapolates each configuration's memory from two small depths and confirms exactly
+// (fit.cpp explains how); `progress`, when set, hears of every exact evaluation, on the
+// calling thread.
+std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& progress = {});
 
 // The winner as a DeepSpeed config (fields apply_deepspeed_config reads back to the same
 // strategy). Recomputation and DPU are not DeepSpeed config fields: see notes.
