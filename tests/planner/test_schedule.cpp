@@ -197,6 +197,12 @@ TEST_CASE("offload moves the optimizer states to the cpu tier, exactly") {
   const uint64_t tile = std::min<uint64_t>(uint64_t{128} << 20, part);
   CHECK(cpu[Category::buffers] == 2 * 2 * tile);
   CHECK(r.rep.per_device.peak(Tier::cpu) == 16 * part + 4 * tile);
+  // A smaller tile (buffers.offload_tile_size) is what the plan holds instead.
+  s.buffers.offload_tile_size = 1024;
+  const Run small = run(s);
+  CHECK(small.rep.per_device[Tier::cpu][Category::buffers] == 2 * 2 * 1024);
+  CHECK(small.rep.per_device.peak(Tier::cpu) == 16 * part + 4 * 1024);
+  s.buffers.offload_tile_size = uint64_t{128} << 20;
 
   // The delayed update double-buffers the fp32 gradient partition and keeps a host copy of
   // the bf16 parameter partition instead of the tiles.

@@ -75,11 +75,15 @@ struct MemorySchedule {
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp);
 
 // Elements of one pinned host tile through which an offloaded optimizer returns the updated
-// 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements.
+// 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements,
+// the default of Strategy::buffers.offload_tile_size.
 inline constexpr uint64_t kOffloadTileElems = uint64_t{128} * 1024 * 1024;
+static_assert(kOffloadTileElems == BufferSizes{}.offload_tile_size);
 
-// Bytes of one of those tiles for this strategy: 0 without an offloaded optimizer, with the
-// delayed update (it writes a host copy of the partition instead) or in fp32 training.
+// Bytes of one of those tiles for this strategy (min(buffers.offload_tile_size, partition)
+// elements, or one swap chunk with the optimizer on NVMe): 0 without an offloaded optimizer,
+// with the delayed update (it writes a host copy of the partition instead) or in fp32
+// training.
 uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
 
 // Appends, at position `pos` (the optimizer op), the host buffers an offloaded optimizer
