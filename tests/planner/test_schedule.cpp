@@ -289,3 +289,15 @@ TEST_CASE("recomputation lowers the peak: none > selective > full") {
   CHECK(none > sel);
   CHECK(sel > full);
 }
+
+TEST_CASE("the bound on GPU memory outside the arena: context, cuBLAS workspace, NCCL rings") {
+  Strategy s;
+  // One rank: 1343 MiB context + 32 MiB cuBLAS workspace, no NCCL peers.
+  s.dp = 1;
+  CHECK(cuda_outside_arena_bound(s).total() == 1'441'792'000);
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 0);
+  // Four ranks: plus 32 channels x 2 ring connections x (4 MiB + 512 KiB + 4,915,200 B).
+  s.dp = 4;
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 616'562'688);
+  CHECK(cuda_outside_arena_bound(s).total() == 2'058'354'688);
+}
