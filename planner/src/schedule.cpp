@@ -206,7 +206,7 @@ uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_
   // On NVMe the tiles hold one swap chunk each (the pipeline updates a chunk at a time).
   const uint64_t elems = s.offload_optimizer == Offload::nvme
                              ? optimizer_swap_chunk_elems(s, partition_elems)
-                             : kOffloadTileElems;
+                             : s.buffers.offload_tile_size;
   return checked_mul(std::min(elems, partition_elems), param_bytes, "bytes of a parameter tile");
 }
 

@@ -89,6 +89,11 @@ void validate(const Strategy& s) {
     throw Error(fmt::format("optimizer_swap_chunk_size {}: not a positive multiple of 1024 elements",
                             s.buffers.optimizer_swap_chunk_size),
                 "a chunk is whole 4096-byte O_DIRECT blocks of fp32 values; the default is 1048576");
+  if (s.buffers.offload_tile_size == 0 || s.buffers.offload_tile_size % 256 != 0)
+    throw Error(fmt::format("offload_tile_size {}: not a positive multiple of 256 elements",
+                            s.buffers.offload_tile_size),
+                "a tile is whole 256-byte arena blocks for any parameter width; the default is "
+                "DeepSpeed's CPU Adam tile, 134217728");
   if (s.buffers.optimizer_swap_buffer_count < 2 || s.buffers.optimizer_swap_buffer_count > 64)
     throw Error(fmt::format("optimizer_swap_buffer_count {}: must be 2 to 64",
                             s.buffers.optimizer_swap_buffer_count),
@@ -317,6 +322,7 @@ json to_json(const Strategy& s) {
             {"stage3_max_live_parameters", s.buffers.max_live_parameters},
             {"optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size},
             {"optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count},
+            {"offload_tile_size", s.buffers.offload_tile_size},
             {"param_swap_buffer_count", s.buffers.param_swap_buffer_count},
             {"param_swap_buffer_size", s.buffers.param_swap_buffer_size},
             {"param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth}}}};
@@ -361,7 +367,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         *b,
         {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
          "stage3_max_live_parameters", "optimizer_swap_chunk_size", "optimizer_swap_buffer_count",
-         "param_swap_buffer_count", "param_swap_buffer_size", "param_swap_prefetch_depth"},
+         "offload_tile_size", "param_swap_buffer_count", "param_swap_buffer_size", "param_swap_prefetch_depth"},
         origin, "strategy.buffers.");
     Fields bf(*b, origin, "strategy.buffers.");
     s.buffers.reduce_bucket_size = bf.byte_count("reduce_bucket_size", s.buffers.reduce_bucket_size);
@@ -375,6 +381,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         bf.byte_count("optimizer_swap_chunk_size", s.buffers.optimizer_swap_chunk_size);
     s.buffers.optimizer_swap_buffer_count =
         bf.byte_count("optimizer_swap_buffer_count", s.buffers.optimizer_swap_buffer_count);
+    s.buffers.offload_tile_size = bf.byte_count("offload_tile_size", s.buffers.offload_tile_size);
     s.buffers.param_swap_buffer_count =
         bf.byte_count("param_swap_buffer_count", s.buffers.param_swap_buffer_count);
     s.buffers.param_swap_buffer_size =

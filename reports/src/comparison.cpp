@@ -66,10 +66,17 @@ nlohmann::json to_json(const Comparison& c) {
   for (const RankMemory& r : c.ranks) {
     nlohmann::json j = {{"rank", r.rank}, {"predicted", planner::to_json(r.predicted)}};
     if (c.has_measured) j["measured"] = planner::to_json(r.measured);
-    if (r.outside_arena)
-      j["outside_arena"] = {{"gpu_total", r.outside_arena->gpu_total_bytes},
-                            {"context", r.outside_arena->context_bytes},
-                            {"libraries", r.outside_arena->libraries_bytes}};
+    if (const auto& o = r.outside_arena) {
+      nlohmann::json oj = {{"gpu_total", o->gpu_total_bytes},
+                           {"context", o->context_bytes},
+                           {"libraries", o->libraries_bytes},
+                           {"measured", o->measured_bytes()}};
+      if (o->predicted_at_most_bytes > 0) {
+        oj["predicted_at_most"] = o->predicted_at_most_bytes;
+        oj["within_bound"] = o->within_bound();
+      }
+      j["outside_arena"] = std::move(oj);
+    }
     ranks.push_back(std::move(j));
   }
   nlohmann::json steps = nlohmann::json::array();
@@ -192,12 +199,17 @@ std::string render_comparison(const Comparison& c, Format f) {
   out += t.render(f);
   if (!c.has_measured) return out;
   for (const RankMemory& r : c.ranks)
-    if (r.outside_arena)
-      out += fmt::format("rank {}: outside the arena (cudaMemGetInfo, not predicted): CUDA context "
-                         "{}, libraries {}, of {} on the GPU\n",
-                         r.rank, format_bytes(r.outside_arena->context_bytes),
-                         format_bytes(r.outside_arena->libraries_bytes),
-                         format_bytes(r.outside_arena->gpu_total_bytes));
+    if (const auto& o = r.outside_arena) {
+      const std::string bound =
+          o->predicted_at_most_bytes == 0
+              ? std::string("not predicted")
+              : fmt::format("predicted at most {}{}", format_bytes(o->predicted_at_most_bytes),
+                            o->within_bound() ? "" : " (ABOVE the bound)");
+      out += fmt::format("rank {}: outside the arena (cudaMemGetInfo): measured {} (CUDA context "
+                         "{}, libraries {}), {}, of {} on the GPU\n",
+                         r.rank, format_bytes(o->measured_bytes()), format_bytes(o->context_bytes),
+                         format_bytes(o->libraries_bytes), bound, format_bytes(o->gpu_total_bytes));
+    }
   if (c.within_tolerance())
     out += fmt::format("\nok: every peak within {:.2f}% of the prediction (tolerance {:.2f}%)\n",
                        c.max_error_pct(), c.tolerance_pct);

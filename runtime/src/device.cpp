@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -85,6 +89,12 @@ planner::PerDevice Device::measured() const {
   return d;
 }
 
+void Device::check_copy_slot(int slot) {
+  if (slot < 0 || slot >= kCopySlots)
+    throw Error(fmt::format("asynchronous copy slot {}: must be 0 to {}", slot, kCopySlots - 1),
+                "the double-buffered copies alternate between two slots");
+}
+
 // ---- cpu backend ---------------------------------------------------------------------------
 
 namespace {
@@ -114,10 +124,78 @@ class Region {
   uint64_t bytes_ = 0;
 };
 
+// The cpu backend's host-to-device stream: one thread, started at the first copy, that runs
+// the queued copies in the order they were issued (as a CUDA stream would), so the engine's
+// double buffering really overlaps and a missing wait shows. Copies are numbered; a slot is
+// done once the copy thread has finished the slot's last-issued number.
+class CopyStream {
+ public:
+  explicit CopyStream(uint32_t delay_us) : delay_us_(delay_us) {}
+  ~CopyStream() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();  // it finishes the queued copies first
+  }
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  void push(void* dst, const void* src, uint64_t bytes, int slot) {
+    std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    jobs_.push_back({dst, src, bytes, ++issued_});
+    last_issued_[static_cast<std::size_t>(slot)] = issued_;
+    cv_.notify_all();
+  }
+  void wait(int slot) {
+    std::unique_lock lock(mu_);
+    const uint64_t want = last_issued_[static_cast<std::size_t>(slot)];
+    cv_.wait(lock, [&] { return done_ >= want; });
+  }
+  void wait_all() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= issued_; });
+  }
+
+ private:
+  struct Job {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+    uint64_t seq;
+  };
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and nothing left to copy
+      const Job j = jobs_.front();
+      jobs_.pop_front();
+      lock.unlock();
+      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+      std::memcpy(j.dst, j.src, j.bytes);
+      lock.lock();
+      done_ = j.seq;
+      cv_.notify_all();
+    }
+  }
+
+  const uint32_t delay_us_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::array<uint64_t, Device::kCopySlots> last_issued_{};
+  uint64_t issued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const DeviceConfig& cfg)
-      : gpu_(cfg.gpu_bytes, "device"), cpu_(cfg.cpu_bytes, "host") {
+      : gpu_(cfg.gpu_bytes, "device"), cpu_(cfg.cpu_bytes, "host"), copies_(cfg.async_copy_delay_us) {
     arenas_[static_cast<std::size_t>(Tier::gpu)] = std::make_unique<Arena>(Tier::gpu, gpu_.base(), cfg.gpu_bytes);
     arenas_[static_cast<std::size_t>(Tier::cpu)] = std::make_unique<Arena>(Tier::cpu, cpu_.base(), cfg.cpu_bytes);
     arenas_[static_cast<std::size_t>(Tier::nvme)] = std::make_unique<Arena>(Tier::nvme, nullptr, cfg.nvme_bytes);
@@ -129,7 +207,15 @@ class CpuDevice final : public Device {
 
   void zero(void* p, uint64_t bytes) override { std::memset(p, 0, bytes); }
   void copy(void* dst, const void* src, uint64_t bytes) override { std::memmove(dst, src, bytes); }
-  void synchronize() override {}
+  void copy_to_device_async(void* dst, const void* src, uint64_t bytes, int slot) override {
+    check_copy_slot(slot);
+    if (bytes > 0) copies_.push(dst, src, bytes, slot);
+  }
+  void wait_copy(int slot) override {
+    check_copy_slot(slot);
+    copies_.wait(slot);
+  }
+  void synchronize() override { copies_.wait_all(); }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int64_t B, int64_t T, int64_t C) override {
@@ -234,6 +320,7 @@ class CpuDevice final : public Device {
 
  private:
   Region gpu_, cpu_;
+  CopyStream copies_;  // declared last: its destructor finishes copies into the regions
 };
 
 }  // namespace

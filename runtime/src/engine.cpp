@@ -709,10 +709,15 @@ void Engine::to_params(uint64_t part_elem, const void* src, uint64_t n) {
 
 // The CPU Adam (or SGD) over the owned partition in the host tier, reading host_grads_[g_buf],
 // which it zeroes afterwards. With `to_device` the new parameters return to the device now:
-// 16-bit ones through two alternating tiles of kOffloadTileElems, each copied while the next
-// is computed, fp32 ones straight from the master weights. Without (the delayed update), the
-// 16-bit parameters go to the host copy dpu_params_ and nothing touches the device or an
-// arena: safe on the delayed update's thread.
+// 16-bit ones through two alternating tiles of buffers.offload_tile_size elements, fp32 ones
+// straight from the master weights. The tiles are double-buffered: tile k's copy to the
+// device is asynchronous (copy slot = tile index) and runs while the CPU computes tile k+1
+// into the other tile; before the CPU writes a tile again it waits for that tile's previous
+// copy, and before the tiles are freed it waits for both (which also orders the device's
+// later work after the copies). With offload_param=nvme the tiles go to the swap file's
+// write-back instead, synchronously. Without `to_device` (the delayed update), the 16-bit
+// parameters go to the host copy dpu_params_ and nothing touches the device or an arena:
+// safe on the delayed update's thread.
 void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device) {
   if (nvme_) return nvme_update(g_buf, inv_scale, clip, t, to_device);
   const auto kind = plan_.strategy.optimizer;
@@ -722,14 +727,20 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
   const AdamStepArgs args{.step = t, .inv_loss_scale = inv_scale, .clip_coef = clip};
   float* grads = host_grads_[g_buf];
   const bool mixed = pdt_ != DType::fp32;
-  const uint64_t tile = std::min(planner::kOffloadTileElems, part_);
+  const uint64_t tile = std::min(plan_.strategy.buffers.offload_tile_size, part_);
   void* tiles[2] = {nullptr, nullptr};
   void* param_out = to_device ? nullptr : dpu_params_;
+  const bool async = to_device && mixed && !param_nvme_;  // tiles copied by copy_to_device_async
   if (to_device && mixed) {
     tiles[0] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.0");
     tiles[1] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.1");
     if (step_ == 0) sample(opt_pos_);
   }
+  auto free_tiles = [&] {
+    if (tiles[0] == nullptr) return;
+    dev_.arena(Tier::cpu).free(tiles[0]);
+    dev_.arena(Tier::cpu).free(tiles[1]);
+  };
   int next = 0;
   std::string failure, hint;  // writing the parameters back to their swap file
   try {
@@ -739,6 +750,7 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
       const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;
       for (uint64_t c = 0; c < n; c += tile) {
         const uint64_t m = std::min(tile, n - c);
+        if (async) dev_.wait_copy(next);  // the tile's previous copy has read it
         void* out = param_out != nullptr ? at(param_out, k0 + c, pbytes_) : tiles[next];
         if (!mixed) out = nullptr;  // fp32: the master weights are the parameters
         if (kind == planner::OptimizerKind::sgd) {
@@ -756,23 +768,29 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
                                     .param_out = out,
                                     .param_out_dtype = pdt_});
         }
-        if (to_device) {
+        if (async) {
+          dev_.copy_to_device_async(at(params_, p0 + c, pbytes_), tiles[next], m * pbytes_, next);
+          next ^= 1;
+        } else if (to_device) {
           const void* src = mixed ? tiles[next] : static_cast<const void*>(master_ + k0 + c);
           to_params(p0 + c, src, m);
           next ^= 1;
         }
       }
     }
+    if (async)
+      for (int slot = 0; slot < Device::kCopySlots; ++slot) dev_.wait_copy(slot);
     if (to_device && param_nvme_) end_param_write();
-  } catch (const Error& e) {  // only the write-back's I/O throws here
-    failure = e.what();
+  } catch (const Error& e) {
+    if (!(to_device && param_nvme_)) {  // a device error: nothing to agree on with the ranks
+      free_tiles();
+      throw;
+    }
+    failure = e.what();  // the swap file's write-back
     hint = e.hint();
     drain_param_io();
   }
-  if (tiles[0] != nullptr) {
-    dev_.arena(Tier::cpu).free(tiles[0]);
-    dev_.arena(Tier::cpu).free(tiles[1]);
-  }
+  free_tiles();
   std::memset(grads, 0, part_ * 4);
   // On the main thread (to_device) every rank is here together.
   if (to_device && param_nvme_) fail_together(failure, hint, "the parameter write-back");

@@ -197,6 +197,12 @@ TEST_CASE("offload moves the optimizer states to the cpu tier, exactly") {
   const uint64_t tile = std::min<uint64_t>(uint64_t{128} << 20, part);
   CHECK(cpu[Category::buffers] == 2 * 2 * tile);
   CHECK(r.rep.per_device.peak(Tier::cpu) == 16 * part + 4 * tile);
+  // A smaller tile (buffers.offload_tile_size) is what the plan holds instead.
+  s.buffers.offload_tile_size = 1024;
+  const Run small = run(s);
+  CHECK(small.rep.per_device[Tier::cpu][Category::buffers] == 2 * 2 * 1024);
+  CHECK(small.rep.per_device.peak(Tier::cpu) == 16 * part + 4 * 1024);
+  s.buffers.offload_tile_size = uint64_t{128} << 20;
 
   // The delayed update double-buffers the fp32 gradient partition and keeps a host copy of
   // the bf16 parameter partition instead of the tiles.
@@ -282,4 +288,16 @@ TEST_CASE("recomputation lowers the peak: none > selective > full") {
                  full = peak(Checkpointing::full);
   CHECK(none > sel);
   CHECK(sel > full);
+}
+
+TEST_CASE("the bound on GPU memory outside the arena: context, cuBLAS workspace, NCCL rings") {
+  Strategy s;
+  // One rank: 1343 MiB context + 32 MiB cuBLAS workspace, no NCCL peers.
+  s.dp = 1;
+  CHECK(cuda_outside_arena_bound(s).total() == 1'441'792'000);
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 0);
+  // Four ranks: plus 32 channels x 2 ring connections x (4 MiB + 512 KiB + 4,915,200 B).
+  s.dp = 4;
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 616'562'688);
+  CHECK(cuda_outside_arena_bound(s).total() == 2'058'354'688);
 }

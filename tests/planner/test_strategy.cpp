@@ -66,8 +66,18 @@ TEST_CASE("DeepSpeed config: the offload sections' buffer settings") {
   CHECK(d.buffers.optimizer_swap_buffer_count == 3);
   CHECK(d.buffers.param_swap_buffer_count == 5);
   CHECK(d.buffers.param_swap_buffer_size == 100'000'000);
-  // The plan file keeps them.
+  // The plan file keeps them, and the offloaded parameter tile's size.
   CHECK(strategy_from_json(to_json(s), "plan.json") == s);
+  Strategy tiled = s;
+  tiled.buffers.offload_tile_size = 1024;
+  CHECK(to_json(tiled)["buffers"]["offload_tile_size"] == 1024);
+  CHECK(strategy_from_json(to_json(tiled), "plan.json") == tiled);
+  for (const uint64_t bad : {uint64_t{0}, uint64_t{1000}}) {
+    tiled.buffers.offload_tile_size = bad;
+    CHECK(error_of([&] { validate(tiled); })
+              .find("offload_tile_size " + std::to_string(bad) + ": not a positive multiple of 256 elements") !=
+          std::string::npos);
+  }
   CHECK(error_of([] {
           from_ds(
               R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 0}}})");

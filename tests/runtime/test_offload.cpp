@@ -1,10 +1,13 @@
 // ZeRO-Offload in the engine (one MPI rank): the host tier's bytes against the plan, category
 // by category and op by op; offloaded training against the same training on the device
-// (fp32: identical weights); and the delayed parameter update against its definition: a
-// threaded run equals the same schedule run inline bit for bit, its forward passes see
-// parameters exactly one update old, and it still trains.
+// (fp32: identical weights); the double-buffered parameter tiles, whose asynchronous copies
+// are held back so that reusing a tile before its copy is done would send wrong weights; and
+// the delayed parameter update against its definition: a threaded run equals the same
+// schedule run inline bit for bit, its forward passes see parameters exactly one update old,
+// and it still trains.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -45,8 +48,8 @@ struct Run {
 };
 
 Run train(const planner::Plan& plan, int steps, EngineOptions opt = {},
-          const std::string& data = "") {
-  auto dev = device_for(plan);
+          const std::string& data = "", uint32_t async_copy_delay_us = 0) {
+  auto dev = device_for(plan, async_copy_delay_us);
   Engine engine(plan, *dev, comm(), TokenData::load(data), opt);
   Run r;
   for (int i = 0; i < steps; ++i) r.losses.push_back(engine.step().loss);
@@ -129,6 +132,74 @@ TEST_CASE("offloaded training equals training on the device") {
         CHECK(device.losses == host.losses);
         CHECK(bitwise_equal(device.weights, host.weights));
       }
+    }
+  }
+}
+
+TEST_CASE("the cpu device's asynchronous copies: in order per slot, done after wait_copy") {
+  planner::Strategy s = tiny_strategy(1, planner::Precision::bf16);
+  auto dev = device_for(tiny_plan(s), 2000);  // each copy held back 2 ms
+  constexpr uint64_t n = 4096;
+  auto* src = static_cast<uint8_t*>(dev->arena(planner::Tier::cpu).alloc(2 * n, planner::Category::buffers, "src"));
+  auto* dst = static_cast<uint8_t*>(dev->arena(planner::Tier::gpu).alloc(3 * n, planner::Category::params, "dst"));
+  std::memset(dst, 0, 3 * n);
+  for (uint64_t i = 0; i < 2 * n; ++i) src[i] = static_cast<uint8_t>(i % 251 + 1);
+  dev->copy_to_device_async(dst, src, n, 0);
+  dev->copy_to_device_async(dst + n, src + n, n, 1);
+  dev->wait_copy(0);
+  CHECK(std::memcmp(dst, src, n) == 0);
+  dev->wait_copy(1);
+  CHECK(std::memcmp(dst + n, src + n, n) == 0);
+  // Slot 0 again, after its wait: the new bytes arrive; synchronize() waits for every slot.
+  std::memset(src, 7, n);
+  dev->copy_to_device_async(dst + 2 * n, src, n, 0);
+  dev->synchronize();
+  CHECK(std::all_of(dst + 2 * n, dst + 3 * n, [](uint8_t b) { return b == 7; }));
+  dev->wait_copy(1);  // nothing pending: returns at once
+  CHECK_THROWS_WITH_AS(dev->wait_copy(2), doctest::Contains("slot 2"), Error);
+  CHECK_THROWS_WITH_AS(dev->copy_to_device_async(dst, src, 1, -1), doctest::Contains("slot -1"), Error);
+  dev->arena(planner::Tier::cpu).free(src);
+  dev->arena(planner::Tier::gpu).free(dst);
+}
+
+TEST_CASE("double-buffered parameter tiles: bit for bit with device training, bytes as planned") {
+  // Tiles of 1024 elements, so each rank's partition takes many tiles through the two slots,
+  // and every asynchronous copy held back 300 us: if the engine wrote a tile again before its
+  // previous copy was done, the device would receive the newer tile's values in the older
+  // tile's place and the weights would differ from the device-trained ones.
+  constexpr uint64_t kTile = 1024;
+  constexpr uint32_t kDelayUs = 300;
+  for (auto prec : {planner::Precision::bf16, planner::Precision::fp16}) {
+    for (int stage : {1, 2, 3}) {
+      planner::Strategy s = tiny_strategy(stage, prec);
+      s.optimizer = planner::OptimizerKind::adamw;
+      s.buffers.offload_tile_size = kTile;
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(prec));
+      EngineOptions opt;
+      opt.weight_decay = 0.01f;
+      const Run device = train(tiny_plan(s), 3, opt);
+      s.offload_optimizer = planner::Offload::cpu;
+      const planner::Plan plan = tiny_plan(s);
+      const uint64_t part = plan.predicted[planner::Tier::cpu][planner::Category::master] / 4;
+      REQUIRE(part >= 4 * kTile);  // each slot is reused at least once per step
+      // The two tiles, 2 bytes per 16-bit parameter, are the host tier's only buffers.
+      CHECK(plan.predicted[planner::Tier::cpu][planner::Category::buffers] == 2 * kTile * 2);
+      if (prec == planner::Precision::bf16) {
+        // bf16 gradients reach the host fp32 partition exactly: the same bits as the device.
+        const Run host = train(plan, 3, opt, "", kDelayUs);
+        CHECK(device.losses == host.losses);
+        CHECK(bitwise_equal(device.weights, host.weights));
+      }
+      // Measured bytes equal the plan's, tiles included, op by op.
+      auto dev = device_for(plan, kDelayUs);
+      std::vector<planner::TimelineSample> timeline;
+      {
+        Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+        for (int i = 0; i < 2; ++i) engine.step();
+        timeline = engine.timeline();
+      }
+      zp::test::check_memory_matches_plan(plan, *dev, timeline);
     }
   }
 }

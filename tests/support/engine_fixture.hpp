@@ -39,9 +39,12 @@ inline planner::Plan tiny_plan(const planner::Strategy& s) {
 }
 
 // Twice the plan's peak per tier plus 16 MiB, one compute thread (results independent of the
-// machine's cores).
-inline std::unique_ptr<runtime::Device> device_for(const planner::Plan& p) {
+// machine's cores). async_copy_delay_us: DeviceConfig's test hook that holds back each
+// asynchronous copy, so a caller reusing a buffer before wait_copy sends the wrong bytes.
+inline std::unique_ptr<runtime::Device> device_for(const planner::Plan& p,
+                                                   uint32_t async_copy_delay_us = 0) {
   runtime::DeviceConfig dc;
+  dc.async_copy_delay_us = async_copy_delay_us;
   dc.gpu_bytes = p.predicted.peak(planner::Tier::gpu) * 2 + (16 << 20);
   dc.cpu_bytes = p.predicted.peak(planner::Tier::cpu) * 2 + (16 << 20);
   dc.nvme_bytes = p.predicted.peak(planner::Tier::nvme) * 2 + (16 << 20);

@@ -59,6 +59,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--optimizer-swap-buffer-count", f.optimizer_swap_buffer_count,
                  "--offload-optimizer nvme: host buffer sets the chunks stream through [3]")
       ->group(b);
+  app.add_option("--offload-tile-size", f.offload_tile_size,
+                 "--offload-optimizer cpu: 16-bit parameters per pinned host tile returning to "
+                 "the device, two alternating [134217728]")
+      ->group(b);
   app.add_option("--param-swap-buffer-count", f.param_swap_buffer_count,
                  "--offload-param nvme: host buffers shard reads go through (offload_param."
                  "buffer_count) [5]")
@@ -137,6 +141,8 @@ Strategy StrategyFlags::resolve() const {
     s.buffers.max_live_parameters = parse_count(max_live_parameters, "--max-live-parameters");
   if (given("--optimizer-swap-chunk-size"))
     s.buffers.optimizer_swap_chunk_size = parse_count(optimizer_swap_chunk_size, "--optimizer-swap-chunk-size");
+  if (given("--offload-tile-size"))
+    s.buffers.offload_tile_size = parse_count(offload_tile_size, "--offload-tile-size");
   if (given("--optimizer-swap-buffer-count"))
     s.buffers.optimizer_swap_buffer_count =
         parse_count(optimizer_swap_buffer_count, "--optimizer-swap-buffer-count");

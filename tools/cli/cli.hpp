@@ -25,7 +25,7 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config;
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
-  std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count;
+  std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count, offload_tile_size;
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;
   bool flash_attention = false, dpu = false, partition_activations = false;
   CLI::App* app = nullptr;  // to ask which flags were given

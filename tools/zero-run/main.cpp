@@ -20,6 +20,7 @@
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/plan.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/reports/comparison.hpp"
 #include "zp/reports/report_file.hpp"
 #include "zp/runtime/comm.hpp"
@@ -405,7 +406,9 @@ int main(int argc, char** argv) {
       {
         cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked), std::nullopt});
         const uint64_t* o = outside.data() + r * kOutside;
-        if (cuda) cmp.ranks.back().outside_arena = reports::OutsideArena{o[0], o[1], o[2]};
+        if (cuda)
+          cmp.ranks.back().outside_arena = reports::OutsideArena{
+              o[0], o[1], o[2], planner::cuda_outside_arena_bound(s.plan.strategy).total()};
       }
     else
       std::printf("no step ran: memory not compared\n");

@@ -112,6 +112,8 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
       ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
       ZP_CUDA_CHECK(cudaEventCreateWithFlags(&events_[i], cudaEventDisableTiming));
     }
+    for (cudaEvent_t& e : copy_events_)
+      ZP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     ZP_CUBLAS_CHECK(cublasCreate(&blas_));
     ZP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));
     // Pedantic: fp32 products and sums throughout (no TF32, no reduced-precision reductions).
@@ -136,6 +138,8 @@ CudaDevice::~CudaDevice() {
 void CudaDevice::release() noexcept {
   if (blas_ != nullptr) cublasDestroy(blas_);
   for (cudaEvent_t& e : events_)
+    if (e != nullptr) cudaEventDestroy(std::exchange(e, nullptr));
+  for (cudaEvent_t& e : copy_events_)
     if (e != nullptr) cudaEventDestroy(std::exchange(e, nullptr));
   for (cudaStream_t& s : streams_)
     if (s != nullptr) cudaStreamDestroy(std::exchange(s, nullptr));
@@ -209,6 +213,33 @@ void CudaDevice::copy(void* dst, const void* src, uint64_t bytes) {
     std::memmove(dst, src, bytes);
 }
 
+// The double-buffered parameter tiles: the copy is queued on the h2d stream (after the
+// compute stream's earlier work, which may still read the destination) and its slot's event
+// recorded behind it; the host returns at once and fills the other tile meanwhile. Pinned
+// source memory (the cpu tier is cudaHostAlloc'd) is what makes cudaMemcpyAsync truly
+// asynchronous with respect to the host.
+void CudaDevice::copy_to_device_async(void* dst, const void* src, uint64_t bytes, int slot) {
+  check_copy_slot(slot);
+  if (bytes == 0) return;
+  order(Stream::h2d, Stream::compute);
+  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(Stream::h2d)));
+  const auto i = static_cast<std::size_t>(slot);
+  ZP_CUDA_CHECK(cudaEventRecord(copy_events_[i], stream(Stream::h2d)));
+  copy_pending_[i] = true;
+}
+
+// The host blocks on the slot's event only (the tile may then be rewritten or freed); the
+// compute stream waits for it on the GPU, so later kernels and, through the compute stream,
+// collectives see the new parameters. No device-wide synchronisation.
+void CudaDevice::wait_copy(int slot) {
+  check_copy_slot(slot);
+  const auto i = static_cast<std::size_t>(slot);
+  if (!copy_pending_[i]) return;
+  ZP_CUDA_CHECK(cudaEventSynchronize(copy_events_[i]));
+  ZP_CUDA_CHECK(cudaStreamWaitEvent(compute(), copy_events_[i], 0));
+  copy_pending_[i] = false;
+}
+
 CudaDevice::Scratch CudaDevice::read_scratch() {
   ZP_CUDA_CHECK(cudaMemcpyAsync(readback_, scratch_, sizeof(Scratch), cudaMemcpyDeviceToHost, compute()));
   ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
@@ -224,6 +255,7 @@ CudaDevice::Scratch CudaDevice::read_scratch() {
 
 void CudaDevice::synchronize() {
   for (cudaStream_t s : streams_) ZP_CUDA_CHECK(cudaStreamSynchronize(s));
+  copy_pending_.fill(false);  // the h2d stream is drained: every slot's copy is done
   read_scratch();
 }
 

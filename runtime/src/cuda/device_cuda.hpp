@@ -36,6 +36,8 @@ class CudaDevice final : public Device {
 
   void zero(void* p, uint64_t bytes) override;
   void copy(void* dst, const void* src, uint64_t bytes) override;
+  void copy_to_device_async(void* dst, const void* src, uint64_t bytes, int slot) override;
+  void wait_copy(int slot) override;
   void synchronize() override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -99,6 +101,9 @@ class CudaDevice final : public Device {
   Scratch* readback_ = nullptr;      // pinned host
   std::array<cudaStream_t, kStreams> streams_{};
   std::array<cudaEvent_t, kStreams> events_{};
+  // copy_to_device_async: each slot's last copy on the h2d stream, and whether it is unwaited.
+  std::array<cudaEvent_t, kCopySlots> copy_events_{};
+  std::array<bool, kCopySlots> copy_pending_{};
   cublasHandle_t blas_ = nullptr;
 
   cudaStream_t compute() const { return stream(Stream::compute); }

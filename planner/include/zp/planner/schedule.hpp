@@ -75,11 +75,15 @@ struct MemorySchedule {
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp);
 
 // Elements of one pinned host tile through which an offloaded optimizer returns the updated
-// 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements.
+// 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements,
+// the default of Strategy::buffers.offload_tile_size.
 inline constexpr uint64_t kOffloadTileElems = uint64_t{128} * 1024 * 1024;
+static_assert(kOffloadTileElems == BufferSizes{}.offload_tile_size);
 
-// Bytes of one of those tiles for this strategy: 0 without an offloaded optimizer, with the
-// delayed update (it writes a host copy of the partition instead) or in fp32 training.
+// Bytes of one of those tiles for this strategy (min(buffers.offload_tile_size, partition)
+// elements, or one swap chunk with the optimizer on NVMe): 0 without an offloaded optimizer,
+// with the delayed update (it writes a host copy of the partition instead) or in fp32
+// training.
 uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
 
 // Appends, at position `pos` (the optimizer op), the host buffers an offloaded optimizer
@@ -158,6 +162,42 @@ struct MemoryReport {
 // Our own runtime's arena lives in the process's context too, but its prediction (the
 // zeroplan profile) is the cpu backend's arena, which has no CUDA context.
 inline constexpr uint64_t kCudaContextBytes = uint64_t{1343} << 20;
+
+// --device cuda (zeroplan profile): GPU memory our runtime's process holds outside its arena,
+// predicted as an upper bound (the runtime measures it with cudaMemGetInfo: the context, then
+// everything else beyond the arena; reports show both). Three parts, each a documented size:
+// - The CUDA context with the module images of our kernels and cuBLAS's: at most
+//   kCudaContextBytes, Hugging Face's eager figure for a PyTorch process, whose context holds
+//   the kernels of PyTorch and all its CUDA libraries (ours loads a few dozen kernels and
+//   cuBLAS's, lazily with CUDA_MODULE_LOADING=LAZY, CUDA's default since 12.2).
+// - cuBLAS's workspace: the cuBLAS documentation (cublasSetWorkspace) recommends 32 MiB on
+//   Hopper and 4 MiB on other architectures for the workspace its default handle allocates;
+//   the larger is the bound.
+// - NCCL's buffers (dp > 1; one rank has no peers): per channel and connection, one buffer per
+//   protocol: SIMPLE NCCL_BUFFSIZE, default 4 MiB (NCCL's environment-variable docs); LL
+//   8 lines x 512 threads x 8 steps x 16 B = 512 KiB and LL128 120 elements x 640 threads x
+//   8 steps x 8 B = 4,915,200 B (NCCL's src/init.cc DEFAULT_LL_BUFFSIZE and
+//   DEFAULT_LL128_BUFFSIZE); at most 32 channels (NCCL's MAXCHANNELS) of the ring's two
+//   connections (from the previous rank, to the next). ZeRO's reduce-scatter and all-gather
+//   run on rings; an all-reduce that picks the tree algorithm adds tree connections, which
+//   this bound does not count.
+inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t{32} << 20;
+inline constexpr uint64_t kNcclBytesPerConnection =
+    (uint64_t{4} << 20) + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8;  // SIMPLE + LL + LL128
+inline constexpr uint64_t kNcclMaxChannels = 32;
+inline constexpr uint64_t kNcclConnectionsPerChannel = 2;
+
+struct CudaOutsideArenaBound {
+  uint64_t context = 0, cublas_workspace = 0, nccl_buffers = 0;
+  uint64_t total() const { return context + cublas_workspace + nccl_buffers; }
+};
+inline CudaOutsideArenaBound cuda_outside_arena_bound(const Strategy& s) {
+  return {.context = kCudaContextBytes,
+          .cublas_workspace = kCublasWorkspaceBytes,
+          .nccl_buffers = s.dp > 1 ? kNcclMaxChannels * kNcclConnectionsPerChannel *
+                                         kNcclBytesPerConnection
+                                   : 0};
+}
 
 // Replays the schedule: the gpu tier through the arena (zeroplan) or the caching allocator
 // (deepspeed); cpu and nvme tiers count bytes (their allocators round but do not fragment).

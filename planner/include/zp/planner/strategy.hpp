@@ -47,6 +47,12 @@ struct BufferSizes {
   // DeepSpeed's offload_optimizer.buffer_count plays this role, default 4).
   uint64_t optimizer_swap_chunk_size = uint64_t{1} << 20;
   uint64_t optimizer_swap_buffer_count = 3;
+  // --offload-optimizer cpu (no DeepSpeed config name: its CPU Adam's compile-time TILE,
+  // 128 Mi elements): 16-bit parameters per pinned host tile through which the updated
+  // parameters return to the device, two tiles alternating (planner::kOffloadTileElems).
+  // A multiple of 256 elements: whole 256-byte arena blocks (planner::kArenaAlignment), so
+  // the arena's rounding adds nothing the plan does not count.
+  uint64_t offload_tile_size = uint64_t{128} * 1024 * 1024;
   // --offload-param nvme, DeepSpeed's offload_param.buffer_count and buffer_size with their
   // defaults (deepspeed/runtime/zero/offload_config.py: 5 and 1e8): the host buffers that
   // shards of the 16-bit partition are read into from the swap file (and written back from

@@ -27,12 +27,16 @@
 namespace zp::reports {
 
 // GPU memory outside the arenas (cudaMemGetInfo on the cuda backend): the CUDA context, and
-// what the libraries (cuBLAS, NCCL, module images) hold beyond the arena. Not predicted by the
-// zeroplan profile and not part of the verdict; reported beside the arena figures.
+// what the libraries (cuBLAS, NCCL, module images) hold beyond the arena; and the planner's
+// bound on their sum (planner::cuda_outside_arena_bound). Not part of the verdict (a bound,
+// not a prediction within 2%); reported beside the arena figures.
 struct OutsideArena {
   uint64_t gpu_total_bytes = 0;
   uint64_t context_bytes = 0;
   uint64_t libraries_bytes = 0;
+  uint64_t predicted_at_most_bytes = 0;  // 0: no bound given
+  uint64_t measured_bytes() const { return context_bytes + libraries_bytes; }
+  bool within_bound() const { return measured_bytes() <= predicted_at_most_bytes; }
 };
 
 struct RankMemory {
@@ -78,7 +82,9 @@ Comparison comparison_from_estimate(const planner::Estimate& e);
 double error_pct(uint64_t predicted, uint64_t measured);
 
 // {"schema":"zero-run/report/v1","ranks":[{"rank":0,"predicted":{per_device},"measured":{...}}],
-//  (a rank on the cuda backend adds "outside_arena":{"gpu_total":B,"context":B,"libraries":B})
+//  (a rank on the cuda backend adds "outside_arena":{"gpu_total":B,"context":B,"libraries":B,
+//  "measured":context+libraries,"predicted_at_most":B,"within_bound":b}, the last two when a
+//  bound was given)
 //  "steps":[{"step":1,"loss":x,"seconds":t}],"verdict":{"max_error_pct":e,"within_tolerance":b},
 //  "timeline":{"categories":[...],"ops":[...],"predicted":[{"pos":-1,"gpu":[8 bytes],...}],
 //  "measured":[...]}}. Without a measurement: no "measured" per rank, no "verdict"; "timeline"

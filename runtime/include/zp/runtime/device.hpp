@@ -73,6 +73,9 @@ struct DeviceConfig {
   uint64_t cpu_bytes = 0;   // capacity of the host tier (offloaded states and buffers)
   uint64_t nvme_bytes = 0;  // capacity of the nvme tier (an address space for swap files)
   int n_threads = 0;        // compute threads; 0: the cores divided among the node's ranks
+  // Test hook (cpu backend): the copy thread sleeps this long before each asynchronous copy,
+  // so a caller that rewrites a source before wait_copy sends the new bytes, not the old.
+  uint32_t async_copy_delay_us = 0;
 };
 
 // The compute seam: every op of a GPT-2 step, on pointers into this device's arenas. The cpu
@@ -90,6 +93,15 @@ class Device {
 
   virtual void zero(void* p, uint64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;
+  // Host tier to gpu tier, returning before the copy is done: double buffering. `slot` (0 or
+  // 1) names the host buffer; the caller must not write `src` again, nor free it, before
+  // wait_copy(slot). Copies run in the order they were issued, after the device's earlier
+  // compute work. wait_copy(slot) returns once the slot's copies are done, and orders the
+  // device's later compute work after them; it returns at once when none is pending.
+  // synchronize() waits for every slot too.
+  static constexpr int kCopySlots = 2;
+  virtual void copy_to_device_async(void* dst, const void* src, uint64_t bytes, int slot) = 0;
+  virtual void wait_copy(int slot) = 0;
   virtual void synchronize() = 0;
 
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
@@ -146,6 +158,9 @@ class Device {
                         float weight_decay, float grad_scale, uint64_t n) = 0;
 
  protected:
+  // zp::Error unless 0 <= slot < kCopySlots.
+  static void check_copy_slot(int slot);
+
   std::array<std::unique_ptr<Arena>, planner::kTiers.size()> arenas_;
 };
 
