@@ -3,9 +3,11 @@
 // arenas when it is first used and freeing it after its last use, runs each op's kernel, and
 // applies ZeRO: stage 0 all-reduces gradients, stage 1 partitions the optimizer states, stage
 // 2 reduces gradients to their owners in buckets during backward, stage 3 also partitions the
-// parameters and all-gathers each module group before its use (with prefetch). Written once
-// for every backend: it only talks to the Device and Comm seams. Not the planner: it reads
-// the plan's model and strategy and measures what it did.
+// parameters and all-gathers each module group before its use (with prefetch). With
+// overlap_comm (planner::overlaps_comm) those reductions and prefetched all-gathers are
+// non-blocking: a bucket is completed when the next is flushed, a gather when its run starts.
+// Written once for every backend: it only talks to the Device and Comm seams. Not the
+// planner: it reads the plan's model and strategy and measures what it did.
 //
 // Example usage:
 //   Engine engine(plan, *device, *comm, TokenData::load(""), EngineOptions{});
