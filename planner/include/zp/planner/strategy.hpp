@@ -78,8 +78,8 @@ struct Strategy {
   // zero_optimization.overlap_comm: stages 2-3 reduce a gradient bucket while backward goes
   // on (the bucket stays alive until the next one is issued, so two can be alive at once),
   // and stage 3 waits for a prefetched all-gather only when its run starts. Unset: DeepSpeed's
-  // default, false for stages 0-2 and true for stage 3 (deepspeed/runtime/zero/config.py, and
-  // stage3.py forces it on). See overlaps_comm().
+  // default, false for stages 0-2 and true for stage 3 (deepspeed/runtime/zero/config.py: an
+  // unset overlap_comm becomes stage == 3). See overlaps_comm().
   std::optional<bool> overlap_comm;
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
