@@ -58,8 +58,9 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The deepspeed profile replays whole schedules: they differ with the delayed update, the
 // parameter swap buffers (--offload-param nvme), the optimizer's swap buffers and the
 // offload tiles too.
+// overlap_comm changes how long gradient buckets live (schedule.cpp flush_if_full).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
-                          uint64_t, uint64_t, uint64_t>;
+                          uint64_t, uint64_t, uint64_t, bool>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
@@ -153,7 +154,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                    whole && s.offload_optimizer == Offload::nvme
                        ? optimizer_swap_buffer_bytes(s, part)
                        : 0,
-                   whole ? offload_tile_bytes(s, part, p_bytes) : 0};
+                   whole ? offload_tile_bytes(s, part, p_bytes) : 0,
+                   s.stage >= 2 && overlaps_comm(s)};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
@@ -755,7 +757,8 @@ nlohmann::json deepspeed_config(const Strategy& s) {
                              : s.optimizer == OptimizerKind::adamw ? "AdamW"
                                                                    : "SGD"}};
   json zo = {{"stage", s.stage},
-             {"overlap_comm", true},
+             // what the prediction assumed (two buckets alive with it on)
+             {"overlap_comm", overlaps_comm(s)},
              {"contiguous_gradients", true},
              {"reduce_bucket_size", s.buffers.reduce_bucket_size},
              {"allgather_bucket_size", s.buffers.allgather_bucket_size}};

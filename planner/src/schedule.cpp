@@ -273,6 +273,7 @@ class ScheduleBuilder {
   std::vector<int32_t> last_grad_write_;         // grad tensor -> position
   std::vector<uint32_t> grad_buffer_;            // grad tensor -> buffer
   std::vector<TensorId> pending_;                // final, unreduced gradients
+  std::vector<TensorId> in_flight_;              // overlap_comm: the bucket being reduced
   std::map<std::string, uint64_t> group_elems_;
   std::map<std::string, std::size_t> group_index_;
   // ZeRO-3 gather runs: consecutive ops that read the same group's weights.
@@ -349,13 +350,30 @@ class ScheduleBuilder {
         alloc(pos, add_buffer("bucket." + x.name, Tier::gpu, Category::buffers, x.bytes, x.layer));
   }
   // Final gradients are reduced together once they reach reduce_bucket_size elements, and
-  // whatever remains at the end of the backward pass.
+  // whatever remains at the end of the backward pass. With overlap_comm (the engine's
+  // flush_if_full) a flushed bucket stays alive while its reductions are in flight: it is
+  // freed when the next bucket is flushed (previous bucket first), and at the end of the
+  // backward pass with the last one, so at most two buckets' buffers are alive at once
+  // (DeepSpeed's overlap_comm keeps two ipg buffers for the same reason).
   void flush_if_full(int32_t pos, bool end_of_backward) {
     uint64_t elems = 0;
     for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
-    if (pending_.empty() || (elems < s_.buffers.reduce_bucket_size && !end_of_backward)) return;
-    for (TensorId gt : pending_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-    pending_.clear();
+    const bool full = !pending_.empty() && (elems >= s_.buffers.reduce_bucket_size || end_of_backward);
+    if (!overlaps_comm(s_)) {
+      if (!full) return;
+      for (TensorId gt : pending_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+      pending_.clear();
+      return;
+    }
+    if (full) {
+      for (TensorId gt : in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+      in_flight_ = std::move(pending_);
+      pending_.clear();
+    }
+    if (end_of_backward) {
+      for (TensorId gt : in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+      in_flight_.clear();
+    }
   }
 
   void gather_runs() {

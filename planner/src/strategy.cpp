@@ -53,6 +53,8 @@ std::optional<Checkpointing> checkpointing_from_string(std::string_view s) {
 }
 std::optional<Offload> offload_from_string(std::string_view s) { return lookup(s, kOffloads); }
 
+bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(s.stage == 3); }
+
 void validate(const Strategy& s) {
   if (s.stage < 0 || s.stage > 3)
     throw Error(fmt::format("--stage: must be 0, 1, 2 or 3, got {}", s.stage),
@@ -292,6 +294,8 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
         into = v;
       }
     };
+    if (!is_auto(*zo, "overlap_comm") && z.has("overlap_comm"))
+      s.overlap_comm = z.boolean("overlap_comm", false);
     bucket("reduce_bucket_size", s.buffers.reduce_bucket_size);
     bucket("allgather_bucket_size", s.buffers.allgather_bucket_size);
     bucket("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
@@ -315,6 +319,8 @@ json to_json(const Strategy& s) {
           {"offload_param", to_string(s.offload_param)},
           {"dpu", s.dpu},
           {"partition_activations", s.partition_activations},
+          // null: DeepSpeed's default for the stage (overlaps_comm)
+          {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"buffers",
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
@@ -333,7 +339,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   reject_unknown(j,
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
-                  "offload_param", "dpu", "partition_activations", "buffers"},
+                  "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -362,6 +368,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
+  if (f.has("overlap_comm") && !j.at("overlap_comm").is_null())
+    s.overlap_comm = f.boolean("overlap_comm", false);
   if (const json* b = f.object("buffers")) {
     reject_unknown(
         *b,
@@ -408,6 +416,8 @@ std::string describe(const Strategy& s) {
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
   if (s.partition_activations) out += ", P_a";
+  if (s.overlap_comm && *s.overlap_comm != (s.stage == 3))  // only when not the default
+    out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   return out;
 }
 

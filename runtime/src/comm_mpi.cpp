@@ -1,5 +1,6 @@
 // comm_mpi.cpp: the Comm seam over Open MPI. Counts above INT_MAX are sent in chunks; fp16 and
-// bf16 sums use user-defined MPI reduction ops (fp32 add, round to nearest even).
+// bf16 sums use user-defined MPI reduction ops (fp32 add, round to nearest even). Reduce and
+// all-gather are MPI's nonblocking collectives; their requests wait with MPI_Waitall.
 #include <mpi.h>
 
 #include <algorithm>
@@ -60,22 +61,33 @@ class MpiComm final : public Comm {
     });
   }
 
-  void reduce_sum(void* buf, uint64_t n, DType t, int root) override {
+  // MPI_Ireduce / MPI_Iallgather, one per chunk; the request's wait is MPI_Waitall. The
+  // blocking reduce_sum and all_gather are these plus wait, so overlapped and blocking runs
+  // reduce in the same order (the user-defined 16-bit ops work with nonblocking collectives).
+  CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) override {
+    std::vector<MPI_Request> reqs;
     chunked(buf, n, t, [&](void* p, int count) {
+      MPI_Request r = MPI_REQUEST_NULL;
       if (rank_ == root)
-        ZP_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, p, count, type(t), op(t), root, MPI_COMM_WORLD));
+        ZP_MPI_CHECK(MPI_Ireduce(MPI_IN_PLACE, p, count, type(t), op(t), root, MPI_COMM_WORLD, &r));
       else
-        ZP_MPI_CHECK(MPI_Reduce(p, nullptr, count, type(t), op(t), root, MPI_COMM_WORLD));
+        ZP_MPI_CHECK(MPI_Ireduce(p, nullptr, count, type(t), op(t), root, MPI_COMM_WORLD, &r));
+      reqs.push_back(r);
     });
+    return waiting_for(std::move(reqs));
   }
 
-  void all_gather(const void* send, void* recv, uint64_t n, DType t) override {
+  CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) override {
+    std::vector<MPI_Request> reqs;
     if (n <= kMaxCount) {
-      ZP_MPI_CHECK(MPI_Allgather(send, static_cast<int>(n), type(t), recv, static_cast<int>(n),
-                                 type(t), MPI_COMM_WORLD));
-      return;
+      MPI_Request r = MPI_REQUEST_NULL;
+      ZP_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(n), type(t), recv, static_cast<int>(n),
+                                  type(t), MPI_COMM_WORLD, &r));
+      reqs.push_back(r);
+      return waiting_for(std::move(reqs));
     }
-    // Large blocks: one all-gather per chunk into a strided view of recv.
+    // Large blocks: one all-gather per chunk into a strided view of recv. Freeing a datatype
+    // while a collective uses it is allowed: MPI frees it once that collective is done.
     const std::size_t eb = dtype_bytes(t);
     for (uint64_t off = 0; off < n; off += kMaxCount) {
       const int count = static_cast<int>(std::min<uint64_t>(kMaxCount, n - off));
@@ -83,12 +95,15 @@ class MpiComm final : public Comm {
       ZP_MPI_CHECK(MPI_Type_contiguous(count, type(t), &block));
       ZP_MPI_CHECK(MPI_Type_create_resized(block, 0, static_cast<MPI_Aint>(n * eb), &strided));
       ZP_MPI_CHECK(MPI_Type_commit(&strided));
-      ZP_MPI_CHECK(MPI_Allgather(static_cast<const std::byte*>(send) + off * eb, count, type(t),
-                                 static_cast<std::byte*>(recv) + off * eb, 1, strided,
-                                 MPI_COMM_WORLD));
+      MPI_Request r = MPI_REQUEST_NULL;
+      ZP_MPI_CHECK(MPI_Iallgather(static_cast<const std::byte*>(send) + off * eb, count, type(t),
+                                  static_cast<std::byte*>(recv) + off * eb, 1, strided,
+                                  MPI_COMM_WORLD, &r));
+      reqs.push_back(r);
       ZP_MPI_CHECK(MPI_Type_free(&strided));
       ZP_MPI_CHECK(MPI_Type_free(&block));
     }
+    return waiting_for(std::move(reqs));
   }
 
   void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) override {
@@ -146,6 +161,11 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1, local_size_ = 1;
   MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
 
+  static CommRequest waiting_for(std::vector<MPI_Request> reqs) {
+    return CommRequest([reqs = std::move(reqs)]() mutable {
+      ZP_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    });
+  }
   static MPI_Datatype type(DType t) { return t == DType::fp32 ? MPI_FLOAT : MPI_UINT16_T; }
   MPI_Op op(DType t) const {
     return t == DType::fp32 ? MPI_SUM : (t == DType::fp16 ? sum_fp16_ : sum_bf16_);

@@ -3,7 +3,8 @@
 // part of the contract with the planner (planner/src/schedule.cpp builds its prediction in
 // the same order): gathers for a new ZeRO-3 run, then the op's inputs and outputs seen for
 // the first time, its scratch, the gradient buckets it starts; then the scratch is freed,
-// the tensors whose last use it was, full reduce buckets, and finished ZeRO-3 groups.
+// the tensors whose last use it was, full reduce buckets (with overlap_comm: the bucket
+// flushed before, whose reductions were in flight), and finished ZeRO-3 groups.
 #include "zp/runtime/engine.hpp"
 
 #include <fcntl.h>
@@ -122,6 +123,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
     if (op.phase == Phase::optimizer) opt_pos_ = i;
   }
   offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
+  overlap_ = stage_ >= 2 && planner::overlaps_comm(plan.strategy);
   dpu_ = offload_ && plan.strategy.dpu;
   nvme_ = plan.strategy.offload_optimizer == planner::Offload::nvme;
   param_nvme_ = stage_ == 3 && plan.strategy.offload_param == planner::Offload::nvme;
@@ -144,6 +146,9 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
 }
 
 Engine::~Engine() {
+  // Collectives still in flight (after an error) finish before their buffers go back.
+  in_flight_reqs_.clear();
+  gathering_.clear();
   if (dpu_thread_.joinable()) dpu_thread_.join();
   if (param_nvme_) drain_param_io();  // no I/O into the buffers once they go back
   // Model states go back to their arenas (in reverse); step tensors were freed by the step.
@@ -364,6 +369,8 @@ void* Engine::ptr(TensorId t) const {
   if (x.kind == TensorKind::param) {
     if (stage_ < 3) return at(params_, flat_off_[static_cast<std::size_t>(t)], pbytes_);
     const Group& gr = groups_[group_index_.at(x.group)];
+    if (gathering_.contains(x.group))
+      throw Error(fmt::format("internal: {} read before its all-gather was waited for", x.name));
     return at(gathered_.at(x.group), flat_off_[static_cast<std::size_t>(t)] - gr.flat_off, pbytes_);
   }
   if (x.kind == TensorKind::grad && stage_ < 2)
@@ -383,39 +390,80 @@ void Engine::alloc_grad(TensorId gt) {
   buf_[static_cast<std::size_t>(gt)] = p;
 }
 
-void Engine::reduce_to_owners(TensorId gt) {
+// The part of gradient gt's bucket buffer owned by `owner`: [lo, hi) in group-local elements
+// (empty when lo >= hi), and a, where the bucket starts.
+struct Engine::Segment {
+  uint64_t a = 0, lo = 0, hi = 0;
+};
+Engine::Segment Engine::segment(TensorId gt, int owner) const {
   const Tensor& x = g_.tensor(gt);
   const Group& gr = groups_[stage_ < 3 ? 0 : group_index_.at(x.group)];
   const uint64_t n = x.bytes / x.elem_bytes;
   const uint64_t a = flat_off_[static_cast<std::size_t>(gt)] - gr.flat_off;
+  const auto r = static_cast<uint64_t>(owner);
+  return {a, std::max(a, r * gr.shard), std::min({a + n, (r + 1) * gr.shard, gr.elems})};
+}
+
+// Reduces each owner's segment of the bucket to its owner (one reduce per owner rank).
+void Engine::issue_reduce(TensorId gt, std::vector<CommRequest>& reqs) {
+  if (dp_ == 1) return;
   void* bucket = buf_[static_cast<std::size_t>(gt)];
   for (int r = 0; r < dp_; ++r) {
-    const uint64_t lo = std::max(a, static_cast<uint64_t>(r) * gr.shard);
-    const uint64_t hi = std::min({a + n, static_cast<uint64_t>(r + 1) * gr.shard, gr.elems});
-    if (lo >= hi) continue;
-    void* seg = at(bucket, lo - a, pbytes_);
-    if (dp_ > 1) comm_.reduce_sum(seg, hi - lo, pdt_, r);
-    if (r != rank_) continue;
-    const uint64_t k = gr.part_off + (lo - static_cast<uint64_t>(r) * gr.shard);
-    // Offloaded: the reduced segment streams into the host fp32 partition.
-    if (offload_) dev_.add_f32(host_grads_[cur_] + k, seg, pdt_, static_cast<int64_t>(hi - lo));
-    else dev_.add(at(grads_, k, pbytes_), seg, pdt_, static_cast<int64_t>(hi - lo));
+    const Segment sg = segment(gt, r);
+    if (sg.lo >= sg.hi) continue;
+    reqs.push_back(comm_.ireduce_sum(at(bucket, sg.lo - sg.a, pbytes_), sg.hi - sg.lo, pdt_, r));
   }
 }
 
-// Final gradients are reduced together once they reach reduce_bucket_size elements, and
-// whatever remains at the end of the backward pass.
-void Engine::flush_if_full(bool end_of_backward) {
-  uint64_t elems = 0;
-  for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
-  if (pending_.empty() || (elems < plan_.strategy.buffers.reduce_bucket_size && !end_of_backward))
-    return;
-  for (TensorId gt : pending_) reduce_to_owners(gt);
-  for (TensorId gt : pending_) {
+// Once its reductions are waited for: this rank's reduced segment is added into its gradient
+// partition. Offloaded: it streams into the host fp32 partition.
+void Engine::add_reduced(TensorId gt) {
+  const Group& gr = groups_[stage_ < 3 ? 0 : group_index_.at(g_.tensor(gt).group)];
+  const Segment sg = segment(gt, rank_);
+  if (sg.lo >= sg.hi) return;
+  const void* seg = at(buf_[static_cast<std::size_t>(gt)], sg.lo - sg.a, pbytes_);
+  const uint64_t k = gr.part_off + (sg.lo - static_cast<uint64_t>(rank_) * gr.shard);
+  const auto count = static_cast<int64_t>(sg.hi - sg.lo);
+  if (offload_) dev_.add_f32(host_grads_[cur_] + k, seg, pdt_, count);
+  else dev_.add(at(grads_, k, pbytes_), seg, pdt_, count);
+}
+
+// The bucket in flight: wait for its reductions, add them in, free its buffers (in the
+// order they were pending, as schedule.cpp frees them).
+void Engine::complete_in_flight() {
+  for (CommRequest& r : in_flight_reqs_) r.wait();
+  in_flight_reqs_.clear();
+  for (TensorId gt : in_flight_) add_reduced(gt);
+  for (TensorId gt : in_flight_) {
     dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(gt)]);
     buf_[static_cast<std::size_t>(gt)] = nullptr;
   }
-  pending_.clear();
+  in_flight_.clear();
+}
+
+// Final gradients are reduced together once they reach reduce_bucket_size elements, and
+// whatever remains at the end of the backward pass. Without overlap_comm a flushed bucket is
+// reduced, added and freed at once. With it (DeepSpeed's overlap_comm: "attempts to overlap
+// the reduction of the gradients with backward computation", docs/config-json), a flushed
+// bucket's reductions are issued and the bucket stays in flight while backward goes on; it is
+// completed when the next bucket is issued, and the last one at the end of the backward pass,
+// so at most two buckets are alive (schedule.cpp predicts exactly these lifetimes). Each
+// gradient element is in one bucket, added once per micro-step: the bits do not depend on
+// when the add happens.
+void Engine::flush_if_full(bool end_of_backward) {
+  uint64_t elems = 0;
+  for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
+  const bool full = !pending_.empty() &&
+                    (elems >= plan_.strategy.buffers.reduce_bucket_size || end_of_backward);
+  if (full) {
+    std::vector<CommRequest> reqs;
+    for (TensorId gt : pending_) issue_reduce(gt, reqs);
+    complete_in_flight();  // the previous bucket, if any
+    in_flight_ = std::move(pending_);
+    in_flight_reqs_ = std::move(reqs);
+    pending_.clear();
+  }
+  if (!overlap_ || end_of_backward) complete_in_flight();
 }
 
 void Engine::gather(const std::string& grp, int32_t hold_until) {
@@ -444,8 +492,14 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
     staged_.push_back(stage);
     src = stage;
   }
-  comm_.all_gather(src, p, gr.shard, pdt_);
   gathered_[grp] = p;
+  // With overlap_comm the all-gather is left in flight, to be waited for when a run that
+  // uses the group starts (start_run). Offloaded parameters gather at once: their staging
+  // buffer, the all-gather's source, is freed at this op's end (schedule.cpp gather).
+  CommRequest req = comm_.iall_gather(src, p, gr.shard, pdt_);
+  if (overlap_ && plan_.strategy.offload_param == planner::Offload::none)
+    gathering_[grp] = std::move(req);
+  else req.wait();
 }
 
 // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
@@ -467,11 +521,20 @@ void Engine::start_run(int32_t r) {
     prefetched += e;
     gather(grp, static_cast<int32_t>(j));
   }
+  wait_gathered(runs_[static_cast<std::size_t>(r)].group);  // this run's, once all are issued
+}
+
+void Engine::wait_gathered(const std::string& grp) {
+  auto it = gathering_.find(grp);
+  if (it == gathering_.end()) return;
+  it->second.wait();
+  gathering_.erase(it);
 }
 
 void Engine::end_run(int32_t r) {
   for (auto it = holder_.begin(); it != holder_.end();) {
     if (it->second <= r) {
+      wait_gathered(it->first);  // never in flight here (its run has started); kept safe
       if (!planning_gathers_) dev_.arena(Tier::gpu).free(gathered_.at(it->first));
       live_gathered_elems_ -= groups_[group_index_.at(it->first)].elems;
       gathered_.erase(it->first);

@@ -125,6 +125,32 @@ TEST_CASE("DeepSpeed config errors name the field") {
             .find("not modelled") != std::string::npos);
   CHECK(error_of([] { from_ds(R"({"optimizer": {"type": "Lamb"}})"); })
             .find("optimizer.type 'Lamb'") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"overlap_comm": "yes"}})"); })
+            .find("'zero_optimization.overlap_comm' must be true or false") != std::string::npos);
+  CHECK(error_of([] { from_ds(R"({"zero_optimization": {"overlap_comm": 1}})"); })
+            .find("'zero_optimization.overlap_comm' must be true or false") != std::string::npos);
+}
+
+TEST_CASE("overlap_comm: DeepSpeed's default per stage unless the config or the plan says") {
+  // Unset: false for stages 0-2, true for stage 3 (DeepSpeed's defaults).
+  for (int stage = 0; stage <= 3; ++stage) {
+    Strategy s;
+    s.stage = stage;
+    CHECK(!s.overlap_comm.has_value());
+    CHECK(overlaps_comm(s) == (stage == 3));
+  }
+  const Strategy on = from_ds(R"({"zero_optimization": {"stage": 2, "overlap_comm": true}})");
+  CHECK(on.overlap_comm == std::optional<bool>(true));
+  CHECK(overlaps_comm(on));
+  const Strategy off = from_ds(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})");
+  CHECK(!overlaps_comm(off));
+  CHECK(!from_ds(R"({"zero_optimization": {"stage": 3, "overlap_comm": "auto"}})")
+             .overlap_comm.has_value());
+  // The plan file keeps set and unset apart.
+  CHECK(strategy_from_json(to_json(on), "plan.json") == on);
+  CHECK(strategy_from_json(to_json(off), "plan.json") == off);
+  CHECK(to_json(Strategy{})["overlap_comm"].is_null());
+  CHECK(strategy_from_json(to_json(Strategy{}), "plan.json") == Strategy{});
 }
 
 TEST_CASE("validation refuses contradictions") {

@@ -43,6 +43,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "ZeRO-R P_a: split activation checkpoints over the --mp ranks (needs "
                "--checkpointing full)")
       ->group(g);
+  app.add_flag("--overlap-comm,!--no-overlap-comm", f.overlap_comm,
+               "stages 2-3: reduce gradient buckets and wait for prefetched all-gathers while "
+               "compute goes on (zero_optimization.overlap_comm) [off for stages 0-2, on for 3]")
+      ->group(g);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -131,6 +135,7 @@ Strategy StrategyFlags::resolve() const {
                                                    planner::offload_from_string, "none, cpu or nvme");
   if (dpu) s.dpu = true;
   if (partition_activations) s.partition_activations = true;
+  if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");
   if (given("--allgather-bucket-size"))

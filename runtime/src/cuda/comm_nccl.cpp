@@ -2,8 +2,12 @@
 // goes to every rank over MPI, then ncclCommInitRank (the standard way; mpirun across nodes
 // just works). Collectives on device buffers run on the device's comm stream, which waits for
 // the compute stream's earlier work, and the compute stream waits for them in turn: the host
-// never blocks. Host-side collectives (the double all-reduce, gather_u64, barrier, abort, and
-// any buffer in host memory) go over MPI. Not a transport of our own.
+// never blocks. ireduce_sum and iall_gather leave the compute stream free until their
+// request's wait (the compute stream then waits on an event recorded after the collective),
+// so backward overlaps the gradient reduction and forward the prefetched all-gathers; the
+// blocking forms are the same plus wait. Host-side collectives (the double all-reduce,
+// gather_u64, barrier, abort, and any buffer in host memory) go over MPI. Not a transport of
+// our own.
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
@@ -58,17 +62,20 @@ class NcclComm final : public Comm {
     });
   }
 
-  // In place on the root; NCCL only reads the other ranks' buffers.
-  void reduce_sum(void* buf, uint64_t n, DType t, int root) override {
-    if (!dev_.on_device(buf)) return mpi_.reduce_sum(buf, n, t, root);
-    ordered([&](cudaStream_t s) {
+  // In place on the root; NCCL only reads the other ranks' buffers. Non-blocking: the
+  // compute stream waits for it at the request's wait().
+  CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) override {
+    if (!dev_.on_device(buf)) return mpi_.ireduce_sum(buf, n, t, root);
+    return issued([&](cudaStream_t s) {
       ZP_NCCL_CHECK(ncclReduce(buf, buf, n, nccl_type(t), ncclSum, root, comm_, s));
     });
   }
 
-  void all_gather(const void* send, void* recv, uint64_t n, DType t) override {
-    if (!dev_.on_device(recv)) return mpi_.all_gather(send, recv, n, t);
-    ordered([&](cudaStream_t s) { ZP_NCCL_CHECK(ncclAllGather(send, recv, n, nccl_type(t), comm_, s)); });
+  CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) override {
+    if (!dev_.on_device(recv)) return mpi_.iall_gather(send, recv, n, t);
+    return issued([&](cudaStream_t s) {
+      ZP_NCCL_CHECK(ncclAllGather(send, recv, n, nccl_type(t), comm_, s));
+    });
   }
 
   // Equal blocks: NCCL's in-place all-gather (send = recv + rank * n). Unequal blocks (NCCL
@@ -123,6 +130,30 @@ class NcclComm final : public Comm {
     dev_.order(Stream::comm, Stream::compute);
     enqueue(dev_.stream(Stream::comm));
     dev_.order(Stream::compute, Stream::comm);
+  }
+
+  // A non-blocking collective: the comm stream waits for the compute stream's work so far
+  // (recorded now, at issue), runs it, and records an event after it; the request's wait
+  // makes the compute stream wait for that event (cudaStreamWaitEvent: the host never
+  // blocks). Until then compute runs on beside the collective, which is why its buffers must
+  // stay untouched until wait (CommRequest).
+  template <class F>
+  CommRequest issued(F&& enqueue) {
+    dev_.order(Stream::comm, Stream::compute);
+    const cudaStream_t s = dev_.stream(Stream::comm);
+    enqueue(s);
+    cudaEvent_t done = nullptr;
+    ZP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    const cudaStream_t compute = dev_.stream(Stream::compute);
+    // The request owns the event from here (a failed record below still destroys it).
+    CommRequest req([done, compute] {
+      const cudaError_t rc = cudaStreamWaitEvent(compute, done, 0);
+      cudaEventDestroy(done);  // CUDA releases it once the wait enqueued above is resolved
+      if (rc != cudaSuccess)
+        throw_cuda_error(rc, "cudaStreamWaitEvent(compute, done, 0)", __FILE__, __LINE__);
+    });
+    ZP_CUDA_CHECK(cudaEventRecord(done, s));
+    return req;
   }
 
   CudaDevice& dev_;

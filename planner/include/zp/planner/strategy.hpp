@@ -81,9 +81,20 @@ struct Strategy {
   Offload offload_param = Offload::none;
   bool dpu = false;               // one-step delayed parameter update (ZeRO-Offload sec. 5.2)
   bool partition_activations = false;  // ZeRO-R P_a: checkpoints split over the mp ranks
+  // zero_optimization.overlap_comm: stages 2-3 reduce a gradient bucket while backward goes
+  // on (the bucket stays alive until the next one is issued, so two can be alive at once),
+  // and stage 3 waits for a prefetched all-gather only when its run starts. Unset: DeepSpeed's
+  // default, false for stages 0-2 and true for stage 3 (deepspeed/runtime/zero/config.py: an
+  // unset overlap_comm becomes stage == 3). See overlaps_comm().
+  std::optional<bool> overlap_comm;
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };
+
+// Whether the collectives of s overlap compute: s.overlap_comm, or DeepSpeed's default for
+// its stage (true for stage 3 only). Stages 0-1 reduce once per step, after backward, so the
+// answer changes nothing there.
+bool overlaps_comm(const Strategy& s);
 
 // Contradictions and out-of-range values as zp::Error naming the flag.
 void validate(const Strategy& s);
@@ -92,7 +103,7 @@ void validate(const Strategy& s);
 // zero_optimization.{stage, offload_optimizer.{device, buffer_count},
 // offload_param.{device, buffer_count, buffer_size},
 // reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size,
-// stage3_max_live_parameters}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
+// stage3_max_live_parameters, overlap_comm}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps, optimizer.type, activation_checkpointing. DeepSpeed fields
 // that do not change memory are accepted and ignored; unknown fields are an error. "auto"
 // (the Hugging Face Trainer's placeholder) leaves the field as it was.

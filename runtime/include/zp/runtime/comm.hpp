@@ -2,20 +2,67 @@
 // all-reduce, reduce to one rank, all-gather, broadcast, barrier. The mpi backend is Open MPI
 // (also what bootstraps NCCL); 16-bit sums use an MPI reduction op that adds in fp32 and
 // rounds once per pair. No home-made transport: ranks across machines are MPI's job.
+// Reduce and all-gather also come non-blocking (ireduce_sum, iall_gather): they return a
+// CommRequest, and the result is there only after its wait(); the blocking forms are issue +
+// wait, so both give the same bits.
 //
 // Example usage:
 //   MpiSession mpi(&argc, &argv);                // MPI_Init .. MPI_Finalize
 //   auto comm = make_mpi_comm();
 //   comm->all_reduce_sum(grads, n, DType::bf16); // in place, every rank gets the sum
+//   CommRequest r = comm->ireduce_sum(bucket, n, DType::bf16, 0);
+//   ...                                          // compute that does not touch bucket
+//   r.wait();                                    // now rank 0's bucket holds the sum
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "zp/runtime/dtype.hpp"
 
 namespace zp::runtime {
+
+// A collective in flight. Until wait() returns, its buffers must stay alive and untouched (no
+// reads of the result, no writes of the input, no free): the backend may still be reading or
+// writing them. wait() completes it: the mpi backend blocks until MPI is done (MPI_Waitall);
+// the nccl backend makes the device's compute stream wait for it (no host synchronisation),
+// so work enqueued afterwards sees the result. Waiting twice is a no-op; a default-made
+// request is complete. A request destroyed while in flight is waited for (its errors
+// dropped): a collective is never abandoned under a buffer that goes back to the arena.
+class CommRequest {
+ public:
+  CommRequest() = default;
+  // `complete` runs once, at the first wait() (or destruction).
+  explicit CommRequest(std::function<void()> complete) : complete_(std::move(complete)) {}
+  CommRequest(CommRequest&& o) noexcept : complete_(std::exchange(o.complete_, nullptr)) {}
+  CommRequest& operator=(CommRequest&& o) noexcept {
+    if (this != &o) {
+      drop();
+      complete_ = std::exchange(o.complete_, nullptr);
+    }
+    return *this;
+  }
+  CommRequest(const CommRequest&) = delete;
+  CommRequest& operator=(const CommRequest&) = delete;
+  ~CommRequest() { drop(); }
+
+  void wait() {
+    if (auto f = std::exchange(complete_, nullptr)) f();
+  }
+  bool pending() const { return static_cast<bool>(complete_); }
+
+ private:
+  std::function<void()> complete_;
+  void drop() noexcept {
+    try {
+      wait();
+    } catch (...) {  // already failing: the first error is the one reported
+    }
+  }
+};
 
 class Comm {
  public:
@@ -28,9 +75,15 @@ class Comm {
   // In place: every rank ends with the element-wise sum.
   virtual void all_reduce_sum(void* buf, uint64_t n, DType t) = 0;
   // The sum lands in `root`'s buf (in place there); other ranks' buf is left as it was.
-  virtual void reduce_sum(void* buf, uint64_t n, DType t, int root) = 0;
+  void reduce_sum(void* buf, uint64_t n, DType t, int root) { ireduce_sum(buf, n, t, root).wait(); }
   // recv (size * n elements) gets every rank's `send` block in rank order.
-  virtual void all_gather(const void* send, void* recv, uint64_t n, DType t) = 0;
+  void all_gather(const void* send, void* recv, uint64_t n, DType t) {
+    iall_gather(send, recv, n, t).wait();
+  }
+  // The same, non-blocking: done at the request's wait(), buffers untouched until then (see
+  // CommRequest). Every rank issues the same collectives in the same order.
+  virtual CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) = 0;
+  virtual CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) = 0;
   // In place: rank r's block of counts[r] elements sits at the sum of counts before r.
   virtual void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) = 0;
   virtual void broadcast(void* buf, uint64_t bytes, int root) = 0;

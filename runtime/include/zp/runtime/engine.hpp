@@ -3,9 +3,11 @@
 // arenas when it is first used and freeing it after its last use, runs each op's kernel, and
 // applies ZeRO: stage 0 all-reduces gradients, stage 1 partitions the optimizer states, stage
 // 2 reduces gradients to their owners in buckets during backward, stage 3 also partitions the
-// parameters and all-gathers each module group before its use (with prefetch). Written once
-// for every backend: it only talks to the Device and Comm seams. Not the planner: it reads
-// the plan's model and strategy and measures what it did.
+// parameters and all-gathers each module group before its use (with prefetch). With
+// overlap_comm (planner::overlaps_comm) those reductions and prefetched all-gathers are
+// non-blocking: a bucket is completed when the next is flushed, a gather when its run starts.
+// Written once for every backend: it only talks to the Device and Comm seams. Not the
+// planner: it reads the plan's model and strategy and measures what it did.
 //
 // Example usage:
 //   Engine engine(plan, *device, *comm, TokenData::load(""), EngineOptions{});
@@ -147,6 +149,7 @@ class Engine {
   // the delayed update, filled alternately), and the host copy of the 16-bit parameter
   // partition that a delayed update writes.
   bool offload_ = false, dpu_ = false;
+  bool overlap_ = false;  // overlap_comm at stages 2-3 (planner::overlaps_comm)
   float* host_grads_[2] = {nullptr, nullptr};
   int cur_ = 0;                 // which host_grads_ the backward pass fills
   void* dpu_params_ = nullptr;
@@ -192,6 +195,9 @@ class Engine {
   std::vector<void*> buf_;                   // by tensor: its arena buffer, or null
   std::vector<std::pair<Tier, void*>> held_;  // buffers to free at destruction (model states)
   std::vector<models::TensorId> pending_;    // final gradients not yet reduced
+  std::vector<models::TensorId> in_flight_;  // overlap_comm: the bucket being reduced
+  std::vector<CommRequest> in_flight_reqs_;  //   and its reductions
+  std::map<std::string, CommRequest> gathering_;  // overlap_comm: all-gathers not waited for
   std::vector<Run> runs_;
   std::vector<int32_t> run_at_;              // by position: run index or -1
   std::map<std::string, int32_t> holder_;    // gathered group -> last run it is held for
@@ -217,8 +223,13 @@ class Engine {
   void* ptr(models::TensorId t) const;
   void alloc_grad(models::TensorId gt);
   void flush_if_full(bool end_of_backward);
-  void reduce_to_owners(models::TensorId gt);
+  struct Segment;
+  Segment segment(models::TensorId gt, int owner) const;
+  void issue_reduce(models::TensorId gt, std::vector<CommRequest>& reqs);
+  void add_reduced(models::TensorId gt);
+  void complete_in_flight();
   void gather(const std::string& grp, int32_t hold_until);
+  void wait_gathered(const std::string& grp);
   void start_run(int32_t r);
   void end_run(int32_t r);
 
