@@ -84,6 +84,21 @@ std::vector<float> change(const Trained& t) {
   return d;
 }
 
+// The multi-rank NCCL cases need two GPUs on this machine (one rank each).
+bool two_gpus() {
+  if (cuda_devices().n_devices >= 2) return true;
+  MESSAGE("fewer than 2 GPUs: the multi-rank NCCL check needs two");
+  return false;
+}
+
+// zero-run --device cuda on 2 ranks through mpirun, with `args` after the device.
+test::Result zero_run_np2(const std::vector<std::string>& args) {
+  std::vector<std::string> cmd = {ZP_MPIEXEC, "-np", "2", std::string(ZP_BIN_DIR) + "/zero-run",
+                                  "--device", "cuda"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  return test::run(cmd, {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}, 600);
+}
+
 }  // namespace
 
 TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory as planned") {
@@ -132,12 +147,7 @@ TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory a
 }
 
 TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage on 2 GPUs") {
-  if (cuda_devices().n_devices < 2) {
-    MESSAGE("fewer than 2 GPUs: the multi-rank NCCL check needs two");
-    return;
-  }
-  const std::string run = std::string(ZP_BIN_DIR) + "/zero-run";
-  const std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+  if (!two_gpus()) return;
   test::TempDir dir;
   std::vector<float> stage0;
   for (int stage = 0; stage <= 3; ++stage) {
@@ -147,10 +157,9 @@ TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage 
     const std::string w = dir.file(name + ".bin");
     const std::string report = dir.file("r.json");
     const test::Result r =
-        test::run({ZP_MPIEXEC, "-np", "2", run, "--device", "cuda", "--model", "gpt2-tiny",
-                   "--stage", std::to_string(stage), "--precision", "fp32", "--micro-batch", "2",
-                   "--seq", "32", "--steps", "3", "--save-weights", w, "--report", report},
-                  env, 600);
+        zero_run_np2({"--model", "gpt2-tiny", "--stage", std::to_string(stage), "--precision",
+                      "fp32", "--micro-batch", "2", "--seq", "32", "--steps", "3",
+                      "--save-weights", w, "--report", report});
     CAPTURE(r.err);
     REQUIRE(r.rc == 0);
     const auto j = nlohmann::json::parse(test::slurp(report));
@@ -171,12 +180,7 @@ TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage 
 }
 
 TEST_CASE("zero-run --device cuda --overlap-comm on 2 GPUs: the weights without it, bytes as planned") {
-  if (cuda_devices().n_devices < 2) {
-    MESSAGE("fewer than 2 GPUs: the multi-rank NCCL check needs two");
-    return;
-  }
-  const std::string run = std::string(ZP_BIN_DIR) + "/zero-run";
-  const std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+  if (!two_gpus()) return;
   test::TempDir dir;
   for (int stage : {2, 3}) {
     CAPTURE(stage);
@@ -186,13 +190,11 @@ TEST_CASE("zero-run --device cuda --overlap-comm on 2 GPUs: the weights without 
       const std::string w = dir.file(on ? "on.bin" : "off.bin"), report = dir.file("r.json");
       // Small buckets and prefetch: reductions and gathers in flight on the comm stream while
       // the compute stream goes on.
-      const test::Result r = test::run(
-          {ZP_MPIEXEC, "-np", "2", run, "--device", "cuda", "--model", "gpt2-tiny", "--stage",
-           std::to_string(stage), "--precision", "fp32", "--micro-batch", "2", "--seq", "32",
-           "--grad-accum", "2", "--steps", "3", "--reduce-bucket-size", "20000",
-           "--prefetch-bucket-size", "60000", on ? "--overlap-comm" : "--no-overlap-comm",
-           "--save-weights", w, "--report", report},
-          env, 600);
+      const test::Result r = zero_run_np2(
+          {"--model", "gpt2-tiny", "--stage", std::to_string(stage), "--precision", "fp32",
+           "--micro-batch", "2", "--seq", "32", "--grad-accum", "2", "--steps", "3",
+           "--reduce-bucket-size", "20000", "--prefetch-bucket-size", "60000",
+           on ? "--overlap-comm" : "--no-overlap-comm", "--save-weights", w, "--report", report});
       CAPTURE(r.err);
       REQUIRE(r.rc == 0);
       const auto j = nlohmann::json::parse(test::slurp(report));
