@@ -155,7 +155,7 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                        ? optimizer_swap_buffer_bytes(s, part)
                        : 0,
                    whole ? offload_tile_bytes(s, part, p_bytes) : 0,
-                   s.stage >= 2 && overlaps_comm(s)};
+                   holds_buckets_in_flight(s)};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);

@@ -359,7 +359,7 @@ class ScheduleBuilder {
     uint64_t elems = 0;
     for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
     const bool full = !pending_.empty() && (elems >= s_.buffers.reduce_bucket_size || end_of_backward);
-    if (!overlaps_comm(s_)) {
+    if (!holds_buckets_in_flight(s_)) {
       if (!full) return;
       for (TensorId gt : pending_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
       pending_.clear();

@@ -55,6 +55,10 @@ std::optional<Offload> offload_from_string(std::string_view s) { return lookup(s
 
 bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(s.stage == 3); }
 
+bool holds_buckets_in_flight(const Strategy& s) {
+  return s.stage >= 2 && s.dp > 1 && overlaps_comm(s);
+}
+
 void validate(const Strategy& s) {
   if (s.stage < 0 || s.stage > 3)
     throw Error(fmt::format("--stage: must be 0, 1, 2 or 3, got {}", s.stage),

@@ -124,6 +124,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   }
   offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
   overlap_ = stage_ >= 2 && planner::overlaps_comm(plan.strategy);
+  buckets_in_flight_ = planner::holds_buckets_in_flight(plan.strategy);
   dpu_ = offload_ && plan.strategy.dpu;
   nvme_ = plan.strategy.offload_optimizer == planner::Offload::nvme;
   param_nvme_ = stage_ == 3 && plan.strategy.offload_param == planner::Offload::nvme;
@@ -447,7 +448,8 @@ void Engine::complete_in_flight() {
 // the reduction of the gradients with backward computation", docs/config-json), a flushed
 // bucket's reductions are issued and the bucket stays in flight while backward goes on; it is
 // completed when the next bucket is issued, and the last one at the end of the backward pass,
-// so at most two buckets are alive (schedule.cpp predicts exactly these lifetimes). Each
+// so at most two buckets are alive (schedule.cpp predicts exactly these lifetimes). On one
+// data-parallel rank nothing is reduced, and the bucket is freed at once as without. Each
 // gradient element is in one bucket, added once per micro-step: the bits do not depend on
 // when the add happens.
 void Engine::flush_if_full(bool end_of_backward) {
@@ -463,7 +465,7 @@ void Engine::flush_if_full(bool end_of_backward) {
     in_flight_reqs_ = std::move(reqs);
     pending_.clear();
   }
-  if (!overlap_ || end_of_backward) complete_in_flight();
+  if (!buckets_in_flight_ || end_of_backward) complete_in_flight();
 }
 
 void Engine::gather(const std::string& grp, int32_t hold_until) {

@@ -139,7 +139,7 @@ TEST_CASE("overlap_comm: the weights of blocking collectives bit for bit, bytes 
       CHECK(a.weights == b.weights);
       // The buckets in flight are in the prediction (train() matched both runs to their plans
       // op by op): with overlap every op holds at least the buffer bytes it held without, and
-      // some op more.
+      // some op more; on one rank (nothing to reduce) no bucket is held longer.
       REQUIRE(a.timeline.size() == b.timeline.size());
       bool more = false;
       for (std::size_t k = 0; k < a.timeline.size(); ++k) {
@@ -150,7 +150,7 @@ TEST_CASE("overlap_comm: the weights of blocking collectives bit for bit, bytes 
         CHECK(buffers(b) >= buffers(a));
         more = more || buffers(b) > buffers(a);
       }
-      CHECK(more);
+      CHECK(more == (test::comm().size() > 1));
     }
   }
 }

@@ -96,6 +96,13 @@ struct Strategy {
 // answer changes nothing there.
 bool overlaps_comm(const Strategy& s);
 
+// Whether a flushed gradient bucket stays alive while its reductions are in flight (the
+// engine's and schedule.cpp's flush_if_full): overlap_comm at stages 2-3 with more than one
+// data-parallel rank. With one there is nothing to reduce, so holding the bucket would only
+// cost memory (DeepSpeed's stage 1-2 keeps its two ipg buffers even then; the deepspeed
+// profile's replay models DeepSpeed's allocator, not this engine's buckets).
+bool holds_buckets_in_flight(const Strategy& s);
+
 // Contradictions and out-of-range values as zp::Error naming the flag.
 void validate(const Strategy& s);
 

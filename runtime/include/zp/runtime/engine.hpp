@@ -150,6 +150,7 @@ class Engine {
   // partition that a delayed update writes.
   bool offload_ = false, dpu_ = false;
   bool overlap_ = false;  // overlap_comm at stages 2-3 (planner::overlaps_comm)
+  bool buckets_in_flight_ = false;  // and dp > 1 (planner::holds_buckets_in_flight)
   float* host_grads_[2] = {nullptr, nullptr};
   int cur_ = 0;                 // which host_grads_ the backward pass fills
   void* dpu_params_ = nullptr;
