@@ -403,7 +403,14 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   s.mp = mp;
                   s.dp = cl2.gpus / mp;
                   if (ck != Checkpointing::full) s.partition_activations = false;
-                  round.push_back(s);
+                  if (stage < 2 || s.dp == 1 || base.overlap_comm) {
+                    round.push_back(s);
+                    continue;
+                  }
+                  for (bool ov : r.overlap_comm) {
+                    s.overlap_comm = ov;
+                    round.push_back(s);
+                  }
                 }
     }
   }

@@ -232,17 +232,29 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         read = sch.add("nvme read params", static_cast<int>(i), Resource::nvme_read, part_bytes / nvme_r,
                        {q >= a ? staged[static_cast<std::size_t>(q - a)] : -1}, ready);
       }
-      dep = sch.add("h2d params", static_cast<int>(i), Resource::h2d, part_bytes / h2d, {dep, read});
+      dep = sch.add("h2d params", static_cast<int>(i), Resource::h2d, part_bytes / h2d, {dep, read},
+                    ready);
       staged.push_back(dep);
     }
+    // The first micro-step's gathers move the parameters of the update they wait for (ready).
     if (dp > 1)
       dep = sch.add("all-gather", static_cast<int>(i), Resource::net,
-                    allgather_seconds(static_cast<double>(c.group_params[i]) * pbytes, dp, dp_bus), {dep});
+                    allgather_seconds(static_cast<double>(c.group_params[i]) * pbytes, dp, dp_bus), {dep},
+                    ready);
     return dep;
   };
+  // overlap_comm (DeepSpeed's zero_optimization.overlap_comm; unset: on for stage 3 only):
+  // with it, bucket reductions run on the network while backward goes on and stage-3
+  // all-gathers are prefetched `depth` groups ahead of compute. Without it every collective
+  // is waited for where it is issued (the engine's flush_if_full and gather; DeepSpeed's
+  // reduction hooks without the separate reduction stream): the next backward compute waits
+  // for the bucket's reduction (and its copy to the host), and a group's gather starts only
+  // once the compute before it is done, so gathers and compute take turns.
+  // Stages 0-1 reduce after backward in the engine whatever overlap_comm says.
+  const bool overlap = s.stage >= 2 && overlaps_comm(s);
   // The compute task a prefetching gather for pass position p waits for.
   auto prefetch_after = [&](int p, int before_pass) {
-    const int q = p - 2 - depth;
+    const int q = overlap ? p - 2 - depth : p - 1;
     return q >= 0 ? pass_compute[static_cast<std::size_t>(q)] : before_pass;
   };
 
@@ -253,6 +265,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         wait_step >= 0 ? &update_done[static_cast<std::size_t>(wait_step)] : nullptr;
     grads_done.clear();
     int last_gpu = -1;
+    int reduced = -1;  // the last bucket's reduction (without overlap_comm, waited for)
     for (int64_t m = 0; m < G; ++m) {
       sch.micro = static_cast<int>(m);
       const bool last_micro = m + 1 == G;
@@ -264,7 +277,8 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(p);
         const int g = gather(i, prefetch_after(p, before_fwd), reads_wait);
-        const int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true), {g},
+        const int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true),
+                              {g, overlap || p > 0 ? -1 : reduced},
                               p == 0 && m == 0 ? params_ready : nullptr);
         pass_compute.push_back(t);
       }
@@ -276,7 +290,8 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
         const int g = gather(i, prefetch_after(p, before_bwd), reads_wait);
-        const int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false), {g});
+        const int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false),
+                              {g, overlap ? -1 : reduced});
         pass_compute.push_back(t);
         last_gpu = t;
         bucket += c.group_params[i];
@@ -292,6 +307,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
           done = sch.add("d2h grads", n_bucket, Resource::d2h,
                          static_cast<double>(bucket) / static_cast<double>(dp) * pbytes / d2h, {done});
         grads_done.push_back(done);
+        reduced = done;
         bucket = 0;
         ++n_bucket;
       }

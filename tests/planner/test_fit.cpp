@@ -11,6 +11,7 @@
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/fit.hpp"
 #include "zp/planner/placement.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/planner/simulate.hpp"
 
 using namespace zp::planner;
@@ -162,13 +163,37 @@ TEST_CASE("simulate: ring collectives and a step worked by hand") {
     CHECK(t.tflops_per_gpu == doctest::Approx(12.0 / 12.12));
     CHECK_FALSE(t.critical_path.empty());
   }
-  SUBCASE("stage 2, small buckets: reductions overlap backward; the last one does not") {
+  SUBCASE("stage 2, small buckets, overlap_comm: reductions overlap backward; the last one does not") {
     s.stage = 2;
+    s.overlap_comm = true;
     s.buffers.reduce_bucket_size = 1'000'000;
     const Timeline t = simulate(c, s, hw, Cluster{2, 1});
     // last bucket (embed, 1e6 x 2 B x 1/2) 0.001 s; Adam on the 2e6 partition 0.056 s;
     // all-gather of the updated 4e6 x 2 B x 1/2: 0.004 s.
     CHECK(t.step_seconds == doctest::Approx(12.0 + 0.001 + 0.056 + 0.004));
+  }
+  SUBCASE("stage 2, small buckets, without overlap_comm (its default): compute waits for each") {
+    s.stage = 2;
+    s.buffers.reduce_bucket_size = 1'000'000;
+    const Timeline t = simulate(c, s, hw, Cluster{2, 1});
+    // Every bucket's reduction in turn with backward: head 1e6 and block 2e6 elements (0.001 s
+    // and 0.002 s) before the next compute, then embed's 0.001 s, Adam and all-gather as above.
+    CHECK(t.step_seconds == doctest::Approx(12.0 + 0.001 + 0.002 + 0.001 + 0.056 + 0.004));
+  }
+  SUBCASE("stage 3: gathers prefetched with overlap_comm (its default), in turn without") {
+    s.stage = 3;
+    // All-gathers of 1e6, 2e6, 1e6 16-bit parameters on 2 ranks: 0.001, 0.002, 0.001 s;
+    // one reduce-scatter of all 4e6 after backward 0.004 s; Adam on the 2e6 partition 0.056 s.
+    // The first gather of a step waits for the previous step's Adam.
+    // Prefetched (depth 25 groups): only the first forward gather is exposed (0.001 s); the
+    // backward ones start with the last forward compute and are done before they are needed
+    // (head's 0.001 s waits: the block's and embed's are hidden behind head's compute).
+    const Timeline on = simulate(c, s, hw, Cluster{2, 1});
+    CHECK(on.step_seconds == doctest::Approx(0.001 + 4.0 + 0.001 + 8.0 + 0.004 + 0.056));
+    // Without overlap every gather is waited for: 2 x (0.001 + 0.002 + 0.001) s exposed.
+    s.overlap_comm = false;
+    const Timeline off = simulate(c, s, hw, Cluster{2, 1});
+    CHECK(off.step_seconds == doctest::Approx(0.008 + 12.0 + 0.004 + 0.056));
   }
   SUBCASE("ZeRO-Offload on one GPU: CPU Adam after backward, or hidden by DPU") {
     s.dp = 1;
@@ -395,6 +420,82 @@ TEST_CASE("fit: headline results of ZeRO-Offload on V100s (seed 002), within 15%
       CHECK(many <= 1.5 * 128 * one);
     }
   }
+}
+
+TEST_CASE("fit: cached memory with overlap_comm both ways equals estimate() exactly") {
+  // gpt2-medium with checkpointing and the optimizer on the host: the gpu peak falls late in
+  // backward, where overlap_comm's second bucket is alive (gpt2's peak is its logits, before
+  // any bucket is reduced, so it would not tell the two apart).
+  const auto m = zp::models::load_model("gpt2-medium");
+  for (Profile prof : {Profile::zeroplan, Profile::deepspeed}) {
+    PlanOptions o;
+    o.profile = prof;
+    FitEvaluator ev(m, o);
+    for (int stage : {2, 3})
+      for (int64_t dp : {1, 8}) {
+        Strategy s;
+        s.stage = stage;
+        s.dp = dp;
+        s.checkpointing = Checkpointing::full;
+        s.offload_optimizer = Offload::cpu;
+        s.buffers.reduce_bucket_size = 50'000'000;
+        s = resolve_for_model(s, m);
+        PerDevice got[2];
+        for (bool overlap : {false, true}) {
+          Strategy v = s;
+          v.overlap_comm = overlap;
+          CAPTURE(describe(v));
+          CAPTURE(static_cast<int>(prof));
+          got[overlap] = ev.memory(v);
+          CHECK(got[overlap] == estimate(m, v, nullptr, o).per_device);
+        }
+        // The second bucket, in our engine's plan: only with more than one rank to reduce to.
+        if (prof == Profile::zeroplan && dp > 1) CHECK(got[1].peak(Tier::gpu) > got[0].peak(Tier::gpu));
+        if (dp == 1) CHECK(got[1] == got[0]);
+      }
+  }
+}
+
+TEST_CASE("fit: overlap_comm searched both ways at stages 2-3 with dp > 1, one way when pinned") {
+  FitRequest r;
+  r.model = zp::models::load_model("gpt2");
+  r.hw = load_hardware("a100-80g");
+  r.gpus = 8;
+  r.offload_optimizer = {Offload::none};
+  r.offload_param = {Offload::none};
+  r.micro_batches = {4};
+  r.checkpointing = {Checkpointing::none};
+  r.dpu = {false};
+  r.base.buffers.reduce_bucket_size = 10'000'000;  // several buckets per backward pass
+  r.top = 100;
+  const FitResult f = fit(r);
+  // Stages 0 and 1 once, stages 2 and 3 with and without overlap.
+  CHECK(f.n_searched == 6);
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    const Candidate* by[2] = {nullptr, nullptr};
+    for (const Candidate& c : f.candidates)
+      if (c.strategy.stage == stage) {
+        REQUIRE(c.strategy.overlap_comm.has_value());
+        by[*c.strategy.overlap_comm ? 1 : 0] = &c;
+      }
+    REQUIRE(by[0] != nullptr);
+    REQUIRE(by[1] != nullptr);
+    // Each is what estimate() and simulate() say of that strategy on its own.
+    for (const Candidate* c : by) {
+      CHECK(c->per_device == estimate(r.model, c->strategy, nullptr, r.options).per_device);
+      const auto g = zp::models::build_training_graph(r.model, graph_options(r.model, c->strategy, r.options));
+      const Timeline t = simulate(step_costs(g), c->strategy, r.hw, Cluster{8, 1});
+      CHECK(c->step_seconds == doctest::Approx(t.step_seconds));
+    }
+    // Overlap hides collectives (never slower) and holds a second bucket (never smaller).
+    CHECK(by[1]->step_seconds < by[0]->step_seconds);
+    CHECK(by[1]->per_device.peak(Tier::gpu) >= by[0]->per_device.peak(Tier::gpu));
+  }
+  r.base.overlap_comm = false;  // --no-overlap-comm: the only value searched
+  const FitResult pinned = fit(r);
+  CHECK(pinned.n_searched == 4);
+  for (const Candidate& c : pinned.candidates) CHECK(c.strategy.overlap_comm == false);
 }
 
 TEST_CASE("fit: ranking, reasons, and what is missing when nothing fits") {

@@ -74,6 +74,7 @@ std::string row_strategy(const planner::Strategy& s) {
   if (s.offload_param != planner::Offload::none)
     out += fmt::format(" params->{}", planner::to_string(s.offload_param));
   if (s.dpu) out += " dpu";
+  if (s.stage >= 2 && s.dp > 1 && planner::overlaps_comm(s)) out += " overlap";
   return out;
 }
 

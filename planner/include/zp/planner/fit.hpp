@@ -48,6 +48,10 @@ struct FitRequest {
   std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::selective,
                                               Checkpointing::full};
   std::vector<bool> dpu = {false, true};
+  // overlap_comm for stages 2-3 with more than one data-parallel rank (it holds a second
+  // gradient bucket and hides the reductions and gathers behind compute); a base.overlap_comm
+  // the user set (--overlap-comm, --no-overlap-comm, a DeepSpeed config) is the only value.
+  std::vector<bool> overlap_comm = {false, true};
   std::vector<int64_t> grad_accums;  // empty: base.grad_accum only
   // Model-parallel degrees. Empty: 1, and only when nothing fits, the powers of two up to a
   // node's GPUs that divide the GPUs and the heads, smallest first.
