@@ -281,6 +281,7 @@ class ScheduleBuilder {
   std::vector<std::string> run_group_;
   std::map<std::string, int32_t> holder_;        // live group -> last run it is held for
   std::map<std::string, uint32_t> gathered_;     // live group -> buffer
+  std::map<std::string, uint32_t> stage_in_flight_;  // overlap_comm: group -> staging buffer
   std::vector<uint32_t> staged_;                 // offload_param: this op's staging buffers
   uint64_t live_gathered_elems_ = 0;
 
@@ -412,11 +413,23 @@ class ScheduleBuilder {
                                            gathered_bytes(grp)));
     // Parameters offloaded to the host (offload_param=cpu) or read from NVMe through the host
     // buffers (nvme): the rank's shard is copied into a device staging buffer that the
-    // all-gather sends from; it lives until the op's frees.
-    if (s_.offload_param != Offload::none)
-      staged_.push_back(alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
-                                              gathered_bytes(grp) / dp_)));
+    // all-gather sends from. It lives until the op's frees, or with overlap_comm (the
+    // all-gather in flight) until the frees of the op whose run waits for it (wait_gathered).
+    if (s_.offload_param != Offload::none) {
+      const uint32_t b = alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
+                                               gathered_bytes(grp) / dp_));
+      if (overlaps_comm(s_)) stage_in_flight_[grp] = b;
+      else staged_.push_back(b);
+    }
     live_gathered_elems_ += group_elems_.at(grp);
+  }
+  // The engine's wait for an all-gather in flight: its staging buffer goes back with the
+  // op's frees.
+  void wait_gathered(const std::string& grp) {
+    auto it = stage_in_flight_.find(grp);
+    if (it == stage_in_flight_.end()) return;
+    staged_.push_back(it->second);
+    stage_in_flight_.erase(it);
   }
   // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
   // newly gathered elements stay within stage3_prefetch_bucket_size and everything gathered
@@ -436,10 +449,12 @@ class ScheduleBuilder {
       prefetched += e;
       gather(pos, grp, static_cast<int32_t>(j));
     }
+    wait_gathered(run_group_[static_cast<std::size_t>(r)]);
   }
   void end_run(int32_t pos, int32_t r) {
     for (auto it = holder_.begin(); it != holder_.end();) {
       if (it->second <= r) {
+        wait_gathered(it->first);  // never in flight here (its run has started)
         free(pos, gathered_[it->first]);
         live_gathered_elems_ -= group_elems_.at(it->first);
         gathered_.erase(it->first);

@@ -485,23 +485,27 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
                   "gathered." + grp);
   const void* src = params_ != nullptr ? at(params_, gr.part_off, pbytes_) : nullptr;
+  void* stage = nullptr;
   if (plan_.strategy.offload_param != planner::Offload::none) {  // schedule.cpp gather
-    void* stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
+    stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
     if (param_nvme_)
       read_shard(group_index_.at(grp), stage);  // from the swap file
     else
       dev_.copy(stage, src, gr.shard * pbytes_);  // from the host tier
-    staged_.push_back(stage);
     src = stage;
   }
   gathered_[grp] = p;
   // With overlap_comm the all-gather is left in flight, to be waited for when a run that
-  // uses the group starts (start_run). Offloaded parameters gather at once: their staging
-  // buffer, the all-gather's source, is freed at this op's end (schedule.cpp gather).
+  // uses the group starts (start_run); an offloaded group's staging buffer, the all-gather's
+  // source, lives until the end of that op. Without, the all-gather is waited for now and
+  // the staging buffer freed at this op's end (schedule.cpp gather predicts both).
   CommRequest req = comm_.iall_gather(src, p, gr.shard, pdt_);
-  if (overlap_ && plan_.strategy.offload_param == planner::Offload::none)
-    gathering_[grp] = std::move(req);
-  else req.wait();
+  if (overlap_) {
+    gathering_[grp] = Gathering{std::move(req), stage};
+    return;
+  }
+  req.wait();
+  if (stage != nullptr) staged_.push_back(stage);
 }
 
 // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
@@ -529,7 +533,9 @@ void Engine::start_run(int32_t r) {
 void Engine::wait_gathered(const std::string& grp) {
   auto it = gathering_.find(grp);
   if (it == gathering_.end()) return;
-  it->second.wait();
+  it->second.req.wait();
+  // The staging buffer goes back with this op's frees (a position allocates before it frees).
+  if (it->second.stage != nullptr) staged_.push_back(it->second.stage);
   gathering_.erase(it);
 }
 

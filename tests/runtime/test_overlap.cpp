@@ -93,8 +93,14 @@ struct SharedDir {
 
 // Small buckets (several per backward pass) and, at stage 3, a prefetch of a bit more than one
 // layer, so buckets and gathers really are in flight across ops.
-planner::Strategy overlap_strategy(int stage, planner::Precision prec, bool overlap) {
+planner::Strategy overlap_strategy(int stage, planner::Precision prec, bool overlap,
+                                   planner::Offload params = planner::Offload::none) {
   planner::Strategy s = test::tiny_strategy(stage, prec);
+  if (params != planner::Offload::none) {  // stage 3: the shards staged from the host or NVMe
+    s.offload_optimizer = planner::Offload::cpu;
+    s.offload_param = params;
+    s.buffers.param_swap_buffer_size = 4096;
+  }
   s.dp = test::comm().size();
   s.grad_accum = 2;
   s.buffers.reduce_bucket_size = 20'000;
@@ -108,12 +114,17 @@ struct Trained {
   std::vector<planner::TimelineSample> timeline;
 };
 
-// Three steps of `plan` over `comm` on a fresh device; checks the memory against the plan.
-Trained train(const planner::Plan& plan, runtime::Comm& comm, const std::string& path) {
+// Three steps of `plan` over `comm` on a fresh device (swap files, if any, in `dir`); checks
+// the memory against the plan.
+Trained train(const planner::Plan& plan, runtime::Comm& comm, const std::string& dir,
+              const std::string& name) {
   auto dev = test::device_for(plan);
+  const std::string path = dir + "/" + name;
   Trained out;
   {
-    Engine engine(plan, *dev, comm, TokenData::load(""), {});
+    runtime::EngineOptions opt;
+    opt.nvme_path = dir;
+    Engine engine(plan, *dev, comm, TokenData::load(""), opt);
     for (int i = 0; i < 3; ++i) engine.step();
     out.timeline = engine.timeline();
     engine.save_weights(path);
@@ -133,8 +144,8 @@ TEST_CASE("overlap_comm: the weights of blocking collectives bit for bit, bytes 
       CAPTURE(static_cast<int>(prec));
       const planner::Plan off = test::tiny_plan(overlap_strategy(stage, prec, false));
       const planner::Plan on = test::tiny_plan(overlap_strategy(stage, prec, true));
-      const Trained a = train(off, test::comm(), dir.path + "/off.bin");
-      const Trained b = train(on, test::comm(), dir.path + "/on.bin");
+      const Trained a = train(off, test::comm(), dir.path, "off.bin");
+      const Trained b = train(on, test::comm(), dir.path, "on.bin");
       REQUIRE(!a.weights.empty());
       CHECK(a.weights == b.weights);
       // The buckets in flight are in the prediction (train() matched both runs to their plans
@@ -165,8 +176,8 @@ TEST_CASE("overlap_comm: results are read only after wait (requests that work on
     CAPTURE(stage);
     const planner::Plan plan = test::tiny_plan(overlap_strategy(stage, planner::Precision::bf16, true));
     DeferredComm eager(test::comm(), true), deferred(test::comm(), false);
-    const Trained ref = train(plan, eager, dir.path + "/eager.bin");
-    const Trained got = train(plan, deferred, dir.path + "/deferred.bin");
+    const Trained ref = train(plan, eager, dir.path, "eager.bin");
+    const Trained got = train(plan, deferred, dir.path, "deferred.bin");
     CHECK(got.weights == ref.weights);
     CHECK(deferred.in_flight == 0);  // everything issued was waited for
     CHECK(deferred.issued == eager.issued);
@@ -174,5 +185,42 @@ TEST_CASE("overlap_comm: results are read only after wait (requests that work on
       CHECK(deferred.issued > 0);
       CHECK(deferred.max_in_flight > 1);  // requests outlive the op that issued them
     }
+  }
+}
+
+TEST_CASE("overlap_comm with offloaded parameters: each staging buffer lives until its gather's wait") {
+  // Stage 3 with the 16-bit shards on the host (cpu) or read from NVMe: each gather copies the
+  // rank's shard into a device staging buffer the all-gather sends from. In flight, that buffer
+  // must outlive the op that issued the gather: with requests that read it only at wait(), a
+  // staging buffer freed early (and reused by the activations allocated meanwhile) would send
+  // other bytes and the weights would differ.
+  SharedDir dir;
+  for (auto params : {planner::Offload::cpu, planner::Offload::nvme}) {
+    CAPTURE(planner::to_string(params));
+    const auto bf16 = planner::Precision::bf16;
+    const planner::Plan off = test::tiny_plan(overlap_strategy(3, bf16, false, params));
+    const planner::Plan on = test::tiny_plan(overlap_strategy(3, bf16, true, params));
+    const Trained a = train(off, test::comm(), dir.path, "off.bin");
+    const Trained b = train(on, test::comm(), dir.path, "on.bin");
+    REQUIRE(!a.weights.empty());
+    CHECK(a.weights == b.weights);
+    // As planned op by op (train() checked both): the prefetched groups' staging buffers make
+    // some op hold more device buffers than without overlap.
+    REQUIRE(a.timeline.size() == b.timeline.size());
+    bool more = false;
+    for (std::size_t k = 0; k < a.timeline.size(); ++k)
+      more = more || b.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
+                                        [static_cast<std::size_t>(planner::Category::buffers)] >
+                         a.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
+                                            [static_cast<std::size_t>(planner::Category::buffers)];
+    CHECK(more);
+
+    DeferredComm eager(test::comm(), true), deferred(test::comm(), false);
+    const Trained ref = train(on, eager, dir.path, "eager.bin");
+    const Trained got = train(on, deferred, dir.path, "deferred.bin");
+    CHECK(got.weights == ref.weights);
+    CHECK(got.weights == a.weights);
+    CHECK(deferred.in_flight == 0);
+    CHECK(deferred.max_in_flight > 1);
   }
 }

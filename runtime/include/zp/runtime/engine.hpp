@@ -198,7 +198,13 @@ class Engine {
   std::vector<models::TensorId> pending_;    // final gradients not yet reduced
   std::vector<models::TensorId> in_flight_;  // overlap_comm: the bucket being reduced
   std::vector<CommRequest> in_flight_reqs_;  //   and its reductions
-  std::map<std::string, CommRequest> gathering_;  // overlap_comm: all-gathers not waited for
+  // overlap_comm: all-gathers not waited for, and (offload_param) the staging buffer each
+  // sends from, freed with the frees of the op that waits.
+  struct Gathering {
+    CommRequest req;
+    void* stage = nullptr;
+  };
+  std::map<std::string, Gathering> gathering_;
   std::vector<Run> runs_;
   std::vector<int32_t> run_at_;              // by position: run index or -1
   std::map<std::string, int32_t> holder_;    // gathered group -> last run it is held for
