@@ -46,8 +46,9 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
   add_format_flag(f, c.format);
   f.footer(
       "Strategy flags pin one dimension of the search (--stage 3 searches only stage 3); the\n"
-      "others are searched: stage x offload x micro-batch x checkpointing x DPU, and the\n"
-      "model-parallel degree when nothing fits without it.\n"
+      "others are searched: stage x offload x micro-batch x checkpointing x DPU x overlap_comm\n"
+      "(stages 2-3 with more than one rank; 'overlap' in the table), and the model-parallel\n"
+      "degree when nothing fits without it.\n"
       "Exit codes: 0 something fits, 1 nothing does (the closest miss is printed), 2 bad input.\n"
       "Examples:\n"
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16\n"
