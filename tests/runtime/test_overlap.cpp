@@ -134,6 +134,31 @@ Trained train(const planner::Plan& plan, runtime::Comm& comm, const std::string&
   return out;
 }
 
+// Trains the same strategy without and with overlap_comm (train() checks each against its
+// plan op by op): the weights are equal bit for bit, and with overlap no op holds fewer device
+// buffer bytes. `more`: some op holds more; `weights`: the saved weights.
+struct OffOn {
+  bool more = false;
+  std::string weights;
+};
+OffOn off_on(const planner::Strategy& off, const planner::Strategy& on, const std::string& dir) {
+  const Trained a = train(test::tiny_plan(off), test::comm(), dir, "off.bin");
+  const Trained b = train(test::tiny_plan(on), test::comm(), dir, "on.bin");
+  REQUIRE(!a.weights.empty());
+  CHECK(a.weights == b.weights);
+  REQUIRE(a.timeline.size() == b.timeline.size());
+  OffOn r{false, a.weights};
+  for (std::size_t k = 0; k < a.timeline.size(); ++k) {
+    const auto buffers = [&](const Trained& t) {
+      return t.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
+                                [static_cast<std::size_t>(planner::Category::buffers)];
+    };
+    CHECK(buffers(b) >= buffers(a));
+    r.more = r.more || buffers(b) > buffers(a);
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("overlap_comm: the weights of blocking collectives bit for bit, bytes as planned") {
@@ -142,26 +167,10 @@ TEST_CASE("overlap_comm: the weights of blocking collectives bit for bit, bytes 
     for (int stage : {2, 3}) {
       CAPTURE(stage);
       CAPTURE(static_cast<int>(prec));
-      const planner::Plan off = test::tiny_plan(overlap_strategy(stage, prec, false));
-      const planner::Plan on = test::tiny_plan(overlap_strategy(stage, prec, true));
-      const Trained a = train(off, test::comm(), dir.path, "off.bin");
-      const Trained b = train(on, test::comm(), dir.path, "on.bin");
-      REQUIRE(!a.weights.empty());
-      CHECK(a.weights == b.weights);
-      // The buckets in flight are in the prediction (train() matched both runs to their plans
-      // op by op): with overlap every op holds at least the buffer bytes it held without, and
-      // some op more; on one rank (nothing to reduce) no bucket is held longer.
-      REQUIRE(a.timeline.size() == b.timeline.size());
-      bool more = false;
-      for (std::size_t k = 0; k < a.timeline.size(); ++k) {
-        const auto buffers = [&](const Trained& t) {
-          return t.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
-                                    [static_cast<std::size_t>(planner::Category::buffers)];
-        };
-        CHECK(buffers(b) >= buffers(a));
-        more = more || buffers(b) > buffers(a);
-      }
-      CHECK(more == (test::comm().size() > 1));
+      // The buckets in flight: on one rank (nothing to reduce) no bucket is held longer.
+      const OffOn r = off_on(overlap_strategy(stage, prec, false),
+                             overlap_strategy(stage, prec, true), dir.path);
+      CHECK(r.more == (test::comm().size() > 1));
     }
   }
 }
@@ -198,28 +207,17 @@ TEST_CASE("overlap_comm with offloaded parameters: each staging buffer lives unt
   for (auto params : {planner::Offload::cpu, planner::Offload::nvme}) {
     CAPTURE(planner::to_string(params));
     const auto bf16 = planner::Precision::bf16;
-    const planner::Plan off = test::tiny_plan(overlap_strategy(3, bf16, false, params));
-    const planner::Plan on = test::tiny_plan(overlap_strategy(3, bf16, true, params));
-    const Trained a = train(off, test::comm(), dir.path, "off.bin");
-    const Trained b = train(on, test::comm(), dir.path, "on.bin");
-    REQUIRE(!a.weights.empty());
-    CHECK(a.weights == b.weights);
-    // As planned op by op (train() checked both): the prefetched groups' staging buffers make
-    // some op hold more device buffers than without overlap.
-    REQUIRE(a.timeline.size() == b.timeline.size());
-    bool more = false;
-    for (std::size_t k = 0; k < a.timeline.size(); ++k)
-      more = more || b.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
-                                        [static_cast<std::size_t>(planner::Category::buffers)] >
-                         a.timeline[k].bytes[static_cast<std::size_t>(planner::Tier::gpu)]
-                                            [static_cast<std::size_t>(planner::Category::buffers)];
-    CHECK(more);
+    // The prefetched groups' staging buffers are held longer, on one rank too.
+    const OffOn r = off_on(overlap_strategy(3, bf16, false, params),
+                           overlap_strategy(3, bf16, true, params), dir.path);
+    CHECK(r.more);
 
+    const planner::Plan on = test::tiny_plan(overlap_strategy(3, bf16, true, params));
     DeferredComm eager(test::comm(), true), deferred(test::comm(), false);
     const Trained ref = train(on, eager, dir.path, "eager.bin");
     const Trained got = train(on, deferred, dir.path, "deferred.bin");
     CHECK(got.weights == ref.weights);
-    CHECK(got.weights == a.weights);
+    CHECK(got.weights == r.weights);
     CHECK(deferred.in_flight == 0);
     CHECK(deferred.max_in_flight > 1);
   }
