@@ -360,21 +360,16 @@ class ScheduleBuilder {
     uint64_t elems = 0;
     for (TensorId gt : pending_) elems += g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes;
     const bool full = !pending_.empty() && (elems >= s_.buffers.reduce_bucket_size || end_of_backward);
-    if (!holds_buckets_in_flight(s_)) {
-      if (!full) return;
-      for (TensorId gt : pending_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-      pending_.clear();
-      return;
-    }
-    if (full) {
+    auto complete_in_flight = [&] {  // the engine's: the bucket in flight goes back
       for (TensorId gt : in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+      in_flight_.clear();
+    };
+    if (full) {
+      complete_in_flight();  // the previous bucket, if any
       in_flight_ = std::move(pending_);
       pending_.clear();
     }
-    if (end_of_backward) {
-      for (TensorId gt : in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-      in_flight_.clear();
-    }
+    if (!holds_buckets_in_flight(s_) || end_of_backward) complete_in_flight();
   }
 
   void gather_runs() {

@@ -53,7 +53,10 @@ std::optional<Checkpointing> checkpointing_from_string(std::string_view s) {
 }
 std::optional<Offload> offload_from_string(std::string_view s) { return lookup(s, kOffloads); }
 
-bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(s.stage == 3); }
+// DeepSpeed's default for an unset overlap_comm: on for stage 3 only.
+static bool default_overlap_comm(int stage) { return stage == 3; }
+
+bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(default_overlap_comm(s.stage)); }
 
 bool holds_buckets_in_flight(const Strategy& s) {
   return s.stage >= 2 && s.dp > 1 && overlaps_comm(s);
@@ -420,7 +423,7 @@ std::string describe(const Strategy& s) {
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
   if (s.partition_activations) out += ", P_a";
-  if (s.overlap_comm && *s.overlap_comm != (s.stage == 3))  // only when not the default
+  if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   return out;
 }
