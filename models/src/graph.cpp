@@ -136,10 +136,16 @@ class Builder {
        {logits, losses}, {}, {}, {}, 5.0 * double(B * T * V));
 
     // ---- backward ----
+    // The logits' gradient replaces the probabilities in place where activations are fp32. With
+    // 16-bit activations it is a tensor of its own in the activation type: the LM head's
+    // backward multiplies it with 16-bit weights and inputs, and a GEMM's two inputs share one
+    // type (cublasGemmEx); PyTorch likewise hands the head a 16-bit gradient of the logits.
+    const TensorId dlogits =
+        ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
     op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
-       {logits, targets}, {logits}, {}, {}, {}, 2.0 * double(B * T * V));
+       {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * double(B * T * V));
     const TensorId d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
-    matmul_bwd("lm_head", logits, nf, d_nf, lm_head_, head_layer, C, V);
+    matmul_bwd("lm_head", dlogits, nf, d_nf, lm_head_, head_layer, C, V);
     TensorId dres = tensor("dresidual", {B, T, C}, ab, TensorKind::act_grad, head_layer);
     norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
 
@@ -273,6 +279,7 @@ class Builder {
     const TensorId out = tensor("embed.drop.out", {B, T, C}, ab, TensorKind::saved, -1);
     op("embed.drop", OpKind::dropout, Phase::forward, -1, {emb}, {out, mask}, {}, {}, {},
        double(B * T * C));
+    g_.ops.back().dropout_p = m_.embd_dropout;
     embed_mask_ = mask;
     return out;
   }
@@ -281,9 +288,11 @@ class Builder {
   void embedding_bwd(TensorId tokens, TensorId dres) {
     std::vector<TensorId> gs = {wte_.g};
     if (m_.learned_positions) gs.push_back(wpe_.g);
-    if (embed_mask_ != kNone)
+    if (embed_mask_ != kNone) {
       op("embed.drop.bwd", OpKind::dropout_bwd, Phase::backward, -1, {dres, embed_mask_}, {dres},
          {}, {}, {}, double(B * T * C));
+      g_.ops.back().dropout_p = m_.embd_dropout;
+    }
     op("embed.bwd", OpKind::embedding_bwd, Phase::backward, -1, {dres, tokens}, {}, {}, {}, gs,
        double(B * T * C));
   }
@@ -353,6 +362,7 @@ class Builder {
       a.att_drop = tensor(h + ".attn.drop.out", {B, NH, T, T}, ab, kind, l);
       op(h + ".attn.drop" + re, OpKind::dropout, ph, l, {a.att}, {a.att_drop, a.att_mask}, {}, {},
          {}, s2);
+      g_.ops.back().dropout_p = m_.attn_dropout;
       probs = a.att_drop;
     }
     if (values) {
@@ -395,6 +405,7 @@ class Builder {
       const TensorId dropped = tensor(h + ".attn.proj.drop.out", {B, T, C}, ab, TensorKind::activation, l);
       op(h + ".attn.proj.drop" + re, OpKind::dropout, ph, l, {proj}, {dropped, a.proj_mask}, {}, {},
          {}, double(B * T * C));
+      g_.ops.back().dropout_p = m_.resid_dropout;
       proj = dropped;
     }
     a.res2 = tensor(h + ".res2", {B, T, C}, ab, k.block, l);
@@ -422,6 +433,7 @@ class Builder {
       const TensorId dropped = tensor(h + ".mlp.drop.out", {B, T, C}, ab, TensorKind::activation, l);
       op(h + ".mlp.drop" + re, OpKind::dropout, ph, l, {mlp_out}, {dropped, a.mlp_mask}, {}, {}, {},
          double(B * T * C));
+      g_.ops.back().dropout_p = m_.resid_dropout;
       mlp_out = dropped;
     }
     // The block output is the next block's input: saved (a checkpoint under full
@@ -449,6 +461,7 @@ class Builder {
       d_mlp = tensor(h + ".mlp.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
       op(h + ".mlp.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {dres, a.mlp_mask}, {d_mlp},
          {}, {}, {}, double(B * T * C));
+      g_.ops.back().dropout_p = m_.resid_dropout;
     }
     const TensorId d_act = tensor(h + (gpt2 ? ".mlp.gelu.d" : ".mlp.swiglu.d"), {B, T, F}, ab,
                                   TensorKind::act_grad, l);
@@ -472,6 +485,7 @@ class Builder {
       d_proj = tensor(h + ".attn.proj.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
       op(h + ".attn.proj.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {dres, a.proj_mask},
          {d_proj}, {}, {}, {}, double(B * T * C));
+      g_.ops.back().dropout_p = m_.resid_dropout;
     }
     const TensorId d_atty = tensor(h + ".attn.y.d", {B, T, Q}, ab, TensorKind::act_grad, l);
     matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty, p.proj, l, Q, C);
@@ -489,9 +503,11 @@ class Builder {
       const TensorId d_att = tensor(h + ".attn.att.d", {B, NH, T, T}, ab, TensorKind::act_grad, l);
       op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, {d_atty, probs, a.qkv},
          {d_att, d_qkv}, {}, {}, {}, 4.0 * s2 * double(HS));
-      if (a.att_mask != kNone)
+      if (a.att_mask != kNone) {
         op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
            {d_att}, {}, {}, {}, s2);
+        g_.ops.back().dropout_p = m_.attn_dropout;
+      }
       op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.att}, {d_att},
          {}, {}, {}, 4.0 * s2);
       op(h + ".attn.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, {d_att, a.qkv},

@@ -33,7 +33,8 @@ enum class TensorKind : uint8_t {
   activation, // forward output used only during the forward pass (freed after last use)
   saved,      // forward output kept for the backward pass
   act_grad,   // gradient of an activation, during the backward pass
-  logits,     // the (B, T, V) fp32 logits / probabilities / their gradient
+  logits,     // the (B, T, V) fp32 logits / probabilities (and their gradient: in place in
+              // fp32 graphs, "logits.d" in the activation type in 16-bit ones)
   workspace,  // scratch inside one op
 };
 std::string_view to_string(TensorKind k);
@@ -101,6 +102,7 @@ struct Op {
   std::vector<TensorId> params;   // weights read (param tensors)
   std::vector<TensorId> grads;    // weight gradients accumulated
   double flops = 0;               // floating-point operations (multiply-add = 2)
+  double dropout_p = 0;           // dropout and dropout_bwd: the probability of dropping
 };
 
 // Vertex = op index; edge = a tensor (data dependency) or -1 (stream order: ops issue in
