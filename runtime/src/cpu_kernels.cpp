@@ -344,6 +344,227 @@ void crossentropy_backward(float* probs, const int32_t* targets, float dloss, in
   }
 }
 
+// ---- Typed kernels (cpu_kernels.hpp): fp32 goes to the kernels above; fp16 and bf16 load as
+// fp32, compute in fp32 and round each output element once. Elementwise kernels are one
+// template over the storage type D (its fp32 instance the same loop as the fp32 kernel).
+
+namespace {
+
+void check_dropout_p(float p, std::string_view what) {
+  if (!(p >= 0.0f && p < 1.0f))
+    throw Error(fmt::format("cpu::{}: dropout probability {} is outside [0, 1)", what, p),
+                "a model's *_pdrop values must be below 1");
+}
+
+// Placeholder for the 16-bit kernels not written yet: a clear error, never wrong numbers.
+[[noreturn]] void no16(std::string_view what, DType t) {
+  throw Error(fmt::format("cpu::{}: {} storage is not implemented yet", what, to_string(t)),
+              "run the planner's cpu graph (zero-plan plan --device cpu)");
+}
+
+template <DType D>
+void gelu_forward_t(void* out, const void* inp, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    store_from_f32(out, k, D, gelu(load_as_f32(inp, k, D)));
+  }
+}
+
+template <DType D>
+void gelu_backward_t(void* dinp, const void* inp, const void* dout, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    store_from_f32(dinp, k, D, load_as_f32(dout, k, D) * gelu_grad(load_as_f32(inp, k, D)));
+  }
+}
+
+template <DType D>
+void residual_forward_t(void* out, const void* a, const void* b, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    store_from_f32(out, k, D, load_as_f32(a, k, D) + load_as_f32(b, k, D));
+  }
+}
+
+template <DType D>
+void dropout_forward_t(void* out, uint8_t* mask, const void* inp, float p, uint64_t key,
+                       int64_t n) {
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const bool keep = dropout_keep(key, i, threshold);
+    mask[i] = keep ? 1 : 0;
+    store_from_f32(out, k, D, keep ? load_as_f32(inp, k, D) * scale : 0.0f);
+  }
+}
+
+template <DType D>
+void dropout_backward_t(void* dinp, const void* dout, const uint8_t* mask, float p, int64_t n) {
+  const float scale = dropout_scale(p);
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    store_from_f32(dinp, k, D, mask[i] != 0 ? load_as_f32(dout, k, D) * scale : 0.0f);
+  }
+}
+
+template <DType D>
+void crossentropy_backward_t(void* dlogits, const float* probs, const int32_t* targets,
+                             float dloss, int64_t N, int64_t V) {
+#pragma omp parallel for if (N * V > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < V; ++i) {
+      const int64_t k = r * V + i;
+      const float p = i == targets[r] ? probs[k] - 1.0f : probs[k];
+      store_from_f32(dlogits, static_cast<std::size_t>(k), D, p * dloss);
+    }
+}
+
+}  // namespace
+
+void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                       DType t, int64_t B, int64_t T, int64_t C) {
+  if (t == DType::fp32)
+    return embedding_forward(static_cast<float*>(out), tokens, static_cast<const float*>(wte),
+                             static_cast<const float*>(wpe), B, T, C);
+  no16("embedding_forward", t);
+}
+
+void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, DType t,
+                        int64_t B, int64_t T, int64_t C) {
+  if (t == DType::fp32)
+    return embedding_backward(static_cast<float*>(dwte), static_cast<float*>(dwpe),
+                              static_cast<const float*>(dout), tokens, B, T, C);
+  no16("embedding_backward", t);
+}
+
+void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                       const void* bias, DType t, int64_t N, int64_t C) {
+  if (t == DType::fp32)
+    return layernorm_forward(static_cast<float*>(out), stats, static_cast<const float*>(inp),
+                             static_cast<const float*>(weight), static_cast<const float*>(bias),
+                             N, C);
+  no16("layernorm_forward", t);
+}
+
+void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* stats, DType t, int64_t N, int64_t C) {
+  if (t == DType::fp32)
+    return layernorm_backward(static_cast<float*>(dinp), static_cast<float*>(dweight),
+                              static_cast<float*>(dbias), static_cast<const float*>(dout),
+                              static_cast<const float*>(inp), static_cast<const float*>(weight),
+                              stats, N, C);
+  no16("layernorm_backward", t);
+}
+
+void matmul_forward(void* out, DType out_t, const void* inp, const void* weight, const void* bias,
+                    DType t, int64_t N, int64_t C, int64_t OC, float* workspace) {
+  (void)workspace;
+  if (t == DType::fp32 && out_t == DType::fp32)
+    return matmul_forward(static_cast<float*>(out), static_cast<const float*>(inp),
+                          static_cast<const float*>(weight), static_cast<const float*>(bias), N, C,
+                          OC);
+  no16("matmul_forward", t);
+}
+
+void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                     const void* weight, DType t, int64_t N, int64_t C, int64_t OC,
+                     float* workspace) {
+  (void)workspace;
+  if (t == DType::fp32)
+    return matmul_backward(static_cast<float*>(dinp), static_cast<float*>(dweight),
+                           static_cast<float*>(dbias), static_cast<const float*>(dout),
+                           static_cast<const float*>(inp), static_cast<const float*>(weight), N, C,
+                           OC);
+  no16("matmul_backward", t);
+}
+
+void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                      int64_t NH) {
+  if (t == DType::fp32)
+    return attention_scores(static_cast<float*>(preatt), static_cast<const float*>(qkv), B, T, C, NH);
+  no16("attention_scores", t);
+}
+
+void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T) {
+  if (t == DType::fp32)
+    return attention_softmax(static_cast<float*>(att), static_cast<const float*>(preatt), B, NH, T);
+  no16("attention_softmax", t);
+}
+
+void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
+  if (t == DType::fp32)
+    return attention_values(static_cast<float*>(out), static_cast<const float*>(att),
+                            static_cast<const float*>(qkv), B, T, C, NH);
+  no16("attention_values", t);
+}
+
+void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) {
+  if (t == DType::fp32)
+    return attention_values_backward(static_cast<float*>(datt), static_cast<float*>(dqkv),
+                                     static_cast<const float*>(dout), static_cast<const float*>(att),
+                                     static_cast<const float*>(qkv), B, T, C, NH);
+  no16("attention_values_backward", t);
+}
+
+void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                int64_t B, int64_t NH, int64_t T) {
+  if (t == DType::fp32)
+    return attention_softmax_backward(static_cast<float*>(dpreatt), static_cast<const float*>(datt),
+                                      static_cast<const float*>(att), B, NH, T);
+  no16("attention_softmax_backward", t);
+}
+
+void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+                               int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (t == DType::fp32)
+    return attention_scores_backward(static_cast<float*>(dqkv), static_cast<const float*>(dpreatt),
+                                     static_cast<const float*>(qkv), B, T, C, NH);
+  no16("attention_scores_backward", t);
+}
+
+void gelu_forward(void* out, const void* inp, DType t, int64_t n) {
+  dispatch_dtype(t, [&](auto d) { gelu_forward_t<decltype(d)::value>(out, inp, n); });
+}
+
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
+  dispatch_dtype(t, [&](auto d) { gelu_backward_t<decltype(d)::value>(dinp, inp, dout, n); });
+}
+
+void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) {
+  dispatch_dtype(t, [&](auto d) { residual_forward_t<decltype(d)::value>(out, a, b, n); });
+}
+
+void dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p, uint64_t key,
+                     int64_t n) {
+  check_dropout_p(p, "dropout_forward");
+  dispatch_dtype(t, [&](auto d) { dropout_forward_t<decltype(d)::value>(out, mask, inp, p, key, n); });
+}
+
+void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t, float p,
+                      int64_t n) {
+  check_dropout_p(p, "dropout_backward");
+  dispatch_dtype(t, [&](auto d) { dropout_backward_t<decltype(d)::value>(dinp, dout, mask, p, n); });
+}
+
+void crossentropy_backward(void* dlogits, DType t, const float* probs, const int32_t* targets,
+                           float dloss, int64_t N, int64_t V) {
+  if (t == DType::fp32 && dlogits == probs)
+    return crossentropy_backward(static_cast<float*>(dlogits), targets, dloss, N, V);
+  check_targets(targets, N, V, "crossentropy_backward");
+  dispatch_dtype(t, [&](auto d) {
+    crossentropy_backward_t<decltype(d)::value>(dlogits, probs, targets, dloss, N, V);
+  });
+}
+
 // ---- 16-bit storage -------------------------------------------------------------------------
 // One loop per storage type (the type test hoisted out of the loop), each element through
 // dtype.hpp's scalar conversions.

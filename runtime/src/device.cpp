@@ -11,6 +11,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -217,73 +218,80 @@ class CpuDevice final : public Device {
   }
   void synchronize() override { copies_.wait_all(); }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t T, int64_t C) override {
-    cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                         DType t, int64_t B, int64_t T, int64_t C) override {
+    cpu::embedding_forward(out, tokens, wte, wpe, t, B, T, C);
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int64_t B, int64_t T, int64_t C) override {
-    cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                          DType t, int64_t B, int64_t T, int64_t C) override {
+    cpu::embedding_backward(dwte, dwpe, dout, tokens, t, B, T, C);
   }
-  void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override {
-    cpu::layernorm_forward(out, stats, inp, weight, bias, N, C);
+  void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                         const void* bias, DType t, int64_t N, int64_t C) override {
+    cpu::layernorm_forward(out, stats, inp, weight, bias, t, N, C);
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* stats, int64_t N,
-                          int64_t C) override {
-    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, stats, N, C);
+  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                          const void* inp, const void* weight, const float* stats, DType t,
+                          int64_t N, int64_t C) override {
+    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, stats, t, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                      int64_t N, int64_t C, int64_t OC) override {
-    cpu::matmul_forward(out, inp, weight, bias, N, C, OC);
+  void matmul_forward(void* out, DType out_t, const void* inp, const void* weight,
+                      const void* bias, DType t, int64_t N, int64_t C, int64_t OC) override {
+    cpu::matmul_forward(out, out_t, inp, weight, bias, t, N, C, OC, gemm_panels_.data());
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int64_t N, int64_t C,
-                       int64_t OC) override {
-    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, DType t, int64_t N, int64_t C, int64_t OC) override {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, t, N, C, OC, gemm_panels_.data());
   }
-  void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+  void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    cpu::attention_scores(preatt, qkv, B, T, C, NH);
+    cpu::attention_scores(preatt, qkv, t, B, T, C, NH);
   }
-  void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH,
+  void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
                          int64_t T) override {
-    cpu::attention_softmax(att, preatt, B, NH, T);
+    cpu::attention_softmax(att, preatt, t, B, NH, T);
   }
-  void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
-                        int64_t C, int64_t NH) override {
-    cpu::attention_values(out, att, qkv, B, T, C, NH);
+  void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
+                        int64_t T, int64_t C, int64_t NH) override {
+    cpu::attention_values(out, att, qkv, t, B, T, C, NH);
   }
-  void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
-                                 const float* qkv, int64_t B, int64_t T, int64_t C,
+  void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                                 const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                                  int64_t NH) override {
-    cpu::attention_values_backward(datt, dqkv, dout, att, qkv, B, T, C, NH);
+    cpu::attention_values_backward(datt, dqkv, dout, att, qkv, t, B, T, C, NH);
   }
-  void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
-                                  int64_t NH, int64_t T) override {
-    cpu::attention_softmax_backward(dpreatt, datt, att, B, NH, T);
+  void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                  int64_t B, int64_t NH, int64_t T) override {
+    cpu::attention_softmax_backward(dpreatt, datt, att, t, B, NH, T);
   }
-  void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
-                                 int64_t T, int64_t C, int64_t NH) override {
-    cpu::attention_scores_backward(dqkv, dpreatt, qkv, B, T, C, NH);
+  void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+                                 int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    cpu::attention_scores_backward(dqkv, dpreatt, qkv, t, B, T, C, NH);
   }
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
-    cpu::gelu_forward(out, inp, n);
+  void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
+    cpu::gelu_forward(out, inp, t, n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    cpu::gelu_backward(dinp, inp, dout, n);
+  void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override {
+    cpu::gelu_backward(dinp, inp, dout, t, n);
   }
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
-    cpu::residual_forward(out, a, b, n);
+  void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) override {
+    cpu::residual_forward(out, a, b, t, n);
+  }
+  void dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p, uint64_t key,
+                       int64_t n) override {
+    cpu::dropout_forward(out, mask, inp, t, p, key, n);
+  }
+  void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t, float p,
+                        int64_t n) override {
+    cpu::dropout_backward(dinp, dout, mask, t, p, n);
   }
   void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
                             int64_t V) override {
     cpu::crossentropy_forward(logits, losses, targets, N, V);
   }
-  void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
-                             int64_t V) override {
-    cpu::crossentropy_backward(probs, targets, dloss, N, V);
+  void crossentropy_backward(void* dlogits, DType t, const float* probs, const int32_t* targets,
+                             float dloss, int64_t N, int64_t V) override {
+    cpu::crossentropy_backward(dlogits, t, probs, targets, dloss, N, V);
   }
   void to_f32(float* dst, const void* src, DType t, int64_t n) override {
     cpu::to_f32(dst, src, t, n);
@@ -320,6 +328,9 @@ class CpuDevice final : public Device {
 
  private:
   Region gpu_, cpu_;
+  // The 16-bit GEMMs' fp32 panels (cpu_kernels.hpp kGemmWorkspaceFloats, 768 KiB): kernel
+  // scratch of fixed size outside the arenas, as OpenBLAS's packing buffers are, not a tensor.
+  std::vector<float> gemm_panels_ = std::vector<float>(cpu::kGemmWorkspaceFloats);
   CopyStream copies_;  // declared last: its destructor finishes copies into the regions
 };
 

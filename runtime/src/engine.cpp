@@ -75,15 +75,6 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
                             planner::to_string(s.offload_param)),
                 "add --offload-optimizer cpu or nvme (the optimizer then updates the offloaded "
                 "partition)");
-  // Every backend's kernels (the Device seam) compute in fp32: fp32 activations, 16-bit
-  // weights converted per op, no dropout. That is the graph a plan made with --device cpu
-  // predicts, on the cpu and cuda devices alike; a --device cuda plan predicts 16-bit
-  // activations and dropout, which no backend executes yet.
-  if (plan.options.backend == planner::Backend::cuda)
-    throw Error(fmt::format("the plan was made for --device cuda (16-bit activations, dropout); "
-                            "zero-run's {} kernels compute in fp32 without dropout", dev.name()),
-                "make the plan with --device cpu (the default of zero-plan plan): it predicts "
-                "what zero-run executes, on GPUs too");
   if (plan.options.profile != planner::Profile::zeroplan)
     throw Error("the plan predicts DeepSpeed (--profile deepspeed); zero-run executes zeroplan plans",
                 "make the plan with --profile zeroplan");
@@ -111,6 +102,10 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   stage_ = plan.strategy.stage;
   pdt_ = dtype_of(plan.strategy.precision);
   pbytes_ = dtype_bytes(pdt_);
+  // The kernels' storage type: fp32 in the planner's cpu graph (fp32 activations, weights
+  // converted into fp32 scratch per op), the training precision in its cuda graph (16-bit
+  // activations, the 16-bit weights and gradients as they are).
+  adt_ = g_.options.act_bytes == 4 ? DType::fp32 : pdt_;
   loss_scale_ = plan.strategy.precision == Precision::fp16 ? opt.initial_loss_scale : 1.0f;
   B_ = g_.options.batch;
   T_ = g_.options.seq;
@@ -628,55 +623,87 @@ void Engine::micro_step() {
   }
 }
 
+// The key of a dropout site's mask in one micro-step: from the seed, the site (its mask
+// tensor's name, which a recomputed forward shares with the first), the step and the
+// micro-step. Each rank's micro-batch holds the global batch's rows from rank * B, so rank r
+// starts its mask at element r * n: the masks are those of one rank running the global batch.
+uint64_t Engine::dropout_key(uint64_t seed, std::string_view site, int64_t step, int64_t micro) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a of the site name
+  for (char c : site) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  uint64_t k = mix64(seed ^ 0x64726f706f7574ULL);  // "dropout"
+  k = mix64(k ^ h);
+  k = mix64(k ^ static_cast<uint64_t>(step));
+  return mix64(k ^ static_cast<uint64_t>(micro));
+}
+
 void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
+  auto v = [&](TensorId t) { return ptr(t); };
   auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
   auto i32 = [&](TensorId t) { return static_cast<const int32_t*>(ptr(t)); };
-  auto weight = [&](std::size_t k) { return w32[k] != nullptr ? w32[k] : f(op.params[k]); };
-  // The fp32 gradient an op accumulates into: its scratch, or the fp32 gradient itself.
-  auto dweight = [&](std::size_t k) -> float* {
+  auto u8 = [&](TensorId t) { return static_cast<uint8_t*>(ptr(t)); };
+  const DType t = adt_;
+  auto weight = [&](std::size_t k) -> void* { return w32[k] != nullptr ? w32[k] : v(op.params[k]); };
+  // The gradient an op accumulates into: its fp32 scratch, or the gradient itself.
+  auto dweight = [&](std::size_t k) -> void* {
     const TensorId gt = op.grads[k];
     for (TensorId s : op.scratch)
-      if (g_.tensor(s).source == gt) return static_cast<float*>(buf_[static_cast<std::size_t>(s)]);
-    return f(gt);
+      if (g_.tensor(s).source == gt) return buf_[static_cast<std::size_t>(s)];
+    return v(gt);
   };
-  auto last_dim = [&](TensorId t) { return g_.tensor(t).shape.back(); };
-  auto numel = [&](TensorId t) {
-    const Tensor& x = g_.tensor(t);
-    return static_cast<int64_t>(x.bytes / x.elem_bytes);
+  // The bias after a module's weight (in, out): weight elements in, then the bias, as t.
+  auto after = [&](void* p, int64_t elems) -> void* {
+    return p == nullptr ? nullptr : at(p, static_cast<uint64_t>(elems), dtype_bytes(t));
   };
+  auto last_dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
+  auto numel = [&](TensorId x) {
+    const Tensor& tx = g_.tensor(x);
+    return static_cast<int64_t>(tx.bytes / tx.elem_bytes);
+  };
+  // The storage type of a tensor: float where the graph stores 4 bytes, else t.
+  auto dtype = [&](TensorId x) { return g_.tensor(x).elem_bytes == 4 ? DType::fp32 : t; };
   const int64_t N = B_ * T_;
   switch (op.kind) {
     case OpKind::embedding:
-      dev_.embedding_forward(f(op.outputs[0]), i32(op.inputs[0]), weight(0),
-                             op.params.size() > 1 ? weight(1) : nullptr, B_, T_, C_);
+      dev_.embedding_forward(v(op.outputs[0]), i32(op.inputs[0]), weight(0),
+                             op.params.size() > 1 ? weight(1) : nullptr, t, B_, T_, C_);
       break;
     case OpKind::layernorm: {
-      const float* w = weight(0);
-      dev_.layernorm_forward(f(op.outputs[0]), f(op.outputs[1]), f(op.inputs[0]), w, w + C_, N, C_);
+      void* w = weight(0);
+      dev_.layernorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), w, after(w, C_),
+                             t, N, C_);
       break;
     }
     case OpKind::matmul: {
       const int64_t in = last_dim(op.inputs[0]), out = last_dim(op.outputs[0]);
-      const float* w = weight(0);
+      void* w = weight(0);
       const bool bias = numel(op.params[0]) == in * out + out;
-      dev_.matmul_forward(f(op.outputs[0]), f(op.inputs[0]), w, bias ? w + in * out : nullptr, N,
-                          in, out);
+      dev_.matmul_forward(v(op.outputs[0]), dtype(op.outputs[0]), v(op.inputs[0]), w,
+                          bias ? after(w, in * out) : nullptr, t, N, in, out);
       break;
     }
     case OpKind::attn_scores:
-      dev_.attention_scores(f(op.outputs[0]), f(op.inputs[0]), B_, T_, C_, NH_);
+      dev_.attention_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax:
-      dev_.attention_softmax(f(op.outputs[0]), f(op.inputs[0]), B_, NH_, T_);
+      dev_.attention_softmax(v(op.outputs[0]), v(op.inputs[0]), t, B_, NH_, T_);
       break;
+    case OpKind::dropout: {
+      // Element offset rank * n (see dropout_key): the key advanced by that much.
+      const int64_t n = numel(op.outputs[0]);
+      const uint64_t key = dropout_key(plan_.seed, g_.tensor(op.outputs[1]).name, step_, micro_) +
+                           static_cast<uint64_t>(rank_) * static_cast<uint64_t>(n);
+      dev_.dropout_forward(v(op.outputs[0]), u8(op.outputs[1]), v(op.inputs[0]), t,
+                           static_cast<float>(op.dropout_p), key, n);
+      break;
+    }
     case OpKind::attn_values:
-      dev_.attention_values(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, T_, C_, NH_);
+      dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::residual:
-      dev_.residual_forward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), numel(op.outputs[0]));
+      dev_.residual_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
       break;
     case OpKind::gelu:
-      dev_.gelu_forward(f(op.outputs[0]), f(op.inputs[0]), numel(op.outputs[0]));
+      dev_.gelu_forward(v(op.outputs[0]), v(op.inputs[0]), t, numel(op.outputs[0]));
       break;
     case OpKind::cross_entropy: {
       const int64_t V = last_dim(op.inputs[0]);
@@ -688,40 +715,44 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       const int64_t V = last_dim(op.inputs[0]);
       // d(mean loss over the global batch of every micro-step), times the loss scale.
       const double denom = static_cast<double>(N) * dp_ * static_cast<double>(plan_.strategy.grad_accum);
-      dev_.crossentropy_backward(f(op.inputs[0]), i32(op.inputs[1]),
-                                 static_cast<float>(loss_scale_ / denom), N, V);
+      dev_.crossentropy_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]),
+                                 i32(op.inputs[1]), static_cast<float>(loss_scale_ / denom), N, V);
       break;
     }
     case OpKind::matmul_bwd: {
       const int64_t in = last_dim(op.inputs[1]), out = last_dim(op.inputs[0]);
-      float* dw = dweight(0);
+      void* dw = dweight(0);
       const bool bias = numel(op.params[0]) == in * out + out;
-      dev_.matmul_backward(f(op.outputs[0]), dw, bias ? dw + in * out : nullptr, f(op.inputs[0]),
-                           f(op.inputs[1]), weight(0), N, in, out);
+      dev_.matmul_backward(v(op.outputs[0]), dw, bias ? after(dw, in * out) : nullptr,
+                           v(op.inputs[0]), v(op.inputs[1]), weight(0), t, N, in, out);
       break;
     }
     case OpKind::layernorm_bwd: {
-      float* dw = dweight(0);
-      dev_.layernorm_backward(f(op.outputs[0]), dw, dw + C_, f(op.inputs[0]), f(op.inputs[1]),
-                              weight(0), f(op.inputs[2]), N, C_);
+      void* dw = dweight(0);
+      dev_.layernorm_backward(v(op.outputs[0]), dw, after(dw, C_), v(op.inputs[0]), v(op.inputs[1]),
+                              weight(0), f(op.inputs[2]), t, N, C_);
       break;
     }
     case OpKind::gelu_bwd:
-      dev_.gelu_backward(f(op.outputs[0]), f(op.inputs[1]), f(op.inputs[0]), numel(op.outputs[0]));
+      dev_.gelu_backward(v(op.outputs[0]), v(op.inputs[1]), v(op.inputs[0]), t, numel(op.outputs[0]));
+      break;
+    case OpKind::dropout_bwd:
+      dev_.dropout_backward(v(op.outputs[0]), v(op.inputs[0]), u8(op.inputs[1]), t,
+                            static_cast<float>(op.dropout_p), numel(op.outputs[0]));
       break;
     case OpKind::attn_values_bwd:
-      dev_.attention_values_backward(f(op.outputs[0]), f(op.outputs[1]), f(op.inputs[0]),
-                                     f(op.inputs[1]), f(op.inputs[2]), B_, T_, C_, NH_);
+      dev_.attention_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]),
+                                     v(op.inputs[1]), v(op.inputs[2]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax_bwd:
-      dev_.attention_softmax_backward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, NH_, T_);
+      dev_.attention_softmax_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, NH_, T_);
       break;
     case OpKind::attn_scores_bwd:
-      dev_.attention_scores_backward(f(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]), B_, T_, C_, NH_);
+      dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::embedding_bwd:
       dev_.embedding_backward(dweight(0), op.grads.size() > 1 ? dweight(1) : nullptr,
-                              f(op.inputs[0]), i32(op.inputs[1]), B_, T_, C_);
+                              v(op.inputs[0]), i32(op.inputs[1]), t, B_, T_, C_);
       break;
     default:
       throw Error(fmt::format("zero-run cannot execute op {} ({})", op.name, models::to_string(op.kind)),

@@ -118,13 +118,13 @@ TEST_CASE("cuda embedding and layernorm equal the cpu backend") {
   const auto tokens = b.ints(N, V);
   const auto wte = b.rand(V * C), wpe = b.rand(T * C);
   auto out = b.rand(N * C);
-  b.cpu->embedding_forward(out.c, tokens.c, wte.c, wpe.c, B, T, C);
-  b.gpu->embedding_forward(out.g, tokens.g, wte.g, wpe.g, B, T, C);
+  b.cpu->embedding_forward(out.c, tokens.c, wte.c, wpe.c, DType::fp32, B, T, C);
+  b.gpu->embedding_forward(out.g, tokens.g, wte.g, wpe.g, DType::fp32, B, T, C);
   CHECK_CLOSE(b, out, kExact);
   auto dwte = b.rand(V * C), dwpe = b.rand(T * C);
   const auto dout = b.rand(N * C);
-  b.cpu->embedding_backward(dwte.c, dwpe.c, dout.c, tokens.c, B, T, C);
-  b.gpu->embedding_backward(dwte.g, dwpe.g, dout.g, tokens.g, B, T, C);
+  b.cpu->embedding_backward(dwte.c, dwpe.c, dout.c, tokens.c, DType::fp32, B, T, C);
+  b.gpu->embedding_backward(dwte.g, dwpe.g, dout.g, tokens.g, DType::fp32, B, T, C);
   CHECK_CLOSE(b, dwte, kReorder);  // repeated tokens: atomic adds in any order
   CHECK_CLOSE(b, dwpe, kExact);
 
@@ -133,14 +133,14 @@ TEST_CASE("cuda embedding and layernorm equal the cpu backend") {
   for (float& v : x) v += 30.0f;
   const auto inp = b.put(x), w = b.rand(C), bias = b.rand(C);
   auto y = b.rand(N * C), stats = b.rand(2 * N);
-  b.cpu->layernorm_forward(y.c, stats.c, inp.c, w.c, bias.c, N, C);
-  b.gpu->layernorm_forward(y.g, stats.g, inp.g, w.g, bias.g, N, C);
+  b.cpu->layernorm_forward(y.c, stats.c, inp.c, w.c, bias.c, DType::fp32, N, C);
+  b.gpu->layernorm_forward(y.g, stats.g, inp.g, w.g, bias.g, DType::fp32, N, C);
   CHECK_CLOSE(b, y, kReorder);
   CHECK_CLOSE(b, stats, kReorder);
   auto dinp = b.rand(N * C), dw = b.rand(C), db = b.rand(C);
   const auto dy = b.rand(N * C);
-  b.cpu->layernorm_backward(dinp.c, dw.c, db.c, dy.c, inp.c, w.c, stats.c, N, C);
-  b.gpu->layernorm_backward(dinp.g, dw.g, db.g, dy.g, inp.g, w.g, stats.g, N, C);
+  b.cpu->layernorm_backward(dinp.c, dw.c, db.c, dy.c, inp.c, w.c, stats.c, DType::fp32, N, C);
+  b.gpu->layernorm_backward(dinp.g, dw.g, db.g, dy.g, inp.g, w.g, stats.g, DType::fp32, N, C);
   CHECK_CLOSE(b, dinp, kReorder);
   CHECK_CLOSE(b, dw, kReorder);
   CHECK_CLOSE(b, db, kReorder);
@@ -152,13 +152,13 @@ TEST_CASE("cuda matmul (cuBLAS SGEMM, TF32 off) equals the cpu backend, with and
     CAPTURE(with_bias);
     const auto inp = b.rand(N * C), w = b.rand(OC * C), bias = b.rand(OC);
     auto out = b.rand(N * OC);
-    b.cpu->matmul_forward(out.c, inp.c, w.c, with_bias ? bias.c : nullptr, N, C, OC);
-    b.gpu->matmul_forward(out.g, inp.g, w.g, with_bias ? bias.g : nullptr, N, C, OC);
+    b.cpu->matmul_forward(out.c, DType::fp32, inp.c, w.c, with_bias ? bias.c : nullptr, DType::fp32, N, C, OC);
+    b.gpu->matmul_forward(out.g, DType::fp32, inp.g, w.g, with_bias ? bias.g : nullptr, DType::fp32, N, C, OC);
     CHECK_CLOSE(b, out, kReorder);
     auto dinp = b.rand(N * C), dw = b.rand(OC * C), db = b.rand(OC);
     const auto dout = b.rand(N * OC);
-    b.cpu->matmul_backward(dinp.c, dw.c, with_bias ? db.c : nullptr, dout.c, inp.c, w.c, N, C, OC);
-    b.gpu->matmul_backward(dinp.g, dw.g, with_bias ? db.g : nullptr, dout.g, inp.g, w.g, N, C, OC);
+    b.cpu->matmul_backward(dinp.c, dw.c, with_bias ? db.c : nullptr, dout.c, inp.c, w.c, DType::fp32, N, C, OC);
+    b.gpu->matmul_backward(dinp.g, dw.g, with_bias ? db.g : nullptr, dout.g, inp.g, w.g, DType::fp32, N, C, OC);
     CHECK_CLOSE(b, dinp, kReorder);
     CHECK_CLOSE(b, dw, kReorder);
     CHECK_CLOSE(b, db, with_bias ? kReorder : kExact);  // untouched without bias
@@ -171,30 +171,30 @@ TEST_CASE("cuda attention, three steps forward and backward, equals the cpu back
   // Outputs start as the same noise on both sides: entries above the diagonal that a kernel
   // leaves alone must stay equal, and the accumulating kernels add to what is there.
   auto preatt = b.rand(B * NH * T * T);
-  b.cpu->attention_scores(preatt.c, qkv.c, B, T, C, NH);
-  b.gpu->attention_scores(preatt.g, qkv.g, B, T, C, NH);
+  b.cpu->attention_scores(preatt.c, qkv.c, DType::fp32, B, T, C, NH);
+  b.gpu->attention_scores(preatt.g, qkv.g, DType::fp32, B, T, C, NH);
   CHECK_CLOSE(b, preatt, kReorder);
   auto att = b.rand(B * NH * T * T);
-  b.cpu->attention_softmax(att.c, preatt.c, B, NH, T);
-  b.gpu->attention_softmax(att.g, preatt.g, B, NH, T);
+  b.cpu->attention_softmax(att.c, preatt.c, DType::fp32, B, NH, T);
+  b.gpu->attention_softmax(att.g, preatt.g, DType::fp32, B, NH, T);
   CHECK_CLOSE(b, att, kReorder);
   auto out = b.rand(N * C);
-  b.cpu->attention_values(out.c, att.c, qkv.c, B, T, C, NH);
-  b.gpu->attention_values(out.g, att.g, qkv.g, B, T, C, NH);
+  b.cpu->attention_values(out.c, att.c, qkv.c, DType::fp32, B, T, C, NH);
+  b.gpu->attention_values(out.g, att.g, qkv.g, DType::fp32, B, T, C, NH);
   CHECK_CLOSE(b, out, kReorder);
 
   const auto dout = b.rand(N * C);
   auto datt = b.rand(B * NH * T * T), dqkv = b.rand(N * 3 * C);
-  b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, att.c, qkv.c, B, T, C, NH);
-  b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, att.g, qkv.g, B, T, C, NH);
+  b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, att.c, qkv.c, DType::fp32, B, T, C, NH);
+  b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, att.g, qkv.g, DType::fp32, B, T, C, NH);
   CHECK_CLOSE(b, datt, kReorder);
   CHECK_CLOSE(b, dqkv, kReorder);
   // In place, as the engine may use it.
-  b.cpu->attention_softmax_backward(datt.c, datt.c, att.c, B, NH, T);
-  b.gpu->attention_softmax_backward(datt.g, datt.g, att.g, B, NH, T);
+  b.cpu->attention_softmax_backward(datt.c, datt.c, att.c, DType::fp32, B, NH, T);
+  b.gpu->attention_softmax_backward(datt.g, datt.g, att.g, DType::fp32, B, NH, T);
   CHECK_CLOSE(b, datt, kReorder);
-  b.cpu->attention_scores_backward(dqkv.c, datt.c, qkv.c, B, T, C, NH);
-  b.gpu->attention_scores_backward(dqkv.g, datt.g, qkv.g, B, T, C, NH);
+  b.cpu->attention_scores_backward(dqkv.c, datt.c, qkv.c, DType::fp32, B, T, C, NH);
+  b.gpu->attention_scores_backward(dqkv.g, datt.g, qkv.g, DType::fp32, B, T, C, NH);
   CHECK_CLOSE(b, dqkv, kReorder);
 }
 
@@ -204,15 +204,15 @@ TEST_CASE("cuda gelu, residual and cross-entropy equal the cpu backend") {
     CAPTURE(n);
     const auto x = b.rand(n, 3.0f), y = b.rand(n);
     auto out = b.rand(n);
-    b.cpu->gelu_forward(out.c, x.c, static_cast<int64_t>(n));
-    b.gpu->gelu_forward(out.g, x.g, static_cast<int64_t>(n));
+    b.cpu->gelu_forward(out.c, x.c, DType::fp32, static_cast<int64_t>(n));
+    b.gpu->gelu_forward(out.g, x.g, DType::fp32, static_cast<int64_t>(n));
     CHECK_CLOSE(b, out, kUlps);
     auto dx = b.rand(n);
-    b.cpu->gelu_backward(dx.c, x.c, y.c, static_cast<int64_t>(n));
-    b.gpu->gelu_backward(dx.g, x.g, y.g, static_cast<int64_t>(n));
+    b.cpu->gelu_backward(dx.c, x.c, y.c, DType::fp32, static_cast<int64_t>(n));
+    b.gpu->gelu_backward(dx.g, x.g, y.g, DType::fp32, static_cast<int64_t>(n));
     CHECK_CLOSE(b, dx, kUlps);
-    b.cpu->residual_forward(out.c, x.c, y.c, static_cast<int64_t>(n));
-    b.gpu->residual_forward(out.g, x.g, y.g, static_cast<int64_t>(n));
+    b.cpu->residual_forward(out.c, x.c, y.c, DType::fp32, static_cast<int64_t>(n));
+    b.gpu->residual_forward(out.g, x.g, y.g, DType::fp32, static_cast<int64_t>(n));
     CHECK_CLOSE(b, out, kExact);
   }
   // Large logits: the max subtraction and logsumexp keep the loss finite.
@@ -226,8 +226,8 @@ TEST_CASE("cuda gelu, residual and cross-entropy equal the cpu backend") {
   double host_sum = 0;
   for (float l : b.get(*b.gpu, losses.g, N)) host_sum += l;
   CHECK(std::fabs(b.gpu->sum(losses.g, N) - host_sum) <= 1e-12 * std::fabs(host_sum));
-  b.cpu->crossentropy_backward(logits.c, targets.c, 0.25f, N, V);
-  b.gpu->crossentropy_backward(logits.g, targets.g, 0.25f, N, V);
+  b.cpu->crossentropy_backward(logits.c, DType::fp32, logits.c, targets.c, 0.25f, N, V);
+  b.gpu->crossentropy_backward(logits.g, DType::fp32, logits.g, targets.g, 0.25f, N, V);
   CHECK_CLOSE(b, logits, kReorder);
 }
 

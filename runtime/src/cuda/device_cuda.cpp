@@ -44,6 +44,12 @@ namespace {
 
 constexpr const char* kNoDeviceHint = "run on a GPU node or use --device cpu";
 
+// Placeholder for the kernels not written yet: a clear error, never wrong numbers.
+[[noreturn]] void no16(const char* what, DType t) {
+  throw Error(fmt::format("cuda {}: {} storage is not implemented yet", what, to_string(t)),
+              "run the planner's cpu graph (zero-plan plan --device cpu)");
+}
+
 // The rank's index among the ranks of its node, as the launcher tells it (Open MPI first).
 int local_rank_from_env() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
@@ -280,8 +286,13 @@ void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int
 
 // A row-major (R, K) matrix is a column-major (K, R) one with leading dimension K, so every
 // row-major product X = P @ Q becomes the column-major X^T = Q^T P^T.
-void CudaDevice::matmul_forward(float* out, const float* inp, const float* weight,
-                                const float* bias, int64_t N, int64_t C, int64_t OC) {
+void CudaDevice::matmul_forward(void* out_v, DType out_t, const void* inp_v, const void* weight_v,
+                                const void* bias_v, DType t, int64_t N, int64_t C, int64_t OC) {
+  if (t != DType::fp32 || out_t != DType::fp32) no16("matmul_forward", t);
+  auto* out = static_cast<float*>(out_v);
+  const auto* inp = static_cast<const float*>(inp_v);
+  const auto* weight = static_cast<const float*>(weight_v);
+  const auto* bias = static_cast<const float*>(bias_v);
   if (N == 0 || OC == 0) return;
   float beta = 0.0f;
   if (bias != nullptr) {
@@ -292,9 +303,16 @@ void CudaDevice::matmul_forward(float* out, const float* inp, const float* weigh
   gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC, "matmul_forward");
 }
 
-void CudaDevice::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int64_t N, int64_t C,
-                                 int64_t OC) {
+void CudaDevice::matmul_backward(void* dinp_v, void* dweight_v, void* dbias_v, const void* dout_v,
+                                 const void* inp_v, const void* weight_v, DType t, int64_t N,
+                                 int64_t C, int64_t OC) {
+  if (t != DType::fp32) no16("matmul_backward", t);
+  auto* dinp = static_cast<float*>(dinp_v);
+  auto* dweight = static_cast<float*>(dweight_v);
+  auto* dbias = static_cast<float*>(dbias_v);
+  const auto* dout = static_cast<const float*>(dout_v);
+  const auto* inp = static_cast<const float*>(inp_v);
+  const auto* weight = static_cast<const float*>(weight_v);
   if (N == 0 || OC == 0 || C == 0) return;
   // dinp (N,C) += dout (N,OC) @ W (OC,C):  dinp^T (C,N) += W^T (C,OC) @ dout^T (OC,N)
   gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C, "matmul_backward dinp");
@@ -306,63 +324,92 @@ void CudaDevice::matmul_backward(float* dinp, float* dweight, float* dbias, cons
 
 // ---- the other ops: kernels.cu on the compute stream ------------------------------------------
 
-void CudaDevice::embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                   const float* wpe, int64_t B, int64_t T, int64_t C) {
-  cuda::embedding_forward(compute(), out, tokens, wte, wpe, B, T, C);
+#define ZP_F(p) static_cast<float*>(p)
+#define ZP_CF(p) static_cast<const float*>(p)
+void CudaDevice::embedding_forward(void* out, const int32_t* tokens, const void* wte,
+                                   const void* wpe, DType t, int64_t B, int64_t T, int64_t C) {
+  if (t != DType::fp32) no16("embedding_forward", t);
+  cuda::embedding_forward(compute(), ZP_F(out), tokens, ZP_CF(wte), ZP_CF(wpe), B, T, C);
 }
-void CudaDevice::embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                    const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  cuda::embedding_backward(compute(), dwte, dwpe, dout, tokens, B, T, C);
+void CudaDevice::embedding_backward(void* dwte, void* dwpe, const void* dout,
+                                    const int32_t* tokens, DType t, int64_t B, int64_t T,
+                                    int64_t C) {
+  if (t != DType::fp32) no16("embedding_backward", t);
+  cuda::embedding_backward(compute(), ZP_F(dwte), ZP_F(dwpe), ZP_CF(dout), tokens, B, T, C);
 }
-void CudaDevice::layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
-                                   const float* bias, int64_t N, int64_t C) {
-  cuda::layernorm_forward(compute(), out, stats, inp, weight, bias, N, C);
+void CudaDevice::layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                                   const void* bias, DType t, int64_t N, int64_t C) {
+  if (t != DType::fp32) no16("layernorm_forward", t);
+  cuda::layernorm_forward(compute(), ZP_F(out), stats, ZP_CF(inp), ZP_CF(weight), ZP_CF(bias), N, C);
 }
-void CudaDevice::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* weight, const float* stats,
-                                    int64_t N, int64_t C) {
-  cuda::layernorm_backward(compute(), dinp, dweight, dbias, dout, inp, weight, stats, N, C);
+void CudaDevice::layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                    const void* inp, const void* weight, const float* stats,
+                                    DType t, int64_t N, int64_t C) {
+  if (t != DType::fp32) no16("layernorm_backward", t);
+  cuda::layernorm_backward(compute(), ZP_F(dinp), ZP_F(dweight), ZP_F(dbias), ZP_CF(dout),
+                           ZP_CF(inp), ZP_CF(weight), stats, N, C);
 }
-void CudaDevice::attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
-                                  int64_t NH) {
-  cuda::attention_scores(compute(), preatt, qkv, B, T, C, NH);
+void CudaDevice::attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
+                                  int64_t C, int64_t NH) {
+  if (t != DType::fp32) no16("attention_scores", t);
+  cuda::attention_scores(compute(), ZP_F(preatt), ZP_CF(qkv), B, T, C, NH);
 }
-void CudaDevice::attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
-  cuda::attention_softmax(compute(), att, preatt, B, NH, T);
+void CudaDevice::attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
+                                   int64_t T) {
+  if (t != DType::fp32) no16("attention_softmax", t);
+  cuda::attention_softmax(compute(), ZP_F(att), ZP_CF(preatt), B, NH, T);
 }
-void CudaDevice::attention_values(float* out, const float* att, const float* qkv, int64_t B,
+void CudaDevice::attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
                                   int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_values(compute(), out, att, qkv, B, T, C, NH);
+  if (t != DType::fp32) no16("attention_values", t);
+  cuda::attention_values(compute(), ZP_F(out), ZP_CF(att), ZP_CF(qkv), B, T, C, NH);
 }
-void CudaDevice::attention_values_backward(float* datt, float* dqkv, const float* dout,
-                                           const float* att, const float* qkv, int64_t B,
+void CudaDevice::attention_values_backward(void* datt, void* dqkv, const void* dout,
+                                           const void* att, const void* qkv, DType t, int64_t B,
                                            int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_values_backward(compute(), datt, dqkv, dout, att, qkv, B, T, C, NH);
+  if (t != DType::fp32) no16("attention_values_backward", t);
+  cuda::attention_values_backward(compute(), ZP_F(datt), ZP_F(dqkv), ZP_CF(dout), ZP_CF(att),
+                                  ZP_CF(qkv), B, T, C, NH);
 }
-void CudaDevice::attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
-                                            int64_t B, int64_t NH, int64_t T) {
-  cuda::attention_softmax_backward(compute(), dpreatt, datt, att, B, NH, T);
+void CudaDevice::attention_softmax_backward(void* dpreatt, const void* datt, const void* att,
+                                            DType t, int64_t B, int64_t NH, int64_t T) {
+  if (t != DType::fp32) no16("attention_softmax_backward", t);
+  cuda::attention_softmax_backward(compute(), ZP_F(dpreatt), ZP_CF(datt), ZP_CF(att), B, NH, T);
 }
-void CudaDevice::attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
-                                           int64_t B, int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_scores_backward(compute(), dqkv, dpreatt, qkv, B, T, C, NH);
+void CudaDevice::attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
+                                           DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (t != DType::fp32) no16("attention_scores_backward", t);
+  cuda::attention_scores_backward(compute(), ZP_F(dqkv), ZP_CF(dpreatt), ZP_CF(qkv), B, T, C, NH);
 }
-void CudaDevice::gelu_forward(float* out, const float* inp, int64_t n) {
-  cuda::gelu_forward(compute(), out, inp, n);
+void CudaDevice::gelu_forward(void* out, const void* inp, DType t, int64_t n) {
+  if (t != DType::fp32) no16("gelu_forward", t);
+  cuda::gelu_forward(compute(), ZP_F(out), ZP_CF(inp), n);
 }
-void CudaDevice::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  cuda::gelu_backward(compute(), dinp, inp, dout, n);
+void CudaDevice::gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
+  if (t != DType::fp32) no16("gelu_backward", t);
+  cuda::gelu_backward(compute(), ZP_F(dinp), ZP_CF(inp), ZP_CF(dout), n);
 }
-void CudaDevice::residual_forward(float* out, const float* a, const float* b, int64_t n) {
-  cuda::residual_forward(compute(), out, a, b, n);
+void CudaDevice::residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) {
+  if (t != DType::fp32) no16("residual_forward", t);
+  cuda::residual_forward(compute(), ZP_F(out), ZP_CF(a), ZP_CF(b), n);
 }
+void CudaDevice::dropout_forward(void*, uint8_t*, const void*, DType t, float, uint64_t, int64_t) {
+  no16("dropout_forward", t);
+}
+void CudaDevice::dropout_backward(void*, const void*, const uint8_t*, DType t, float, int64_t) {
+  no16("dropout_backward", t);
+}
+#undef ZP_F
+#undef ZP_CF
 void CudaDevice::crossentropy_forward(float* logits, float* losses, const int32_t* targets,
                                       int64_t N, int64_t V) {
   cuda::crossentropy_forward(compute(), logits, losses, targets, N, V, &scratch_->bad_target);
 }
-void CudaDevice::crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
-                                       int64_t V) {
-  cuda::crossentropy_backward(compute(), probs, targets, dloss, N, V, &scratch_->bad_target);
+void CudaDevice::crossentropy_backward(void* dlogits, DType t, const float* probs,
+                                       const int32_t* targets, float dloss, int64_t N, int64_t V) {
+  if (t != DType::fp32 || dlogits != probs) no16("crossentropy_backward", t);
+  cuda::crossentropy_backward(compute(), static_cast<float*>(dlogits), targets, dloss, N, V,
+                              &scratch_->bad_target);
 }
 void CudaDevice::to_f32(float* dst, const void* src, DType t, int64_t n) {
   cuda::to_f32(compute(), dst, src, t, n);

@@ -40,39 +40,43 @@ class CudaDevice final : public Device {
   void wait_copy(int slot) override;
   void synchronize() override;
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t T, int64_t C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int64_t B, int64_t T, int64_t C) override;
-  void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* stats, int64_t N,
-                          int64_t C) override;
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                      int64_t N, int64_t C, int64_t OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int64_t N, int64_t C,
-                       int64_t OC) override;
-  void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                         DType t, int64_t B, int64_t T, int64_t C) override;
+  void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                          DType t, int64_t B, int64_t T, int64_t C) override;
+  void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                         const void* bias, DType t, int64_t N, int64_t C) override;
+  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                          const void* inp, const void* weight, const float* stats, DType t,
+                          int64_t N, int64_t C) override;
+  void matmul_forward(void* out, DType out_t, const void* inp, const void* weight,
+                      const void* bias, DType t, int64_t N, int64_t C, int64_t OC) override;
+  void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, DType t, int64_t N, int64_t C, int64_t OC) override;
+  void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override;
-  void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) override;
-  void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
-                        int64_t C, int64_t NH) override;
-  void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
-                                 const float* qkv, int64_t B, int64_t T, int64_t C,
+  void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
+                         int64_t T) override;
+  void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
+                        int64_t T, int64_t C, int64_t NH) override;
+  void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                                 const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                                  int64_t NH) override;
-  void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
-                                  int64_t NH, int64_t T) override;
-  void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
-                                 int64_t T, int64_t C, int64_t NH) override;
-  void gelu_forward(float* out, const float* inp, int64_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
+  void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                  int64_t B, int64_t NH, int64_t T) override;
+  void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+                                 int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void gelu_forward(void* out, const void* inp, DType t, int64_t n) override;
+  void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override;
+  void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) override;
+  void dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p, uint64_t key,
+                       int64_t n) override;
+  void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t, float p,
+                        int64_t n) override;
   void crossentropy_forward(float* logits, float* losses, const int32_t* targets, int64_t N,
                             int64_t V) override;
-  void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
-                             int64_t V) override;
+  void crossentropy_backward(void* dlogits, DType t, const float* probs, const int32_t* targets,
+                             float dloss, int64_t N, int64_t V) override;
   void to_f32(float* dst, const void* src, DType t, int64_t n) override;
   void accumulate_to(void* dst, const float* src, DType t, int64_t n) override;
   void add(void* dst, const void* src, DType t, int64_t n) override;

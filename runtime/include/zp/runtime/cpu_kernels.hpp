@@ -1,6 +1,7 @@
 // zp/runtime/cpu_kernels.hpp: the CPU backend's compute kernels for a GPT-2 step, in fp32
-// arithmetic on caller-owned buffers (llm.c's layout and names). They never allocate: the
-// engine hands them arena memory. Not the engine (which op runs when) and not the optimizer.
+// arithmetic on caller-owned buffers (llm.c's layout and names), stored as fp32 or (the typed
+// overloads) fp16/bf16. They never allocate: the engine hands them arena memory. Not the
+// engine (which op runs when) and not the optimizer.
 //
 // Conventions: B batch, T sequence, C channels, NH heads, HS = C/NH, V vocab, N = B*T rows.
 // Linear weights are (OC, C) row-major with out = inp @ W^T + bias (PyTorch nn.Linear, llm.c);
@@ -13,6 +14,7 @@
 //   zp::runtime::cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "zp/runtime/dtype.hpp"
@@ -85,6 +87,67 @@ void crossentropy_forward(float* logits, float* losses, const int32_t* targets, 
 // the mean over N tokens, times the loss scale and divided by gradient accumulation steps).
 void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int64_t N,
                            int64_t V);
+
+// ---- Typed kernels: the Device seam's signatures (device.hpp). Every 16-bit-or-fp32 buffer is
+// stored as t (float-typed ones are fp32 always); t = fp32 runs the fp32 kernels above. For
+// fp16 and bf16 each kernel loads as fp32, computes in fp32 and rounds each output element
+// once, accumulations included (out = round(out + fp32 sum)); loops that the fp32 kernels
+// run as repeated in-place updates (axpy into an output row) are written per output element
+// there, in the order of the CUDA kernels. Same in-place rules and overwrite/accumulate
+// semantics as the fp32 kernels.
+
+void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                       DType t, int64_t B, int64_t T, int64_t C);
+void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, DType t,
+                        int64_t B, int64_t T, int64_t C);
+void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                       const void* bias, DType t, int64_t N, int64_t C);
+void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* stats, DType t, int64_t N, int64_t C);
+
+// 16-bit GEMMs: OpenBLAS has no fp16/bf16 GEMM, so the operands are converted to fp32 in
+// panels of at most kGemmPanel x kGemmPanel and SGEMM runs per panel triple, each output
+// panel summed over the whole inner dimension in fp32 before its one rounding (cuBLAS's
+// fp32-accumulating 16-bit GEMM, as far as results go). The panels live in a caller-owned
+// workspace of kGemmWorkspaceFloats floats: the cpu device holds one, outside its arenas, as
+// OpenBLAS keeps its own packing buffers (the emulated device's on-chip tiles, not tensors).
+// t = fp32 ignores the workspace (may be null). out_t: t, or fp32 (fp32 logits).
+inline constexpr int64_t kGemmPanel = 256;
+inline constexpr std::size_t kGemmWorkspaceFloats = 3 * kGemmPanel * kGemmPanel;
+void matmul_forward(void* out, DType out_t, const void* inp, const void* weight, const void* bias,
+                    DType t, int64_t N, int64_t C, int64_t OC, float* workspace);
+void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                     const void* weight, DType t, int64_t N, int64_t C, int64_t OC,
+                     float* workspace);
+
+void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                      int64_t NH);
+void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T);
+void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
+                      int64_t C, int64_t NH);
+void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                               int64_t NH);
+void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                int64_t B, int64_t NH, int64_t T);
+void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+                               int64_t B, int64_t T, int64_t C, int64_t NH);
+void gelu_forward(void* out, const void* inp, DType t, int64_t n);
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n);
+void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n);
+
+// Inverted dropout (kernel_math.hpp's counter-based mask): mask[i] = dropout_keep(key, i,
+// dropout_threshold(p)), out = inp * mask * dropout_scale(p); out may equal inp. Throws
+// zp::Error unless 0 <= p < 1.
+void dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p, uint64_t key,
+                     int64_t n);
+// dinp = dout * mask * dropout_scale(p); overwrites; dinp may equal dout.
+void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t, float p,
+                      int64_t n);
+// dlogits (t) = (probs - onehot(target)) * dloss, overwriting; dlogits may equal probs when t
+// is fp32 (then it is the in-place kernel above).
+void crossentropy_backward(void* dlogits, DType t, const float* probs, const int32_t* targets,
+                           float dloss, int64_t N, int64_t V);
 
 // Conversions for 16-bit storage: dst[i] = src[i] as fp32, and back with rounding to nearest
 // even; accumulate_to adds fp32 values into a 16-bit or fp32 buffer (dst += src).

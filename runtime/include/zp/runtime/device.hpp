@@ -80,7 +80,8 @@ struct DeviceConfig {
 
 // The compute seam: every op of a GPT-2 step, on pointers into this device's arenas. The cpu
 // backend forwards to cpu_kernels.hpp (same names, same semantics: backward kernels
-// accumulate); the cuda backend runs the same math on the GPU.
+// accumulate); the cuda backend runs the same math on the GPU (cuBLAS for the GEMMs, 16-bit
+// inputs with fp32 accumulation).
 class Device {
  public:
   virtual ~Device() = default;
@@ -104,40 +105,62 @@ class Device {
   virtual void wait_copy(int slot) = 0;
   virtual void synchronize() = 0;
 
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int64_t B, int64_t T, int64_t C) = 0;
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C) = 0;
-  virtual void layernorm_forward(float* out, float* stats, const float* inp, const float* weight,
-                                 const float* bias, int64_t N, int64_t C) = 0;
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* stats,
-                                  int64_t N, int64_t C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, int64_t OC) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int64_t N, int64_t C,
-                               int64_t OC) = 0;
-  virtual void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T,
+  // Kernels. Every 16-bit-or-fp32 buffer of a call is stored as `t` (void*), except those
+  // typed float (LayerNorm statistics, losses, the fp32 logits and probabilities) and a
+  // matmul's output, stored as `out_t`. Kernels load as fp32, compute in fp32 and store each
+  // output element rounded once (to nearest even); a backward kernel's accumulation
+  // (out += ...) is one rounding of out + the fp32 sum. t is fp32 for the planner's cpu graph
+  // (fp32 activations, fp32 scratch copies of 16-bit weights) and the training precision for
+  // its cuda graph (16-bit activations, weights and gradients as stored).
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte,
+                                 const void* wpe, DType t, int64_t B, int64_t T, int64_t C) = 0;
+  virtual void embedding_backward(void* dwte, void* dwpe, const void* dout,
+                                  const int32_t* tokens, DType t, int64_t B, int64_t T,
+                                  int64_t C) = 0;
+  virtual void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                                 const void* bias, DType t, int64_t N, int64_t C) = 0;
+  virtual void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                  const void* inp, const void* weight, const float* stats,
+                                  DType t, int64_t N, int64_t C) = 0;
+  // out_t: t, or fp32 (the LM head writes fp32 logits from 16-bit inputs).
+  virtual void matmul_forward(void* out, DType out_t, const void* inp, const void* weight,
+                              const void* bias, DType t, int64_t N, int64_t C, int64_t OC) = 0;
+  virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                               const void* inp, const void* weight, DType t, int64_t N,
+                               int64_t C, int64_t OC) = 0;
+  virtual void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
-  virtual void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH,
+  virtual void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
                                  int64_t T) = 0;
-  virtual void attention_values(float* out, const float* att, const float* qkv, int64_t B,
+  virtual void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
                                 int64_t T, int64_t C, int64_t NH) = 0;
-  virtual void attention_values_backward(float* datt, float* dqkv, const float* dout,
-                                         const float* att, const float* qkv, int64_t B,
+  virtual void attention_values_backward(void* datt, void* dqkv, const void* dout,
+                                         const void* att, const void* qkv, DType t, int64_t B,
                                          int64_t T, int64_t C, int64_t NH) = 0;
-  virtual void attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
-                                          int64_t B, int64_t NH, int64_t T) = 0;
-  virtual void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
-                                         int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
-  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
-  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void attention_softmax_backward(void* dpreatt, const void* datt, const void* att,
+                                          DType t, int64_t B, int64_t NH, int64_t T) = 0;
+  virtual void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
+                                         DType t, int64_t B, int64_t T, int64_t C,
+                                         int64_t NH) = 0;
+  virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,
+                             int64_t n) = 0;
+  virtual void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) = 0;
+  // Inverted dropout with the counter-based mask of kernel_math.hpp: mask[i] = 1 where element
+  // i is kept (dropout_keep(key, i, dropout_threshold(p))), out = inp * mask / (1 - p). out may
+  // equal inp. 0 <= p < 1.
+  virtual void dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p,
+                               uint64_t key, int64_t n) = 0;
+  // dinp = dout * mask / (1 - p); overwrites, and dinp may equal dout.
+  virtual void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t,
+                                float p, int64_t n) = 0;
   virtual void crossentropy_forward(float* logits, float* losses, const int32_t* targets,
                                     int64_t N, int64_t V) = 0;
-  virtual void crossentropy_backward(float* probs, const int32_t* targets, float dloss,
-                                     int64_t N, int64_t V) = 0;
+  // dlogits (stored as t) = (probs - onehot(target)) * dloss; overwrites. In place (dlogits ==
+  // probs) when t is fp32; a 16-bit graph gives the LM head's backward a 16-bit gradient.
+  virtual void crossentropy_backward(void* dlogits, DType t, const float* probs,
+                                     const int32_t* targets, float dloss, int64_t N,
+                                     int64_t V) = 0;
   virtual void to_f32(float* dst, const void* src, DType t, int64_t n) = 0;
   virtual void accumulate_to(void* dst, const float* src, DType t, int64_t n) = 0;
   // dst += src for two buffers of the same storage type (adding in fp32, rounding once).

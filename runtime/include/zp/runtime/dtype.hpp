@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define ZP_HD __host__ __device__
@@ -92,6 +93,19 @@ ZP_HD inline void store_from_f32(void* p, std::size_t i, DType t, float v) {
     case DType::fp32: static_cast<float*>(p)[i] = v; break;
     case DType::fp16: static_cast<uint16_t*>(p)[i] = fp32_to_fp16(v); break;
     default: static_cast<uint16_t*>(p)[i] = fp32_to_bf16(v); break;
+  }
+}
+
+// Calls f(std::integral_constant<DType, t>{}) with the runtime type t made a compile-time one,
+// so a kernel written once as template <DType D> runs for every storage type with its loads
+// and stores folded (load_as_f32(p, i, D) with D a constant compiles to the one conversion).
+//   dispatch_dtype(t, [&](auto d) { my_kernel<decltype(d)::value>(args...); });
+template <typename F>
+decltype(auto) dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::fp32: return f(std::integral_constant<DType, DType::fp32>{});
+    case DType::fp16: return f(std::integral_constant<DType, DType::fp16>{});
+    default: return f(std::integral_constant<DType, DType::bf16>{});
   }
 }
 

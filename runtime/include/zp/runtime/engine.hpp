@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -110,6 +111,12 @@ class Engine {
   uint64_t n_params() const { return n_params_; }
   uint64_t partition_elems() const { return part_; }
 
+  // The key of dropout site `site` (its mask tensor's name) in micro-step `micro` of step
+  // `step` (0-based), for kernel_math.hpp's dropout_keep: rank r's mask of n elements is
+  // elements [r n, (r + 1) n) of the key's stream, the mask one rank would draw for the
+  // global batch. A recomputed forward uses the same key, so it redraws the same mask.
+  static uint64_t dropout_key(uint64_t seed, std::string_view site, int64_t step, int64_t micro);
+
  private:
   struct Group {           // a unit of partitioning: all parameters (stages 0-2) or one
     std::string name;      // ZeRO-3 gather group
@@ -131,6 +138,7 @@ class Engine {
   const models::Liveness lv_;
   DType pdt_ = DType::bf16;   // params and grads
   uint64_t pbytes_ = 2;
+  DType adt_ = DType::fp32;   // what the kernels store activations (and read weights) as
   int stage_ = 0, rank_ = 0, dp_ = 1;
   int64_t B_ = 1, T_ = 1, C_ = 0, NH_ = 0;
   uint64_t n_params_ = 0, part_ = 0;

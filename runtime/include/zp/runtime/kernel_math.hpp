@@ -1,5 +1,5 @@
 // zp/runtime/kernel_math.hpp: the per-element and per-row math of the GPT-2 kernels (GELU,
-// LayerNorm rows, softmax rows, the SGD element, 16-bit loads and stores), as small ZP_HD
+// LayerNorm rows, softmax rows, the SGD element, dropout masks, 16-bit loads and stores), as small ZP_HD
 // inline functions that the CPU loops and the CUDA kernels (runtime/src/cuda) both call. Not
 // the kernels: no threading, no shapes beyond one row, no allocation.
 //
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "zp/runtime/dtype.hpp"
+#include "zp/runtime/rng.hpp"
 
 namespace zp::runtime {
 
@@ -111,6 +112,21 @@ ZP_HD inline void sgd_element(float g, float grad_scale, float lr, float momentu
   buf = momentum * buf + d;
   w -= lr * buf;
 }
+
+// ---- Dropout (Srivastava et al. 2014, inverted as PyTorch's nn.Dropout): an element is kept
+// with probability 1 - p and scaled by 1 / (1 - p), so the expectation is unchanged; dropped
+// elements are 0. The mask is counter-based: element i of a dropout site keeps when the top 24
+// bits of mix64(key + i) (the splitmix64 stream seeded with the site's key) are at least
+// p 2^24, so the CPU and CUDA backends draw the same mask, and a recomputed forward (activation
+// checkpointing) redraws the mask of the first forward from the same key. The engine derives
+// the key from the seed, the site, the step and the micro-step (Engine::dropout_key).
+ZP_HD inline uint32_t dropout_threshold(float p) {
+  return static_cast<uint32_t>(p * 16777216.0f);  // p 2^24, truncated: P(drop) within 2^-24 of p
+}
+ZP_HD inline bool dropout_keep(uint64_t key, int64_t i, uint32_t threshold) {
+  return static_cast<uint32_t>(mix64(key + static_cast<uint64_t>(i)) >> 40) >= threshold;
+}
+ZP_HD inline float dropout_scale(float p) { return 1.0f / (1.0f - p); }
 
 // ---- 16-bit storage: add an fp32 value into an element of any storage type, rounding the sum
 // to nearest even (the conversions themselves are load_as_f32 / store_from_f32 in dtype.hpp).

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "zp/runtime/dtype.hpp"  // ZP_HD: mix64 also runs in CUDA kernels (dropout masks)
+
 namespace zp::runtime {
 
-// splitmix64's finaliser: a bijective 64-bit mix.
-inline uint64_t mix64(uint64_t x) {
+// splitmix64's finaliser: a bijective 64-bit mix. mix64(k + i) for i = 0, 1, ... is the
+// splitmix64 stream seeded with k.
+ZP_HD inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
