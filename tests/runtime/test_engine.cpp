@@ -18,6 +18,7 @@
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/device.hpp"
 #include "zp/runtime/engine.hpp"
+#include "zp/runtime/kernel_math.hpp"
 
 using namespace zp;
 using namespace zp::runtime;
@@ -62,70 +63,116 @@ std::vector<TensorRange> tiny_tensors() {
   return r;
 }
 
-}  // namespace
+// Trains one SGD step with lr = 1 (so the gradient is w0 - w1 exactly) and checks, for every
+// parameter tensor, the element with the largest gradient and four random ones against central
+// finite differences of the float64 GPT-2 under the same dropout factors (none if empty).
+void check_gradients_against_f64(const planner::Plan& plan, const test::DropoutFactor& dropout,
+                                 unsigned rng_seed) {
+  const int64_t B = plan.strategy.micro_batch, T = plan.strategy.seq;
+  auto dev = device_for(plan);
+  EngineOptions opt;
+  opt.lr = 1.0f;  // the first SGD step is w -= lr * g exactly: g = w0 - w1
+  Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
+  test::TempDir dir;
+  engine.save_weights(dir.file("w0.bin"));
+  engine.step();
+  engine.save_weights(dir.file("w1.bin"));
+  const std::vector<float> w0 = read_floats(dir.file("w0.bin")), w1 = read_floats(dir.file("w1.bin"));
+  REQUIRE(w0.size() == 120576);
+  REQUIRE(w1.size() == w0.size());
 
-TEST_CASE("engine gradients equal float64 finite differences for every parameter tensor") {
-  const int64_t B = 2, T = 8;
-  for (int stage : {0, 2, 3}) {
-    CAPTURE(stage);
-    planner::Strategy s;
-    s.stage = stage;
-    s.precision = planner::Precision::fp32;
-    s.optimizer = planner::OptimizerKind::sgd;
-    s.micro_batch = B;
-    s.seq = T;
-    s.buffers.reduce_bucket_size = 10'000;  // several buckets
-    const planner::Plan plan = tiny_plan(s);
-    auto dev = device_for(plan);
-    EngineOptions opt;
-    opt.lr = 1.0f;  // the first SGD step is w -= lr * g exactly: g = w0 - w1
-    Engine engine(plan, *dev, comm(), TokenData::load(""), opt);
-    test::TempDir dir;
-    engine.save_weights(dir.file("w0.bin"));
-    engine.step();
-    engine.save_weights(dir.file("w1.bin"));
-    const std::vector<float> w0 = read_floats(dir.file("w0.bin")), w1 = read_floats(dir.file("w1.bin"));
-    REQUIRE(w0.size() == 120576);
-    REQUIRE(w1.size() == w0.size());
-
-    std::vector<int32_t> tokens(B * T), targets(B * T);
-    TokenData::load("").fill(tokens.data(), targets.data(), B, T, 1234, 0, 0, 0);
-    std::vector<double> w(w0.begin(), w0.end());
-    const test::Gpt2Shape shape;
-    std::mt19937 rng(stage + 1);
-    for (const TensorRange& tr : tiny_tensors()) {
-      CAPTURE(tr.name);
-      // The element with the largest gradient and four random ones.
-      double gmax = 0;
-      std::size_t imax = tr.off;
-      for (std::size_t i = tr.off; i < tr.off + tr.n; ++i) {
-        const double g = static_cast<double>(w0[i]) - w1[i];
-        if (std::fabs(g) > gmax) gmax = std::fabs(g), imax = i;
-      }
-      REQUIRE(gmax > 0);  // every tensor takes part in the loss
-      std::vector<std::size_t> picks = {imax};
-      std::uniform_int_distribution<std::size_t> pick(tr.off, tr.off + tr.n - 1);
-      for (int k = 0; k < 4; ++k) picks.push_back(pick(rng));
-      for (std::size_t i : picks) {
-        const double h = 1e-5;
-        const double keep = w[i];
-        w[i] = keep + h;
-        const double lp = test::gpt2_mean_loss(w, shape, tokens, targets, B, T);
-        w[i] = keep - h;
-        const double lm = test::gpt2_mean_loss(w, shape, tokens, targets, B, T);
-        w[i] = keep;
-        const double fd = (lp - lm) / (2 * h);
-        const double an = static_cast<double>(w0[i]) - w1[i];
-        // fp32 forward and backward against float64 differences: agreement to 1e-3 of the
-        // tensor's largest gradient (fp32 sums over a few thousand terms lose ~1e-5 relative).
-        CAPTURE(i);
-        CHECK(std::fabs(an - fd) <= 1e-3 * gmax + 1e-7);
-      }
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  TokenData::load("").fill(tokens.data(), targets.data(), B, T, plan.seed, 0, 0, 0);
+  std::vector<double> w(w0.begin(), w0.end());
+  const test::Gpt2Shape shape;
+  std::mt19937 rng(rng_seed);
+  for (const TensorRange& tr : tiny_tensors()) {
+    CAPTURE(tr.name);
+    double gmax = 0;
+    std::size_t imax = tr.off;
+    for (std::size_t i = tr.off; i < tr.off + tr.n; ++i) {
+      const double g = static_cast<double>(w0[i]) - w1[i];
+      if (std::fabs(g) > gmax) gmax = std::fabs(g), imax = i;
+    }
+    REQUIRE(gmax > 0);  // every tensor takes part in the loss
+    std::vector<std::size_t> picks = {imax};
+    std::uniform_int_distribution<std::size_t> pick(tr.off, tr.off + tr.n - 1);
+    for (int k = 0; k < 4; ++k) picks.push_back(pick(rng));
+    for (std::size_t i : picks) {
+      const double h = 1e-5;
+      const double keep = w[i];
+      w[i] = keep + h;
+      const double lp = test::gpt2_mean_loss(w, shape, tokens, targets, B, T, dropout);
+      w[i] = keep - h;
+      const double lm = test::gpt2_mean_loss(w, shape, tokens, targets, B, T, dropout);
+      w[i] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      const double an = static_cast<double>(w0[i]) - w1[i];
+      // fp32 forward and backward against float64 differences: agreement to 1e-3 of the
+      // tensor's largest gradient (fp32 sums over a few thousand terms lose ~1e-5 relative).
+      CAPTURE(i);
+      CHECK(std::fabs(an - fd) <= 1e-3 * gmax + 1e-7);
     }
   }
 }
 
+planner::Strategy fd_strategy(int stage) {
+  planner::Strategy s;
+  s.stage = stage;
+  s.precision = planner::Precision::fp32;
+  s.optimizer = planner::OptimizerKind::sgd;
+  s.micro_batch = 2;
+  s.seq = 8;
+  s.buffers.reduce_bucket_size = 10'000;  // several buckets
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("engine gradients equal float64 finite differences for every parameter tensor") {
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    check_gradients_against_f64(tiny_plan(fd_strategy(stage)), {}, static_cast<unsigned>(stage + 1));
+  }
+}
+
+TEST_CASE("engine with dropout: gradients equal float64 finite differences under the same masks") {
+  // The planner's cuda graph in fp32: activations as the weights, no scratch copies, dropout
+  // where GPT-2 has it. Each kind of site gets its own probability, so a mask applied at the
+  // wrong site, with the wrong probability or scale, or not redrawn identically by the
+  // recomputed forward (checkpointing full), moves the gradients far beyond the tolerance.
+  const double p_embd = 0.1, p_attn = 0.2, p_resid = 0.15;
+  const models::ModelSpec m = test::tiny_model_with_dropout(p_embd, p_attn, p_resid);
+  const uint64_t seed = 1234;
+  // The engine's masks of step 0, micro-step 0, rank 0 (kernel_math.hpp, Engine::dropout_key).
+  const test::DropoutFactor factor = [&](const std::string& site, int64_t i) {
+    const double p = site.starts_with("embed") ? p_embd
+                     : site.ends_with(".attn.drop.mask") ? p_attn
+                                                         : p_resid;
+    const uint64_t key = Engine::dropout_key(seed, site, 0, 0);
+    return dropout_keep(key, i, dropout_threshold(static_cast<float>(p))) ? 1.0 / (1.0 - p) : 0.0;
+  };
+  for (int stage : {0, 3})
+    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(ck));
+      planner::Strategy s = fd_strategy(stage);
+      s.checkpointing = ck;
+      const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, seed);
+      const auto g = models::build_training_graph(plan.model, planner::graph_options(plan.model, s, plan.options));
+      int n_dropout = 0;
+      for (const models::Op& op : g.ops) n_dropout += op.kind == models::OpKind::dropout ? 1 : 0;
+      REQUIRE(n_dropout == (ck == planner::Checkpointing::full ? 1 + 2 * 3 * 2 : 1 + 3 * 2));
+      check_gradients_against_f64(plan, factor, static_cast<unsigned>(10 + stage));
+    }
+}
+
 TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32") {
+  // Both graphs the planner predicts for zeroplan: its cpu graph (fp32 activations, fp32
+  // scratch copies of 16-bit weights) and its cuda graph (activations in the training
+  // precision, dropout masks, the LM head's 16-bit logits gradient), here with dropout on.
+  const models::ModelSpec dropout_model = test::tiny_model_with_dropout(0.1, 0.1, 0.1);
+  for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp32, planner::Precision::fp16}) {
     for (int stage : {0, 1, 2, 3}) {
       for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
@@ -136,9 +183,16 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
         s.micro_batch = 2;
         s.seq = 32;
         s.grad_accum = 2;
-        const planner::Plan plan = tiny_plan(s);
+        const planner::Plan plan =
+            backend == planner::Backend::cpu
+                ? tiny_plan(s)
+                : planner::make_plan(dropout_model, s, {planner::Profile::zeroplan, backend}, 1234);
         auto dev = device_for(plan);
         std::vector<planner::TimelineSample> timeline;
+        CAPTURE(planner::to_string(backend));
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(prec));
+        CAPTURE(static_cast<int>(ck));
         {
           Engine engine(plan, *dev, comm(), TokenData::load(""), {});
           const double l1 = engine.step().loss;
@@ -147,9 +201,6 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
           CHECK(l3 < l1);
           timeline = engine.timeline();
         }
-        CAPTURE(stage);
-        CAPTURE(static_cast<int>(prec));
-        CAPTURE(static_cast<int>(ck));
         // Timeline op by op, every tier and category, and everything back in the arenas.
         zp::test::check_memory_matches_plan(plan, *dev, timeline);
       }

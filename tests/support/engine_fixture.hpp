@@ -33,6 +33,16 @@ inline planner::Strategy tiny_strategy(int stage, planner::Precision prec) {
   return s;
 }
 
+// gpt2-tiny with dropout after the embedding, on the attention probabilities and after the
+// blocks' output projections (gpt2-tiny itself has none).
+inline models::ModelSpec tiny_model_with_dropout(double embd, double attn, double resid) {
+  models::ModelSpec m = models::load_model("gpt2-tiny");
+  m.embd_dropout = embd;
+  m.attn_dropout = attn;
+  m.resid_dropout = resid;
+  return m;
+}
+
 inline planner::Plan tiny_plan(const planner::Strategy& s) {
   return planner::make_plan(models::load_model("gpt2-tiny"), s,
                             {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);

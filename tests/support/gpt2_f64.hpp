@@ -1,11 +1,16 @@
 // gpt2_f64.hpp (tests): a deliberately naive float64 GPT-2 forward pass and mean loss, written
 // from the GPT-2 definition (Radford et al. 2019; layernorm eps 1e-5, tanh-GELU, causal
 // attention, tied head), independent of the runtime's kernels. Finite differences of this
-// function are the reference for the runtime's gradients. Slow on purpose: clarity only.
+// function are the reference for the runtime's gradients. Optionally with dropout where
+// Hugging Face's GPT2Model applies it (after the embedding sum, on the attention probabilities,
+// after each block's two output projections), each element multiplied by what a caller's
+// function says (0, or 1 / (1 - p) where kept). Slow on purpose: clarity only.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace zp::test {
@@ -17,9 +22,18 @@ struct Gpt2Shape {
 // Weights in zeroplan's flat order: wte (V,C), wpe (P,C), then per block norm1 [w,b],
 // attn.qkv [W (3C,C), b], attn.proj [W (C,C), b], norm2 [w,b], mlp.fc [W (4C,C), b],
 // mlp.proj [W (C,4C), b]; then norm_f [w,b].
+// dropout(site, i): the factor for element i (row-major) of a dropout site, named as the
+// runtime's mask tensors are: "embed.drop.mask" (B,T,C), "h.<l>.attn.drop.mask" (B,NH,T,T),
+// "h.<l>.attn.proj.drop.mask" and "h.<l>.mlp.drop.mask" (B,T,C). Empty: no dropout.
+using DropoutFactor = std::function<double(const std::string& site, int64_t i)>;
+
 inline double gpt2_mean_loss(const std::vector<double>& w, const Gpt2Shape& s,
                              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                             int64_t B, int64_t T) {
+                             int64_t B, int64_t T, const DropoutFactor& dropout = {}) {
+  auto drop = [&](std::vector<double>& x, const std::string& site) {
+    if (!dropout) return;
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] *= dropout(site, static_cast<int64_t>(i));
+  };
   const int64_t C = s.C, F = 4 * C, HS = C / s.NH;
   std::size_t at = 0;
   auto take = [&](int64_t n) {
@@ -66,8 +80,10 @@ inline double gpt2_mean_loss(const std::vector<double>& w, const Gpt2Shape& s,
       for (int64_t c = 0; c < C; ++c)
         x[static_cast<std::size_t>((b * T + t) * C + c)] =
             wte[tokens[static_cast<std::size_t>(b * T + t)] * C + c] + wpe[t * C + c];
+  drop(x, "embed.drop.mask");
 
   for (int64_t l = 0; l < s.L; ++l) {
+    const std::string site = "h." + std::to_string(l);
     const double* ln1w = take(C);
     const double* ln1b = take(C);
     const double* qkvw = take(3 * C * C);
@@ -99,18 +115,25 @@ inline double gpt2_mean_loss(const std::vector<double>& w, const Gpt2Shape& s,
           }
           double z = 0;
           for (double& v : sc) z += (v = std::exp(v - mx));
+          for (int64_t u = 0; u <= t; ++u) {  // probabilities, then their dropout
+            double& prob = sc[static_cast<std::size_t>(u)];
+            prob /= z;
+            if (dropout) prob *= dropout(site + ".attn.drop.mask", ((b * s.NH + h) * T + t) * T + u);
+          }
           for (int64_t i = 0; i < HS; ++i) {
             double acc = 0;
-            for (int64_t u = 0; u <= t; ++u) acc += sc[static_cast<std::size_t>(u)] / z * q(u, 2, i);
+            for (int64_t u = 0; u <= t; ++u) acc += sc[static_cast<std::size_t>(u)] * q(u, 2, i);
             att[static_cast<std::size_t>((b * T + t) * C + h * HS + i)] = acc;
           }
         }
-    const Mat proj = linear(att, C, C, projw, projb);
+    Mat proj = linear(att, C, C, projw, projb);
+    drop(proj, site + ".attn.proj.drop.mask");
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
     Mat hid = linear(layernorm(x, ln2w, ln2b), C, F, fcw, fcb);
     for (double& v : hid)
       v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-    const Mat mlp = linear(hid, F, C, fc2w, fc2b);
+    Mat mlp = linear(hid, F, C, fc2w, fc2b);
+    drop(mlp, site + ".mlp.drop.mask");
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += mlp[i];
   }
   const double* lnfw = take(C);
