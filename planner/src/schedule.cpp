@@ -59,6 +59,13 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   return g;
 }
 
+std::string describe_compute(const models::ModelSpec& m, const Strategy& s, const PlanOptions& o) {
+  const models::GraphOptions g = graph_options(m, s, o);
+  const bool dropout = g.dropout && (m.embd_dropout > 0 || m.attn_dropout > 0 || m.resid_dropout > 0);
+  return fmt::format("{} activations{}", g.act_bytes == 4 ? "fp32" : to_string(s.precision),
+                     dropout ? ", dropout" : "");
+}
+
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp) {
   if (stage == 0) return 0;
   uint64_t n = 0;

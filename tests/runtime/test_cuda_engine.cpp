@@ -1,5 +1,6 @@
 // The ZeRO engine on the CUDA device and NCCL: the same plan trained on the cpu backend and on
-// a GPU gives the same losses and weights for stages 0-3 (fp32 and bf16); the GPU arena's
+// a GPU gives the same losses and weights for stages 0-3, for the planner's cpu graph (fp32
+// kernels) and its cuda graph (bf16 activations, cuBLAS 16-bit GEMMs, dropout); the GPU arena's
 // measured peaks are within 2% of the plan; the memory outside the arena (CUDA context,
 // cuBLAS, NCCL) stays within a stated bound; with two or more GPUs, zero-run under mpirun
 // trains the same weights at every stage. Label gpu: skipped without a CUDA device.
@@ -32,7 +33,10 @@ Comm& mpi() {
   return *c;
 }
 
-planner::Plan tiny_plan(int stage, planner::Precision p) {
+// gpt2-tiny (no dropout) for the planner's cpu graph, which computes in fp32 on every device;
+// for its cuda graph (activations in the training precision, cuBLAS 16-bit GEMMs) the same
+// shape with GPT-2's dropout of 0.1 everywhere, so the masks run on the GPU too.
+planner::Plan tiny_plan(int stage, planner::Precision p, planner::Backend backend) {
   planner::Strategy s;
   s.stage = stage;
   s.precision = p;
@@ -41,9 +45,9 @@ planner::Plan tiny_plan(int stage, planner::Precision p) {
   s.grad_accum = 2;
   s.optimizer = planner::OptimizerKind::sgd;
   s.buffers.reduce_bucket_size = 20'000;  // several buckets
-  // The graph zero-run executes on every device: fp32 kernels (the planner's cpu backend).
-  return planner::make_plan(models::load_model("gpt2-tiny"), s,
-                            {planner::Profile::zeroplan, planner::Backend::cpu}, 1234);
+  models::ModelSpec m = models::load_model("gpt2-tiny");
+  if (backend == planner::Backend::cuda) m.embd_dropout = m.attn_dropout = m.resid_dropout = 0.1;
+  return planner::make_plan(m, s, {planner::Profile::zeroplan, backend}, 1234);
 }
 
 DeviceConfig config_for(const planner::Plan& p) {
@@ -103,11 +107,19 @@ test::Result zero_run_np2(const std::vector<std::string>& args) {
 
 TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory as planned") {
   test::TempDir dir;
+  for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
   for (auto prec : {planner::Precision::fp32, planner::Precision::bf16}) {
     for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(planner::to_string(backend));
       CAPTURE(stage);
       CAPTURE(static_cast<int>(prec));
-      const planner::Plan plan = tiny_plan(stage, prec);
+      const planner::Plan plan = tiny_plan(stage, prec, backend);
+      // The cuda graph at bf16 stores every activation in bf16: a summation order that differs
+      // between cuBLAS and the cpu's SGEMM panels (or between warp trees and loops) turns into
+      // one bf16 rounding (2^-8 relative) on some activations, which the next ops carry on.
+      // The bounds below are estimates from that (never yet run on a GPU: widen them only
+      // with the measured errors in hand, and say so).
+      const bool bf16_acts = backend == planner::Backend::cuda && prec == planner::Precision::bf16;
       auto cpu = make_cpu_device(config_for(plan));
       const Trained want = train(plan, *cpu, mpi(), dir);
 
@@ -116,13 +128,15 @@ TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory a
       const Trained got = train(plan, *gpu, *nccl, dir);
       REQUIRE(got.losses.size() == want.losses.size());
       for (std::size_t i = 0; i < want.losses.size(); ++i)
-        CHECK(std::fabs(got.losses[i] - want.losses[i]) <= 1e-4 * std::fabs(want.losses[i]));
+        CHECK(std::fabs(got.losses[i] - want.losses[i]) <=
+              (bf16_acts ? 1e-2 : 1e-4) * std::fabs(want.losses[i]));
       // The same initial weights (made on the host, copied in), then the same training: fp32
       // kernels on both sides whose summation orders differ (~1e-6 relative per step); bf16
       // storage can turn such a difference into one bf16 ulp (2^-8) on a few weights.
       CHECK(got.w0 == want.w0);
       REQUIRE(got.w1.size() == want.w1.size());
-      CHECK(rel_l2(change(got), change(want)) <= (prec == planner::Precision::fp32 ? 1e-4 : 1e-2));
+      CHECK(rel_l2(change(got), change(want)) <=
+            (bf16_acts ? 5e-2 : prec == planner::Precision::fp32 ? 1e-4 : 1e-2));
 
       const planner::PerDevice m = gpu->measured();
       for (auto tier : planner::kTiers) {
@@ -149,8 +163,11 @@ TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory a
 TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage on 2 GPUs") {
   if (!two_gpus()) return;
   test::TempDir dir;
+  // --model with --device cuda plans the cuda graph: activations in the training precision.
+  for (const std::string prec : {"fp32", "bf16"}) {
   std::vector<float> stage0;
   for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(prec);
     CAPTURE(stage);
     std::string name = "w";  // (built up in steps: g++ 12's -Wrestrict misfires on "w" + s)
     name += std::to_string(stage);
@@ -158,7 +175,7 @@ TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage 
     const std::string report = dir.file("r.json");
     const test::Result r =
         zero_run_np2({"--model", "gpt2-tiny", "--stage", std::to_string(stage), "--precision",
-                      "fp32", "--micro-batch", "2", "--seq", "32", "--steps", "3",
+                      prec, "--micro-batch", "2", "--seq", "32", "--steps", "3",
                       "--save-weights", w, "--report", report});
     CAPTURE(r.err);
     REQUIRE(r.rc == 0);
@@ -174,8 +191,12 @@ TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage 
                                                          planner::kNcclMaxChannels * 2 * 9'633'792);
       CHECK(o["within_bound"] == true);
     }
+    // Two ranks' gradients summed once whichever collective sums them (all-reduce at stages
+    // 0-1, reduce at 2-3); the kernels' own summation orders may differ between runs, and in
+    // bf16 such a difference can become one rounding of an activation.
     if (stage == 0) stage0 = read_floats(w);
-    else CHECK(rel_l2(read_floats(w), stage0) <= 1e-5);
+    else CHECK(rel_l2(read_floats(w), stage0) <= (prec == "fp32" ? 1e-5 : 1e-2));
+  }
   }
 }
 

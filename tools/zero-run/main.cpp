@@ -131,11 +131,12 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     planner::Strategy st = a.flags.resolve();
     // Without --dp, the ranks that are running are the data-parallel degree.
     if (app.count("--dp") == 0) st.dp = n_ranks;
-    // The graph zero-run executes on every device: fp32 kernels, no dropout (the planner's
-    // --device cpu graph; see Engine's check of the plan).
+    // The graph of the device that runs it: cpu computes in fp32 without dropout (fast on a
+    // CPU), cuda in the training precision with dropout (what training on GPUs does). A plan
+    // file runs on either device.
+    const planner::Backend backend = a.device == "cuda" ? planner::Backend::cuda : planner::Backend::cpu;
     s.plan = planner::make_plan(models::load_model(a.model), st,
-                                {planner::Profile::zeroplan, planner::Backend::cpu},
-                                parse_count(a.seed, "--seed"));
+                                {planner::Profile::zeroplan, backend}, parse_count(a.seed, "--seed"));
   }
   if (app.count("--seed") > 0 && !a.plan_path.empty()) s.plan.seed = parse_count(a.seed, "--seed");
   // 0 steps is allowed: it initialises and measures (and --save-weights writes the start).
@@ -257,7 +258,12 @@ int main(int argc, char** argv) {
   app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm to this [0: off]");
   app.add_option("--dpu-warmup", a.dpu_warmup,
                  "with --dpu: plain offloaded steps before the delayed update starts [10]");
-  app.add_option("--device", a.device, "cpu (the device tier emulated in host memory) or cuda [cpu]");
+  app.add_option("--device", a.device,
+                 "cpu (the device tier emulated in host memory) or cuda [cpu]. With --model the plan "
+                 "is made for it: cpu computes in fp32 without dropout, cuda in the training "
+                 "precision with dropout (16-bit activations, cuBLAS 16-bit GEMMs). A plan file "
+                 "runs on either: a --device cuda plan on the cpu backend runs the GPU's graph "
+                 "(slower), as CI tests it");
   app.add_option("--device-memory", a.device_memory,
                  "device arena size, e.g. 2GiB; a plan that needs more is refused [prediction + 50%]");
   app.add_option("--host-memory", a.host_memory, "host arena size [prediction + 50%]");
@@ -279,6 +285,8 @@ int main(int argc, char** argv) {
       "  zero-run --model gpt2-tiny --stage 2 --offload-optimizer nvme --nvme-path /local_nvme\n"
       "  zero-run --model gpt2-tiny --stage 3 --offload-optimizer cpu --offload-param nvme "
       "--nvme-path /local_nvme\n"
+      "  zero-plan plan --model gpt2 --stage 2 --device cuda -o gpu.json && zero-run gpu.json "
+      "--steps 2   # the GPU's bf16 graph, on the cpu\n"
       "Exit codes: 0 measured within tolerance, 1 a peak is off by more than the tolerance,\n"
       "2 bad input (one error line and a hint).");
 
@@ -351,9 +359,10 @@ int main(int argc, char** argv) {
   }
 
   if (lead)
-    std::printf("zero-run: %s, %s, %lld rank%s, %s backend, %s parameters\n",
+    std::printf("zero-run: %s, %s, %lld rank%s, %s backend, %s, %s parameters\n",
                 s.plan.model.name.c_str(), planner::describe(s.plan.strategy).c_str(),
                 static_cast<long long>(comm->size()), comm->size() == 1 ? "" : "s", dev->name().data(),
+                planner::describe_compute(s.plan.model, s.plan.strategy, s.plan.options).c_str(),
                 format_count(engine->n_params()).c_str());
   try {
     for (int64_t i = 0; i < s.steps; ++i) {

@@ -45,6 +45,11 @@ struct PlanOptions {
 models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s,
                                    const PlanOptions& o);
 
+// What the graph of graph_options computes in, for a run's headline: "fp32 activations", or
+// "bf16 activations, dropout" (dropout where the model has a probability above 0 and the
+// graph keeps it).
+std::string describe_compute(const models::ModelSpec& m, const Strategy& s, const PlanOptions& o);
+
 // One buffer of the step: a graph tensor, a model state, or a ZeRO buffer.
 struct MemBuffer {
   std::string name;
