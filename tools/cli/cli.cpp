@@ -171,8 +171,10 @@ void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_de
                  "whose allocations to predict: zeroplan (zero-run's arena and buffers) or "
                  "deepspeed (DeepSpeed on PyTorch's caching allocator) [zeroplan]");
   app.add_option("--device", f.device,
-                 fmt::format("cpu (fp32 activations, no dropout: zero-run's CPU backend) or "
-                             "cuda [{}]", default_device));
+                 fmt::format("the graph to predict: cpu (fp32 activations, no dropout: zero-run's "
+                             "fast CPU graph) or cuda (activations in the training precision, "
+                             "dropout: training on GPUs). zero-run executes either graph on "
+                             "either device [{}]", default_device));
 }
 
 planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend) const {
