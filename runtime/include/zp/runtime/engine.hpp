@@ -6,6 +6,9 @@
 // parameters and all-gathers each module group before its use (with prefetch). With
 // overlap_comm (planner::overlaps_comm) those reductions and prefetched all-gathers are
 // non-blocking: a bucket is completed when the next is flushed, a gather when its run starts.
+// The kernels store activations as the graph says: fp32 (the planner's cpu graph, 16-bit
+// weights converted into fp32 scratch per op) or the training precision (its cuda graph, with
+// dropout masks drawn from dropout_key).
 // Written once for every backend: it only talks to the Device and Comm seams. Not the
 // planner: it reads the plan's model and strategy and measures what it did.
 //
@@ -84,8 +87,10 @@ struct StepStats {
 
 class Engine {
  public:
-  // zp::Error when the plan asks for what this engine cannot run on this device (another
-  // family, model parallelism, dropout) or its data-parallel degree differs from the ranks.
+  // zp::Error when the plan asks for what this engine cannot run (another family, model
+  // parallelism, flash attention, selective recomputation) or its data-parallel degree differs
+  // from the ranks. Either of the planner's graphs runs on any device: its cpu graph in fp32
+  // without dropout, its cuda graph in the training precision with dropout.
   Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
   ~Engine();
   Engine(const Engine&) = delete;
