@@ -26,8 +26,9 @@ while [ $# -gt 0 ]; do
 done
 
 build=${ZP_BUILD_DIR:-build}
-target=bench_gpt2_cpu torch_opt=none
-if [ "$train" = 1 ]; then target=bench_engine torch_opt=adamw; fi
+target=bench_gpt2_cpu torch_opt=none filter=.
+# bench_engine's engine_step (the fp32 graph), not its engine_step_gpu_graph.
+if [ "$train" = 1 ]; then target=bench_engine torch_opt=adamw filter='^engine_step$'; fi
 bin="$build/bin/$target"
 [ -x "$bin" ] || cmake --build "$build" --target "$target" >/dev/null
 
@@ -36,7 +37,7 @@ trap 'rm -rf "$tmp"' EXIT
 # Each side gets min_time seconds of steps; the C++ side as 3 repetitions (median).
 ZP_GPT2_MODEL=$model ZP_GPT2_B=$B ZP_GPT2_T=$T ZP_GPT2_THREADS=$threads \
   ZP_ENGINE_MODEL=$model ZP_ENGINE_B=$B ZP_ENGINE_T=$T OMP_NUM_THREADS=$threads \
-  "$bin" --benchmark_min_time="$(awk "BEGIN{print $min_time/3}")" --benchmark_repetitions=3 \
+  "$bin" --benchmark_filter="$filter" --benchmark_min_time="$(awk "BEGIN{print $min_time/3}")" --benchmark_repetitions=3 \
   --benchmark_format=json >"$tmp/cpu.json" 2>"$tmp/cpu.err" || { cat "$tmp/cpu.err" >&2; exit 1; }
 blas_dir=
 if [ "$torch_blas" = same ]; then
