@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cmath>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -356,12 +359,6 @@ void check_dropout_p(float p, std::string_view what) {
                 "a model's *_pdrop values must be below 1");
 }
 
-// Placeholder for the 16-bit kernels not written yet: a clear error, never wrong numbers.
-[[noreturn]] void no16(std::string_view what, DType t) {
-  throw Error(fmt::format("cpu::{}: {} storage is not implemented yet", what, to_string(t)),
-              "run the planner's cpu graph (zero-plan plan --device cpu)");
-}
-
 template <DType D>
 void gelu_forward_t(void* out, const void* inp, int64_t n) {
 #pragma omp parallel for if (n > kParallelElems)
@@ -425,6 +422,375 @@ void crossentropy_backward_t(void* dlogits, const float* probs, const int32_t* t
     }
 }
 
+// ---- fp16 / bf16 kernels. Each output element is owned by one loop iteration, which forms
+// the fp32 sum of its contributions in locals (blocks of kCols values) and stores once: an
+// accumulating kernel stores round(old + sum). Sums run in the order of the CUDA kernels
+// (runtime/src/cuda/kernels.cu). fp32 storage never comes here (the kernels above).
+
+// The two 16-bit types as compile-time constants (dispatch_dtype minus fp32).
+template <typename F>
+void dispatch16(DType t, F&& f) {
+  if (t == DType::fp16) f(std::integral_constant<DType, DType::fp16>{});
+  else f(std::integral_constant<DType, DType::bf16>{});
+}
+
+constexpr int64_t kCols = 64;  // fp32 accumulators per owner (a block of one row's outputs)
+
+template <DType D>
+inline float ld(const void* p, int64_t i) {
+  return load_as_f32(p, static_cast<std::size_t>(i), D);
+}
+template <DType D>
+inline void st(void* p, int64_t i, float v) {
+  store_from_f32(p, static_cast<std::size_t>(i), D, v);
+}
+// p[i] = round(p[i] + v): one accumulation, one rounding.
+template <DType D>
+inline void add_st(void* p, int64_t i, float v) {
+  st<D>(p, i, ld<D>(p, i) + v);
+}
+
+template <DType D>
+void embedding_forward16(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                         int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for if (B * T * C > kParallelElems)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t e = static_cast<int64_t>(tokens[bt]) * C, p = (bt % T) * C;
+    for (int64_t i = 0; i < C; ++i)
+      st<D>(out, bt * C + i, wpe ? ld<D>(wte, e + i) + ld<D>(wpe, p + i) : ld<D>(wte, e + i));
+  }
+}
+
+// dwte: a token may repeat. The first position holding a token owns its row: it sums dout
+// over every position with that token, in ascending order, and adds once. dwpe[t] sums b.
+template <DType D>
+void embedding_backward16(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                          int64_t B, int64_t T, int64_t C) {
+  const int64_t BT = B * T;
+#pragma omp parallel for if (BT * C > kParallelElems)
+  for (int64_t bt = 0; bt < BT; ++bt) {
+    const int32_t tok = tokens[bt];
+    if (std::find(tokens, tokens + bt, tok) != tokens + bt) continue;  // not the first
+    for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+      const int64_t n = std::min(kCols, C - c0);
+      float acc[kCols] = {};
+      for (int64_t j = bt; j < BT; ++j)
+        if (tokens[j] == tok)
+          for (int64_t i = 0; i < n; ++i) acc[i] += ld<D>(dout, j * C + c0 + i);
+      for (int64_t i = 0; i < n; ++i) add_st<D>(dwte, static_cast<int64_t>(tok) * C + c0 + i, acc[i]);
+    }
+  }
+  if (!dwpe) return;
+#pragma omp parallel for if (BT * C > kParallelElems)
+  for (int64_t tc = 0; tc < T * C; ++tc) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < B; ++b) acc += ld<D>(dout, b * T * C + tc);
+    add_st<D>(dwpe, tc, acc);
+  }
+}
+
+template <DType D>
+void layernorm_forward16(void* out, float* stats, const void* inp, const void* weight,
+                         const void* bias, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const std::byte* x = static_cast<const std::byte*>(inp) + r * C * 2;
+    float mean, rstd;
+    layernorm_row_stats<D>(x, C, &mean, &rstd);
+    for (int64_t i = 0; i < C; ++i)
+      st<D>(out, r * C + i,
+            layernorm_apply(ld<D>(inp, r * C + i), mean, rstd, ld<D>(weight, i), ld<D>(bias, i)));
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+template <DType D>
+void layernorm_backward16(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                          const void* weight, const float* stats, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const auto* g = static_cast<const std::byte*>(dout) + r * C * 2;
+    const auto* x = static_cast<const std::byte*>(inp) + r * C * 2;
+    const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    float g_mean, gxhat_mean;
+    layernorm_row_grad_means<D>(g, x, weight, mean, rstd, C, &g_mean, &gxhat_mean);
+    for (int64_t i = 0; i < C; ++i)
+      add_st<D>(dinp, r * C + i,
+                layernorm_dinp(ld<D>(dout, r * C + i), ld<D>(inp, r * C + i), ld<D>(weight, i),
+                               mean, rstd, g_mean, gxhat_mean));
+  }
+  // dweight += sum_r dout * xhat, dbias += sum_r dout: a block of channels per owner.
+  const int64_t n_blocks = (C + kCols - 1) / kCols;
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t c0 = blk * kCols, n = std::min(kCols, C - c0);
+    float dw[kCols] = {}, db[kCols] = {};
+    for (int64_t r = 0; r < N; ++r) {
+      const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = ld<D>(dout, r * C + c0 + i);
+        dw[i] += g * (ld<D>(inp, r * C + c0 + i) - mean) * rstd;
+        db[i] += g;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      add_st<D>(dweight, c0 + i, dw[i]);
+      add_st<D>(dbias, c0 + i, db[i]);
+    }
+  }
+}
+
+// ---- 16-bit GEMMs through fp32 panels (cpu_kernels.hpp): C (M,N) (+)= op(A) (M,K) op(B) (K,N)
+// for row-major operands read as D, computed panel by panel: each output panel is loaded as
+// fp32 (or initialised), summed over all of K by SGEMM on converted A and B panels, and stored
+// once. A and B are read through index functions so one driver serves the three products.
+struct Panels {
+  float* a;  // (kGemmPanel, kGemmPanel) of A, row-major (rows of C, K)
+  float* b;  // of B, row-major (K, columns of C)
+  float* c;  // of C
+};
+
+// Converts rows [r0, r0 + nr) and columns [c0, c0 + nc) of a matrix into `dst` (nr x nc
+// row-major), element (i, j) read by at(r, c) -> flat index into src.
+template <DType D, typename At>
+void load_panel(float* dst, const void* src, int64_t r0, int64_t nr, int64_t c0, int64_t nc, At at) {
+#pragma omp parallel for if (nr * nc > kParallelElems)
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < nc; ++j) dst[i * nc + j] = ld<D>(src, at(r0 + i, c0 + j));
+}
+
+// init(panel, m0, mr, n0, nc) fills the fp32 output panel before the sums; store(panel, ...)
+// writes it back.
+template <DType D, typename AAt, typename BAt, typename Init, typename Store>
+void gemm16(int64_t M, int64_t N, int64_t K, const void* a, AAt a_at, const void* b, BAt b_at,
+            Init init, Store store, const Panels& p, std::string_view what) {
+  constexpr int64_t P = kGemmPanel;
+  for (int64_t m0 = 0; m0 < M; m0 += P) {
+    const int64_t mr = std::min(P, M - m0);
+    for (int64_t n0 = 0; n0 < N; n0 += P) {
+      const int64_t nc = std::min(P, N - n0);
+      init(p.c, m0, mr, n0, nc);
+      for (int64_t k0 = 0; k0 < K; k0 += P) {
+        const int64_t kk = std::min(P, K - k0);
+        load_panel<D>(p.a, a, m0, mr, k0, kk, a_at);
+        load_panel<D>(p.b, b, k0, kk, n0, nc, b_at);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_dim(mr, what),
+                    blas_dim(nc, what), blas_dim(kk, what), 1.0f, p.a, static_cast<int>(kk), p.b,
+                    static_cast<int>(nc), 1.0f, p.c, static_cast<int>(nc));
+      }
+      store(p.c, m0, mr, n0, nc);
+    }
+  }
+}
+
+Panels panels_of(float* workspace, std::string_view what) {
+  if (workspace == nullptr)
+    throw Error(fmt::format("cpu::{}: a 16-bit GEMM needs a workspace of {} floats", what,
+                            kGemmWorkspaceFloats),
+                "pass the cpu device's GEMM panels");
+  constexpr std::size_t P2 = static_cast<std::size_t>(kGemmPanel * kGemmPanel);
+  return {workspace, workspace + P2, workspace + 2 * P2};
+}
+
+// out (N,OC) = inp (N,C) @ W^T + bias, out stored as out_t (D, or fp32 for logits).
+template <DType D>
+void matmul_forward16(void* out, DType out_t, const void* inp, const void* weight,
+                      const void* bias, int64_t N, int64_t C, int64_t OC, float* workspace) {
+  const Panels p = panels_of(workspace, "matmul_forward");
+  auto init = [&](float* c, int64_t, int64_t mr, int64_t n0, int64_t nc) {
+    for (int64_t i = 0; i < mr; ++i)
+      for (int64_t j = 0; j < nc; ++j) c[i * nc + j] = bias ? ld<D>(bias, n0 + j) : 0.0f;
+  };
+  auto store = [&](const float* c, int64_t m0, int64_t mr, int64_t n0, int64_t nc) {
+    for (int64_t i = 0; i < mr; ++i)
+      for (int64_t j = 0; j < nc; ++j)
+        store_from_f32(out, static_cast<std::size_t>((m0 + i) * OC + n0 + j), out_t, c[i * nc + j]);
+  };
+  gemm16<D>(N, OC, C, inp, [&](int64_t r, int64_t k) { return r * C + k; },  // inp (N,C)
+            weight, [&](int64_t k, int64_t o) { return o * C + k; },          // W^T: W (OC,C)
+            init, store, p, "matmul_forward");
+}
+
+template <DType D>
+void matmul_backward16(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, int64_t N, int64_t C, int64_t OC, float* workspace) {
+  const Panels p = panels_of(workspace, "matmul_backward");
+  // Accumulating outputs: the panel starts as the output's values, and goes back rounded once.
+  auto accumulate_into = [&](void* dst, int64_t ld_dst) {
+    auto init = [dst, ld_dst](float* c, int64_t m0, int64_t mr, int64_t n0, int64_t nc) {
+      for (int64_t i = 0; i < mr; ++i)
+        for (int64_t j = 0; j < nc; ++j) c[i * nc + j] = ld<D>(dst, (m0 + i) * ld_dst + n0 + j);
+    };
+    auto store = [dst, ld_dst](const float* c, int64_t m0, int64_t mr, int64_t n0, int64_t nc) {
+      for (int64_t i = 0; i < mr; ++i)
+        for (int64_t j = 0; j < nc; ++j) st<D>(dst, (m0 + i) * ld_dst + n0 + j, c[i * nc + j]);
+    };
+    return std::pair{init, store};
+  };
+  // dinp (N,C) += dout (N,OC) @ W (OC,C)
+  const auto [init_x, store_x] = accumulate_into(dinp, C);
+  gemm16<D>(N, C, OC, dout, [&](int64_t r, int64_t o) { return r * OC + o; }, weight,
+            [&](int64_t o, int64_t c) { return o * C + c; }, init_x, store_x, p,
+            "matmul_backward dinp");
+  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+  const auto [init_w, store_w] = accumulate_into(dweight, C);
+  gemm16<D>(OC, C, N, dout, [&](int64_t o, int64_t r) { return r * OC + o; }, inp,
+            [&](int64_t r, int64_t c) { return r * C + c; }, init_w, store_w, p,
+            "matmul_backward dweight");
+  if (!dbias) return;
+  const int64_t n_blocks = (OC + kCols - 1) / kCols;
+#pragma omp parallel for if (N * OC > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t o0 = blk * kCols, n = std::min(kCols, OC - o0);
+    float acc[kCols] = {};
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < n; ++i) acc[i] += ld<D>(dout, r * OC + o0 + i);
+    for (int64_t i = 0; i < n; ++i) add_st<D>(dbias, o0 + i, acc[i]);
+  }
+}
+
+// ---- 16-bit attention: the layout of the fp32 kernels; each (b, h) pair touches only its own
+// slices, so the loops split over (b, h).
+
+// Sequential dot product of two rows stored as D (the CUDA kernels' order).
+template <DType D>
+inline float dot16(const void* a, int64_t ia, const void* b, int64_t ib, int64_t n) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < n; ++j) s += ld<D>(a, ia + j) * ld<D>(b, ib + j);
+  return s;
+}
+
+template <DType D>
+void attention_scores16(void* preatt, const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_scores");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = ((b * NH + h) * T + t) * T;
+        for (int64_t t2 = 0; t2 <= t; ++t2)
+          st<D>(preatt, row + t2,
+                dot16<D>(qkv, (b * T + t) * C3 + h * HS, qkv, (b * T + t2) * C3 + C + h * HS, HS) * scale);
+      }
+}
+
+// softmax_row's arithmetic (the max, then expf(x - max) summed in order, then each expf(x -
+// max) * (1 / sum)), with every output stored once.
+template <DType D>
+void attention_softmax16(void* att, const void* preatt, int64_t B, int64_t NH, int64_t T) {
+  const int64_t n_rows = B * NH * T;
+#pragma omp parallel for if (n_rows * T > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t t = r % T, row = r * T;
+    float maxv = ld<D>(preatt, row);
+    for (int64_t i = 1; i <= t; ++i) maxv = std::max(maxv, ld<D>(preatt, row + i));
+    float sum = 0.0f;
+    for (int64_t i = 0; i <= t; ++i) sum += expf(ld<D>(preatt, row + i) - maxv);
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i <= t; ++i) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
+    for (int64_t i = t + 1; i < T; ++i) st<D>(att, row + i, 0.0f);
+  }
+}
+
+// out[b,t,h] = sum over t2 <= t, ascending, of att[t,t2] v[t2] (as the fp32 kernel's axpys).
+template <DType D>
+void attention_values16(void* out, const void* att, const void* qkv, int64_t B, int64_t T,
+                        int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_values");
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
+          const int64_t n = std::min(kCols, HS - j0);
+          float acc[kCols] = {};
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            const float a = ld<D>(att, ((b * NH + h) * T + t) * T + t2);
+            const int64_t v = (b * T + t2) * C3 + 2 * C + h * HS + j0;
+            for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(qkv, v + j);
+          }
+          for (int64_t j = 0; j < n; ++j) st<D>(out, (b * T + t) * C + h * HS + j0 + j, acc[j]);
+        }
+}
+
+// datt[t,t2] += dout[t] . v[t2]; dv[t2] += sum over t >= t2, ascending, of att[t,t2] dout[t].
+template <DType D>
+void attention_values_backward16(void* datt, void* dqkv, const void* dout, const void* att,
+                                 const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_values_backward");
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t t2 = 0; t2 <= t; ++t2)
+          add_st<D>(datt, ((b * NH + h) * T + t) * T + t2,
+                    dot16<D>(dout, (b * T + t) * C + h * HS, qkv, (b * T + t2) * C3 + 2 * C + h * HS, HS));
+      for (int64_t t2 = 0; t2 < T; ++t2)
+        for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
+          const int64_t n = std::min(kCols, HS - j0);
+          float acc[kCols] = {};
+          for (int64_t t = t2; t < T; ++t) {
+            const float a = ld<D>(att, ((b * NH + h) * T + t) * T + t2);
+            for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(dout, (b * T + t) * C + h * HS + j0 + j);
+          }
+          for (int64_t j = 0; j < n; ++j) add_st<D>(dqkv, (b * T + t2) * C3 + 2 * C + h * HS + j0 + j, acc[j]);
+        }
+    }
+}
+
+// dx = y (dy - sum y dy) per row; overwrites; in place allowed (the sum comes first).
+template <DType D>
+void attention_softmax_backward16(void* dpreatt, const void* datt, const void* att, int64_t B,
+                                  int64_t NH, int64_t T) {
+  const int64_t n_rows = B * NH * T;
+#pragma omp parallel for if (n_rows * T > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t t = r % T, row = r * T;
+    const float d = dot16<D>(att, row, datt, row, t + 1);
+    for (int64_t i = 0; i <= t; ++i)
+      st<D>(dpreatt, row + i, ld<D>(att, row + i) * (ld<D>(datt, row + i) - d));
+    for (int64_t i = t + 1; i < T; ++i) st<D>(dpreatt, row + i, 0.0f);
+  }
+}
+
+// dq[t] += sum over t2 <= t of g[t,t2] k[t2]; dk[t2] += sum over t >= t2 of g[t,t2] q[t];
+// g = dpreatt * scale; both sums ascending.
+template <DType D>
+void attention_scores_backward16(void* dqkv, const void* dpreatt, const void* qkv, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_scores_backward");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t grid = (b * NH + h) * T * T;
+      for (int64_t t0 = 0; t0 < T; ++t0)
+        for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
+          const int64_t n = std::min(kCols, HS - j0);
+          float dq[kCols] = {}, dk[kCols] = {};
+          for (int64_t t2 = 0; t2 <= t0; ++t2) {  // q of token t0
+            const float g = ld<D>(dpreatt, grid + t0 * T + t2) * scale;
+            for (int64_t j = 0; j < n; ++j) dq[j] += g * ld<D>(qkv, (b * T + t2) * C3 + C + h * HS + j0 + j);
+          }
+          for (int64_t t = t0; t < T; ++t) {  // k of token t0
+            const float g = ld<D>(dpreatt, grid + t * T + t0) * scale;
+            for (int64_t j = 0; j < n; ++j) dk[j] += g * ld<D>(qkv, (b * T + t) * C3 + h * HS + j0 + j);
+          }
+          const int64_t q = (b * T + t0) * C3 + h * HS + j0;
+          for (int64_t j = 0; j < n; ++j) {
+            add_st<D>(dqkv, q + j, dq[j]);
+            add_st<D>(dqkv, q + C + j, dk[j]);
+          }
+        }
+    }
+}
+
 }  // namespace
 
 void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
@@ -432,7 +798,7 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
   if (t == DType::fp32)
     return embedding_forward(static_cast<float*>(out), tokens, static_cast<const float*>(wte),
                              static_cast<const float*>(wpe), B, T, C);
-  no16("embedding_forward", t);
+  dispatch16(t, [&](auto d) { embedding_forward16<decltype(d)::value>(out, tokens, wte, wpe, B, T, C); });
 }
 
 void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, DType t,
@@ -440,7 +806,9 @@ void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t*
   if (t == DType::fp32)
     return embedding_backward(static_cast<float*>(dwte), static_cast<float*>(dwpe),
                               static_cast<const float*>(dout), tokens, B, T, C);
-  no16("embedding_backward", t);
+  dispatch16(t, [&](auto d) {
+    embedding_backward16<decltype(d)::value>(dwte, dwpe, dout, tokens, B, T, C);
+  });
 }
 
 void layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
@@ -449,7 +817,9 @@ void layernorm_forward(void* out, float* stats, const void* inp, const void* wei
     return layernorm_forward(static_cast<float*>(out), stats, static_cast<const float*>(inp),
                              static_cast<const float*>(weight), static_cast<const float*>(bias),
                              N, C);
-  no16("layernorm_forward", t);
+  dispatch16(t, [&](auto d) {
+    layernorm_forward16<decltype(d)::value>(out, stats, inp, weight, bias, N, C);
+  });
 }
 
 void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
@@ -459,42 +829,53 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
                               static_cast<float*>(dbias), static_cast<const float*>(dout),
                               static_cast<const float*>(inp), static_cast<const float*>(weight),
                               stats, N, C);
-  no16("layernorm_backward", t);
+  dispatch16(t, [&](auto d) {
+    layernorm_backward16<decltype(d)::value>(dinp, dweight, dbias, dout, inp, weight, stats, N, C);
+  });
 }
 
 void matmul_forward(void* out, DType out_t, const void* inp, const void* weight, const void* bias,
                     DType t, int64_t N, int64_t C, int64_t OC, float* workspace) {
-  (void)workspace;
   if (t == DType::fp32 && out_t == DType::fp32)
     return matmul_forward(static_cast<float*>(out), static_cast<const float*>(inp),
                           static_cast<const float*>(weight), static_cast<const float*>(bias), N, C,
                           OC);
-  no16("matmul_forward", t);
+  if (t == DType::fp32)
+    throw Error(fmt::format("cpu::matmul_forward: fp32 inputs with a {} output", to_string(out_t)),
+                "a 16-bit output needs 16-bit inputs of the same type");
+  if (out_t != t && out_t != DType::fp32)
+    throw Error(fmt::format("cpu::matmul_forward: {} inputs with a {} output", to_string(t),
+                            to_string(out_t)),
+                "the output is stored as the inputs, or as fp32");
+  dispatch16(t, [&](auto d) {
+    matmul_forward16<decltype(d)::value>(out, out_t, inp, weight, bias, N, C, OC, workspace);
+  });
 }
 
 void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                      const void* weight, DType t, int64_t N, int64_t C, int64_t OC,
                      float* workspace) {
-  (void)workspace;
   if (t == DType::fp32)
     return matmul_backward(static_cast<float*>(dinp), static_cast<float*>(dweight),
                            static_cast<float*>(dbias), static_cast<const float*>(dout),
                            static_cast<const float*>(inp), static_cast<const float*>(weight), N, C,
                            OC);
-  no16("matmul_backward", t);
+  dispatch16(t, [&](auto d) {
+    matmul_backward16<decltype(d)::value>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, workspace);
+  });
 }
 
 void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
   if (t == DType::fp32)
     return attention_scores(static_cast<float*>(preatt), static_cast<const float*>(qkv), B, T, C, NH);
-  no16("attention_scores", t);
+  dispatch16(t, [&](auto d) { attention_scores16<decltype(d)::value>(preatt, qkv, B, T, C, NH); });
 }
 
 void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T) {
   if (t == DType::fp32)
     return attention_softmax(static_cast<float*>(att), static_cast<const float*>(preatt), B, NH, T);
-  no16("attention_softmax", t);
+  dispatch16(t, [&](auto d) { attention_softmax16<decltype(d)::value>(att, preatt, B, NH, T); });
 }
 
 void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
@@ -502,7 +883,7 @@ void attention_values(void* out, const void* att, const void* qkv, DType t, int6
   if (t == DType::fp32)
     return attention_values(static_cast<float*>(out), static_cast<const float*>(att),
                             static_cast<const float*>(qkv), B, T, C, NH);
-  no16("attention_values", t);
+  dispatch16(t, [&](auto d) { attention_values16<decltype(d)::value>(out, att, qkv, B, T, C, NH); });
 }
 
 void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
@@ -512,7 +893,9 @@ void attention_values_backward(void* datt, void* dqkv, const void* dout, const v
     return attention_values_backward(static_cast<float*>(datt), static_cast<float*>(dqkv),
                                      static_cast<const float*>(dout), static_cast<const float*>(att),
                                      static_cast<const float*>(qkv), B, T, C, NH);
-  no16("attention_values_backward", t);
+  dispatch16(t, [&](auto d) {
+    attention_values_backward16<decltype(d)::value>(datt, dqkv, dout, att, qkv, B, T, C, NH);
+  });
 }
 
 void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
@@ -520,7 +903,9 @@ void attention_softmax_backward(void* dpreatt, const void* datt, const void* att
   if (t == DType::fp32)
     return attention_softmax_backward(static_cast<float*>(dpreatt), static_cast<const float*>(datt),
                                       static_cast<const float*>(att), B, NH, T);
-  no16("attention_softmax_backward", t);
+  dispatch16(t, [&](auto d) {
+    attention_softmax_backward16<decltype(d)::value>(dpreatt, datt, att, B, NH, T);
+  });
 }
 
 void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
@@ -528,7 +913,9 @@ void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
   if (t == DType::fp32)
     return attention_scores_backward(static_cast<float*>(dqkv), static_cast<const float*>(dpreatt),
                                      static_cast<const float*>(qkv), B, T, C, NH);
-  no16("attention_scores_backward", t);
+  dispatch16(t, [&](auto d) {
+    attention_scores_backward16<decltype(d)::value>(dqkv, dpreatt, qkv, B, T, C, NH);
+  });
 }
 
 void gelu_forward(void* out, const void* inp, DType t, int64_t n) {

@@ -40,19 +40,24 @@ ZP_HD inline float gelu_grad(float x) {
 // ---- LayerNorm over one row of C values (Ba et al. 2016), biased variance, eps 1e-5 as GPT-2.
 inline constexpr float kLayerNormEps = 1e-5f;
 
-// mean and rstd = 1/sqrt(var + eps) of x[0..C), two passes (the second on x - mean, which
-// keeps the variance accurate when |mean| >> std).
-ZP_HD inline void layernorm_row_stats(const float* x, int64_t C, float* mean, float* rstd) {
+// mean and rstd = 1/sqrt(var + eps) of x[0..C) stored as D, two passes (the second on
+// x - mean, which keeps the variance accurate when |mean| >> std). The float overload below is
+// the fp32 instance.
+template <DType D>
+ZP_HD inline void layernorm_row_stats(const void* x, int64_t C, float* mean, float* rstd) {
   float sum = 0.0f;
-  for (int64_t i = 0; i < C; ++i) sum += x[i];
+  for (int64_t i = 0; i < C; ++i) sum += load_as_f32(x, static_cast<std::size_t>(i), D);
   const float m = sum / static_cast<float>(C);
   float sq = 0.0f;
   for (int64_t i = 0; i < C; ++i) {
-    const float d = x[i] - m;
+    const float d = load_as_f32(x, static_cast<std::size_t>(i), D) - m;
     sq += d * d;
   }
   *mean = m;
   *rstd = 1.0f / sqrtf(sq / static_cast<float>(C) + kLayerNormEps);
+}
+ZP_HD inline void layernorm_row_stats(const float* x, int64_t C, float* mean, float* rstd) {
+  layernorm_row_stats<DType::fp32>(x, C, mean, rstd);
 }
 
 ZP_HD inline float layernorm_apply(float x, float mean, float rstd, float w, float b) {
@@ -61,18 +66,26 @@ ZP_HD inline float layernorm_apply(float x, float mean, float rstd, float w, flo
 
 // Backward of one row, with xhat = (x - mean) rstd and g = w * dout:
 //   dx_i = rstd (g_i - mean_j(g_j) - xhat_i mean_j(g_j xhat_j))
-// (llm.c layernorm_backward). layernorm_row_grad_means returns the two means.
-ZP_HD inline void layernorm_row_grad_means(const float* dout, const float* x, const float* w,
+// (llm.c layernorm_backward). layernorm_row_grad_means returns the two means; dout, x and w
+// stored as D (the float overload: the fp32 instance).
+template <DType D>
+ZP_HD inline void layernorm_row_grad_means(const void* dout, const void* x, const void* w,
                                            float mean, float rstd, int64_t C, float* g_mean,
                                            float* gxhat_mean) {
   float s1 = 0.0f, s2 = 0.0f;
   for (int64_t i = 0; i < C; ++i) {
-    const float g = w[i] * dout[i];
+    const auto k = static_cast<std::size_t>(i);
+    const float g = load_as_f32(w, k, D) * load_as_f32(dout, k, D);
     s1 += g;
-    s2 += g * (x[i] - mean) * rstd;
+    s2 += g * (load_as_f32(x, k, D) - mean) * rstd;
   }
   *g_mean = s1 / static_cast<float>(C);
   *gxhat_mean = s2 / static_cast<float>(C);
+}
+ZP_HD inline void layernorm_row_grad_means(const float* dout, const float* x, const float* w,
+                                           float mean, float rstd, int64_t C, float* g_mean,
+                                           float* gxhat_mean) {
+  layernorm_row_grad_means<DType::fp32>(dout, x, w, mean, rstd, C, g_mean, gxhat_mean);
 }
 
 ZP_HD inline float layernorm_dinp(float dout, float x, float w, float mean, float rstd,
