@@ -181,12 +181,13 @@ TEST_CASE("engine with dropout: gradients equal float64 finite differences under
 
 TEST_CASE("engine with 16-bit activations: gradients within 16-bit rounding of float64 differences") {
   // The planner's cuda graph: every activation, weight and gradient stored in the training
-  // precision, each kernel rounding its outputs once. A rounding to 16 bits has relative
-  // error at most u = 2^-9 (bf16) or 2^-12 (fp16); a gradient here passes through about two
-  // dozen stored tensors (forward and backward through two blocks and the head), whose errors
-  // add up roughly as a random walk: sqrt(24) u ~ 5u. The allowed error, 16u of the tensor's
-  // largest gradient (3% bf16, 0.4% fp16), leaves room for that and stays far below what a
-  // kernel that drops or doubles a term, or rounds an accumulation per contribution, gives.
+  // precision, each kernel rounding its outputs once. A rounding to nearest has relative
+  // error at most u = 2^-8 (bf16, 8 significant bits) or 2^-11 (fp16); a gradient here passes
+  // through about two dozen stored tensors (forward and backward through two blocks and the
+  // head), whose errors add up roughly as a random walk: sqrt(24) u ~ 5u. The allowed error,
+  // 8u of the tensor's largest gradient (3% bf16, 0.4% fp16), leaves room for that and stays
+  // far below what a kernel that drops or doubles a term gives (test_cpu_kernels16 holds each
+  // kernel to one rounding). Observed: about 1.3u for both types.
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp16})
     for (int stage : {0, 3}) {
       CAPTURE(static_cast<int>(prec));
@@ -195,8 +196,8 @@ TEST_CASE("engine with 16-bit activations: gradients within 16-bit rounding of f
       s.precision = prec;
       const planner::Plan plan = planner::make_plan(models::load_model("gpt2-tiny"), s,
                                                     {planner::Profile::zeroplan, planner::Backend::cuda}, 1234);
-      const double u = prec == planner::Precision::bf16 ? 0x1.0p-9 : 0x1.0p-12;
-      check_gradients_against_f64(plan, {}, static_cast<unsigned>(20 + stage), 16 * u);
+      const double u = prec == planner::Precision::bf16 ? 0x1.0p-8 : 0x1.0p-11;
+      check_gradients_against_f64(plan, {}, static_cast<unsigned>(20 + stage), 8 * u);
     }
 }
 
