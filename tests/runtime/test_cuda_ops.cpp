@@ -394,3 +394,188 @@ TEST_CASE("cuda arena: tagged high-water marks as on the cpu backend; copies acr
   CHECK(m.arena_bytes == dc.gpu_bytes);
   CHECK(m.total_bytes > m.free_now_bytes);
 }
+
+// ---- fp16 and bf16 storage ----------------------------------------------------------------------
+// Each op on the same 16-bit inputs and prefilled outputs on both devices (fresh inputs per op,
+// so one op's differences do not feed the next). Both devices round each output once from an
+// fp32 result. Where the fp32 results can differ (warp-tree sums against loops, tensor-core
+// GEMMs against the cpu's SGEMM panels, libm's last bit in expf and tanhf) the stored values
+// differ by at most one spacing of the type, 2u |x| with u = 2^-8 (bf16) or 2^-11 (fp16):
+// max|gpu - cpu| <= 2u max|cpu| (kOneRounding). Masks, one-product and one-sum elementwise
+// results, and the embedding's owner sums (the same order on both sides) are the same bits.
+namespace {
+
+constexpr DType kHalfTypes[] = {DType::fp16, DType::bf16};
+constexpr double kOneRounding = 2.0;  // in units of u
+
+double unit_roundoff(DType t) { return t == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
+
+// max|gpu - cpu| / max|cpu| over a 16-bit tensor, in units of the type's u.
+double half_err_u(Both& b, const Pair<uint16_t>& p, DType t) {
+  const std::vector<uint16_t> c = b.get(*b.cpu, p.c, p.n), g = b.get(*b.gpu, p.g, p.n);
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < p.n; ++i) {
+    const double x = load_as_f32(c.data(), i, t), y = load_as_f32(g.data(), i, t);
+    if (std::isnan(x) != std::isnan(y)) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, std::fabs(y - x));
+    ref = std::max(ref, std::fabs(x));
+  }
+  return (ref > 0 ? diff / ref : diff) / unit_roundoff(t);
+}
+
+#define CHECK_HALF(both, pair, t, tol_u)               \
+  do {                                                 \
+    const double e_ = half_err_u((both), (pair), (t)); \
+    CAPTURE(e_);                                       \
+    CHECK(e_ <= (tol_u));                              \
+  } while (0)
+
+}  // namespace
+
+TEST_CASE("cuda 16-bit embedding, layernorm, gelu, residual, dropout: as the cpu backend") {
+  Both b;
+  for (DType t : kHalfTypes) {
+    CAPTURE(to_string(t));
+    const auto tokens = b.ints(N, 7);  // a small vocabulary: tokens repeat
+    const int64_t V7 = 7;
+    const auto wte = b.half(V7 * C, t), wpe = b.half(T * C, t);
+    auto out = b.half(N * C, t);
+    b.cpu->embedding_forward(out.c, tokens.c, wte.c, wpe.c, t, B, T, C);
+    b.gpu->embedding_forward(out.g, tokens.g, wte.g, wpe.g, t, B, T, C);
+    CHECK(b.identical(out));
+    auto dwte = b.half(V7 * C, t), dwpe = b.half(T * C, t);
+    const auto dout = b.half(N * C, t);
+    b.cpu->embedding_backward(dwte.c, dwpe.c, dout.c, tokens.c, t, B, T, C);
+    b.gpu->embedding_backward(dwte.g, dwpe.g, dout.g, tokens.g, t, B, T, C);
+    CHECK(b.identical(dwte));  // each row summed by its first position, ascending, on both
+    CHECK(b.identical(dwpe));
+
+    const auto x = b.half(N * C, t, 3.0f), w = b.half(C, t), bias = b.half(C, t);
+    auto y = b.half(N * C, t);
+    auto stats = b.rand(2 * N);
+    b.cpu->layernorm_forward(y.c, stats.c, x.c, w.c, bias.c, t, N, C);
+    b.gpu->layernorm_forward(y.g, stats.g, x.g, w.g, bias.g, t, N, C);
+    CHECK_HALF(b, y, t, kOneRounding);
+    CHECK_CLOSE(b, stats, kReorder);
+    auto dx = b.half(N * C, t), dw = b.half(C, t), db = b.half(C, t);
+    const auto dy = b.half(N * C, t);
+    const auto same_stats = b.put(b.get(*b.cpu, stats.c, stats.n));  // both read the cpu's
+    b.cpu->layernorm_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c, same_stats.c, t, N, C);
+    b.gpu->layernorm_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g, same_stats.g, t, N, C);
+    CHECK_HALF(b, dx, t, kOneRounding);
+    CHECK_HALF(b, dw, t, kOneRounding);
+    CHECK_HALF(b, db, t, kOneRounding);
+
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {
+      CAPTURE(n);
+      const auto ni = static_cast<int64_t>(n);
+      const auto a = b.half(n, t, 3.0f), c = b.half(n, t);
+      auto o = b.half(n, t);
+      b.cpu->gelu_forward(o.c, a.c, t, ni);
+      b.gpu->gelu_forward(o.g, a.g, t, ni);
+      CHECK_HALF(b, o, t, kOneRounding);  // tanhf's last bit
+      b.cpu->gelu_backward(o.c, a.c, c.c, t, ni);
+      b.gpu->gelu_backward(o.g, a.g, c.g, t, ni);
+      CHECK_HALF(b, o, t, kOneRounding);
+      b.cpu->residual_forward(o.c, a.c, c.c, t, ni);
+      b.gpu->residual_forward(o.g, a.g, c.g, t, ni);
+      CHECK(b.identical(o));
+      // Dropout: kernel_math.hpp's counter-based masks, the same bits on both devices.
+      std::vector<uint8_t> zeros(n, 0);
+      auto mask = b.put(zeros);
+      b.cpu->dropout_forward(o.c, mask.c, a.c, t, 0.1f, 12345, ni);
+      b.gpu->dropout_forward(o.g, mask.g, a.g, t, 0.1f, 12345, ni);
+      CHECK(b.identical(mask));
+      CHECK(b.identical(o));
+      b.cpu->dropout_backward(o.c, o.c, mask.c, t, 0.1f, ni);  // in place, as the engine
+      b.gpu->dropout_backward(o.g, o.g, mask.g, t, 0.1f, ni);
+      CHECK(b.identical(o));
+    }
+  }
+}
+
+TEST_CASE("cuda 16-bit matmul (cublasGemmEx, fp32 accumulation) equals the cpu backend's panels") {
+  Both b;
+  struct Shape {
+    int64_t n, c, oc;
+  };
+  // Below a tile, and beyond the cpu's 256-wide panels in every dimension; none a multiple of 16.
+  for (const Shape sh : {Shape{N, C, OC}, Shape{300, 513, 270}})
+    for (DType t : kHalfTypes)
+      for (bool with_bias : {true, false}) {
+        CAPTURE(sh.n);
+        CAPTURE(to_string(t));
+        CAPTURE(with_bias);
+        const auto inp = b.half(sh.n * sh.c, t), w = b.half(sh.oc * sh.c, t, 0.1f),
+                   bias = b.half(sh.oc, t);
+        auto out = b.half(sh.n * sh.oc, t);
+        b.cpu->matmul_forward(out.c, t, inp.c, w.c, with_bias ? bias.c : nullptr, t, sh.n, sh.c, sh.oc);
+        b.gpu->matmul_forward(out.g, t, inp.g, w.g, with_bias ? bias.g : nullptr, t, sh.n, sh.c, sh.oc);
+        CHECK_HALF(b, out, t, kOneRounding);
+        auto logits = b.rand(sh.n * sh.oc);  // the LM head: 16-bit inputs, fp32 logits
+        b.cpu->matmul_forward(logits.c, DType::fp32, inp.c, w.c, with_bias ? bias.c : nullptr, t,
+                              sh.n, sh.c, sh.oc);
+        b.gpu->matmul_forward(logits.g, DType::fp32, inp.g, w.g, with_bias ? bias.g : nullptr, t,
+                              sh.n, sh.c, sh.oc);
+        CHECK_CLOSE(b, logits, kReorder);
+        auto dinp = b.half(sh.n * sh.c, t), dw = b.half(sh.oc * sh.c, t), db = b.half(sh.oc, t);
+        const auto dout = b.half(sh.n * sh.oc, t);
+        b.cpu->matmul_backward(dinp.c, dw.c, with_bias ? db.c : nullptr, dout.c, inp.c, w.c, t,
+                               sh.n, sh.c, sh.oc);
+        b.gpu->matmul_backward(dinp.g, dw.g, with_bias ? db.g : nullptr, dout.g, inp.g, w.g, t,
+                               sh.n, sh.c, sh.oc);
+        CHECK_HALF(b, dinp, t, kOneRounding);
+        CHECK_HALF(b, dw, t, kOneRounding);
+        if (with_bias) CHECK_HALF(b, db, t, kOneRounding);
+        else CHECK(b.identical(db));  // untouched
+      }
+}
+
+TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the cpu backend") {
+  Both b;
+  const int64_t A = B * NH * T * T;
+  for (DType t : kHalfTypes) {
+    CAPTURE(to_string(t));
+    const auto qkv = b.half(N * 3 * C, t);
+    auto preatt = b.half(A, t);
+    b.cpu->attention_scores(preatt.c, qkv.c, t, B, T, C, NH);
+    b.gpu->attention_scores(preatt.g, qkv.g, t, B, T, C, NH);
+    CHECK_HALF(b, preatt, t, kOneRounding);
+    const auto scores = b.half(A, t, 2.0f);
+    auto att = b.half(A, t);
+    b.cpu->attention_softmax(att.c, scores.c, t, B, NH, T);
+    b.gpu->attention_softmax(att.g, scores.g, t, B, NH, T);
+    CHECK_HALF(b, att, t, kOneRounding);
+    const auto probs = b.half(A, t, 0.1f);
+    auto out = b.half(N * C, t);
+    b.cpu->attention_values(out.c, probs.c, qkv.c, t, B, T, C, NH);
+    b.gpu->attention_values(out.g, probs.g, qkv.g, t, B, T, C, NH);
+    CHECK_HALF(b, out, t, kOneRounding);
+
+    const auto dout = b.half(N * C, t);
+    auto datt = b.half(A, t), dqkv = b.half(N * 3 * C, t);
+    b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, probs.c, qkv.c, t, B, T, C, NH);
+    b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, probs.g, qkv.g, t, B, T, C, NH);
+    CHECK_HALF(b, datt, t, kOneRounding);
+    CHECK_HALF(b, dqkv, t, kOneRounding);
+    auto dsm = b.half(A, t);  // in place, as the engine runs it
+    b.cpu->attention_softmax_backward(dsm.c, dsm.c, probs.c, t, B, NH, T);
+    b.gpu->attention_softmax_backward(dsm.g, dsm.g, probs.g, t, B, NH, T);
+    CHECK_HALF(b, dsm, t, kOneRounding);
+    const auto dpre = b.half(A, t);
+    auto dqkv2 = b.half(N * 3 * C, t);
+    b.cpu->attention_scores_backward(dqkv2.c, dpre.c, qkv.c, t, B, T, C, NH);
+    b.gpu->attention_scores_backward(dqkv2.g, dpre.g, qkv.g, t, B, T, C, NH);
+    CHECK_HALF(b, dqkv2, t, kOneRounding);
+
+    // fp32 probabilities (the same on both sides), a 16-bit gradient of the logits.
+    std::vector<float> p(static_cast<std::size_t>(N * V));
+    for (float& x : p) x = std::fabs(b.normal(1)[0]);
+    const auto pr = b.put(p);
+    const auto targets = b.ints(N, V);
+    auto dlogits = b.half(N * V, t);
+    b.cpu->crossentropy_backward(dlogits.c, t, pr.c, targets.c, 0.25f, N, V);
+    b.gpu->crossentropy_backward(dlogits.g, t, pr.g, targets.g, 0.25f, N, V);
+    CHECK(b.identical(dlogits));
+  }
+}

@@ -44,12 +44,6 @@ namespace {
 
 constexpr const char* kNoDeviceHint = "run on a GPU node or use --device cpu";
 
-// Placeholder for the kernels not written yet: a clear error, never wrong numbers.
-[[noreturn]] void no16(const char* what, DType t) {
-  throw Error(fmt::format("cuda {}: {} storage is not implemented yet", what, to_string(t)),
-              "run the planner's cpu graph (zero-plan plan --device cpu)");
-}
-
 // The rank's index among the ranks of its node, as the launcher tells it (Open MPI first).
 int local_rank_from_env() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
@@ -123,7 +117,8 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
     ZP_CUBLAS_CHECK(cublasCreate(&blas_));
     ZP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));
     // Pedantic: fp32 products and sums throughout (no TF32, no reduced-precision reductions).
-    ZP_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    math_mode_ = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+    ZP_CUBLAS_CHECK(cublasSetMathMode(blas_, math_mode_));
     ZP_CUDA_CHECK(cudaDeviceSynchronize());  // setup only: the memsets are done
   } catch (...) {
     release();
@@ -273,142 +268,144 @@ double CudaDevice::sum(const float* p, int64_t n) {
 
 // ---- GEMMs: row-major out = inp @ W^T as column-major out^T = W^T... (see each call) --------
 
+namespace {
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::fp32 ? CUDA_R_32F : (t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF);
+}
+}  // namespace
+
+// C (ldc, stored as c_t) = op(A) op(B) + beta C, A and B stored as ab_t, summed in fp32
+// (CUBLAS_COMPUTE_32F; cublasGemmEx takes 16-bit A and B with a 16-bit or fp32 C). The math
+// mode follows the inputs: fp32 keeps fp32 products and sums (CUBLAS_PEDANTIC_MATH; TF32 only
+// with CudaOptions::tf32); 16-bit inputs run on tensor cores (CUBLAS_DEFAULT_MATH) with
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, which keeps split-K partial sums in the
+// compute type rather than the 16-bit output type (cuBLAS documentation, cublasMath_t;
+// PyTorch sets it too unless allow_bf16/fp16_reduced_precision_reduction): one rounding per
+// output element, as the cpu backend's panels.
 void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                      float* c, int64_t ldc, const char* what) {
+                      const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
+                      int64_t ldc, DType ab_t, DType c_t, const char* what) {
+  const cublasMath_t mode =
+      ab_t == DType::fp32
+          ? (tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)
+          : static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  if (mode != math_mode_) {
+    ZP_CUBLAS_CHECK(cublasSetMathMode(blas_, mode));
+    math_mode_ = mode;
+  }
   const float alpha = 1.0f;
   ZP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, blas_dim(m, what), blas_dim(n, what), blas_dim(k, what),
-                               &alpha, a, CUDA_R_32F, blas_dim(lda, what), b, CUDA_R_32F,
-                               blas_dim(ldb, what), &beta, c, CUDA_R_32F, blas_dim(ldc, what),
-                               tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               &alpha, a, cuda_type(ab_t), blas_dim(lda, what), b, cuda_type(ab_t),
+                               blas_dim(ldb, what), &beta, c, cuda_type(c_t), blas_dim(ldc, what),
+                               ab_t == DType::fp32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                            : CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
 }
 
 // A row-major (R, K) matrix is a column-major (K, R) one with leading dimension K, so every
 // row-major product X = P @ Q becomes the column-major X^T = Q^T P^T.
-void CudaDevice::matmul_forward(void* out_v, DType out_t, const void* inp_v, const void* weight_v,
-                                const void* bias_v, DType t, int64_t N, int64_t C, int64_t OC) {
-  if (t != DType::fp32 || out_t != DType::fp32) no16("matmul_forward", t);
-  auto* out = static_cast<float*>(out_v);
-  const auto* inp = static_cast<const float*>(inp_v);
-  const auto* weight = static_cast<const float*>(weight_v);
-  const auto* bias = static_cast<const float*>(bias_v);
+void CudaDevice::matmul_forward(void* out, DType out_t, const void* inp, const void* weight,
+                                const void* bias, DType t, int64_t N, int64_t C, int64_t OC) {
+  if (out_t != t && !(out_t == DType::fp32 && t != DType::fp32))
+    throw Error(fmt::format("cuda matmul_forward: {} inputs with a {} output", to_string(t),
+                            to_string(out_t)),
+                "the output is stored as the inputs, or as fp32");
   if (N == 0 || OC == 0) return;
   float beta = 0.0f;
   if (bias != nullptr) {
-    cuda::broadcast_rows(compute(), out, bias, N, OC);
+    cuda::broadcast_rows(compute(), out, out_t, bias, t, N, OC);
     beta = 1.0f;
   }
   // out^T (OC,N) = W (OC,C) [col-major (C,OC), transposed] @ inp^T (C,N) [col-major (C,N)]
-  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC, "matmul_forward");
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC, t, out_t,
+       "matmul_forward");
 }
 
-void CudaDevice::matmul_backward(void* dinp_v, void* dweight_v, void* dbias_v, const void* dout_v,
-                                 const void* inp_v, const void* weight_v, DType t, int64_t N,
+void CudaDevice::matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                 const void* inp, const void* weight, DType t, int64_t N,
                                  int64_t C, int64_t OC) {
-  if (t != DType::fp32) no16("matmul_backward", t);
-  auto* dinp = static_cast<float*>(dinp_v);
-  auto* dweight = static_cast<float*>(dweight_v);
-  auto* dbias = static_cast<float*>(dbias_v);
-  const auto* dout = static_cast<const float*>(dout_v);
-  const auto* inp = static_cast<const float*>(inp_v);
-  const auto* weight = static_cast<const float*>(weight_v);
   if (N == 0 || OC == 0 || C == 0) return;
   // dinp (N,C) += dout (N,OC) @ W (OC,C):  dinp^T (C,N) += W^T (C,OC) @ dout^T (OC,N)
-  gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C, "matmul_backward dinp");
+  gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C, t, t,
+       "matmul_backward dinp");
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C):  dweight^T (C,OC) += inp^T (C,N) @ dout (N,OC)
-  gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C,
+  gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C, t, t,
        "matmul_backward dweight");
-  if (dbias != nullptr) cuda::column_sums_add(compute(), dbias, dout, N, OC);
+  if (dbias != nullptr) cuda::column_sums_add(compute(), dbias, dout, t, N, OC);
 }
 
 // ---- the other ops: kernels.cu on the compute stream ------------------------------------------
 
-#define ZP_F(p) static_cast<float*>(p)
-#define ZP_CF(p) static_cast<const float*>(p)
 void CudaDevice::embedding_forward(void* out, const int32_t* tokens, const void* wte,
                                    const void* wpe, DType t, int64_t B, int64_t T, int64_t C) {
-  if (t != DType::fp32) no16("embedding_forward", t);
-  cuda::embedding_forward(compute(), ZP_F(out), tokens, ZP_CF(wte), ZP_CF(wpe), B, T, C);
+  cuda::embedding_forward(compute(), out, tokens, wte, wpe, t, B, T, C);
 }
 void CudaDevice::embedding_backward(void* dwte, void* dwpe, const void* dout,
                                     const int32_t* tokens, DType t, int64_t B, int64_t T,
                                     int64_t C) {
-  if (t != DType::fp32) no16("embedding_backward", t);
-  cuda::embedding_backward(compute(), ZP_F(dwte), ZP_F(dwpe), ZP_CF(dout), tokens, B, T, C);
+  cuda::embedding_backward(compute(), dwte, dwpe, dout, tokens, t, B, T, C);
 }
 void CudaDevice::layernorm_forward(void* out, float* stats, const void* inp, const void* weight,
                                    const void* bias, DType t, int64_t N, int64_t C) {
-  if (t != DType::fp32) no16("layernorm_forward", t);
-  cuda::layernorm_forward(compute(), ZP_F(out), stats, ZP_CF(inp), ZP_CF(weight), ZP_CF(bias), N, C);
+  cuda::layernorm_forward(compute(), out, stats, inp, weight, bias, t, N, C);
 }
 void CudaDevice::layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                     const void* inp, const void* weight, const float* stats,
                                     DType t, int64_t N, int64_t C) {
-  if (t != DType::fp32) no16("layernorm_backward", t);
-  cuda::layernorm_backward(compute(), ZP_F(dinp), ZP_F(dweight), ZP_F(dbias), ZP_CF(dout),
-                           ZP_CF(inp), ZP_CF(weight), stats, N, C);
+  cuda::layernorm_backward(compute(), dinp, dweight, dbias, dout, inp, weight, stats, t, N, C);
 }
 void CudaDevice::attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) {
-  if (t != DType::fp32) no16("attention_scores", t);
-  cuda::attention_scores(compute(), ZP_F(preatt), ZP_CF(qkv), B, T, C, NH);
+  cuda::attention_scores(compute(), preatt, qkv, t, B, T, C, NH);
 }
 void CudaDevice::attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
                                    int64_t T) {
-  if (t != DType::fp32) no16("attention_softmax", t);
-  cuda::attention_softmax(compute(), ZP_F(att), ZP_CF(preatt), B, NH, T);
+  cuda::attention_softmax(compute(), att, preatt, t, B, NH, T);
 }
 void CudaDevice::attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
                                   int64_t T, int64_t C, int64_t NH) {
-  if (t != DType::fp32) no16("attention_values", t);
-  cuda::attention_values(compute(), ZP_F(out), ZP_CF(att), ZP_CF(qkv), B, T, C, NH);
+  cuda::attention_values(compute(), out, att, qkv, t, B, T, C, NH);
 }
 void CudaDevice::attention_values_backward(void* datt, void* dqkv, const void* dout,
                                            const void* att, const void* qkv, DType t, int64_t B,
                                            int64_t T, int64_t C, int64_t NH) {
-  if (t != DType::fp32) no16("attention_values_backward", t);
-  cuda::attention_values_backward(compute(), ZP_F(datt), ZP_F(dqkv), ZP_CF(dout), ZP_CF(att),
-                                  ZP_CF(qkv), B, T, C, NH);
+  cuda::attention_values_backward(compute(), datt, dqkv, dout, att, qkv, t, B, T, C, NH);
 }
 void CudaDevice::attention_softmax_backward(void* dpreatt, const void* datt, const void* att,
                                             DType t, int64_t B, int64_t NH, int64_t T) {
-  if (t != DType::fp32) no16("attention_softmax_backward", t);
-  cuda::attention_softmax_backward(compute(), ZP_F(dpreatt), ZP_CF(datt), ZP_CF(att), B, NH, T);
+  cuda::attention_softmax_backward(compute(), dpreatt, datt, att, t, B, NH, T);
 }
 void CudaDevice::attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
                                            DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  if (t != DType::fp32) no16("attention_scores_backward", t);
-  cuda::attention_scores_backward(compute(), ZP_F(dqkv), ZP_CF(dpreatt), ZP_CF(qkv), B, T, C, NH);
+  cuda::attention_scores_backward(compute(), dqkv, dpreatt, qkv, t, B, T, C, NH);
 }
 void CudaDevice::gelu_forward(void* out, const void* inp, DType t, int64_t n) {
-  if (t != DType::fp32) no16("gelu_forward", t);
-  cuda::gelu_forward(compute(), ZP_F(out), ZP_CF(inp), n);
+  cuda::gelu_forward(compute(), out, inp, t, n);
 }
 void CudaDevice::gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
-  if (t != DType::fp32) no16("gelu_backward", t);
-  cuda::gelu_backward(compute(), ZP_F(dinp), ZP_CF(inp), ZP_CF(dout), n);
+  cuda::gelu_backward(compute(), dinp, inp, dout, t, n);
 }
 void CudaDevice::residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) {
-  if (t != DType::fp32) no16("residual_forward", t);
-  cuda::residual_forward(compute(), ZP_F(out), ZP_CF(a), ZP_CF(b), n);
+  cuda::residual_forward(compute(), out, a, b, t, n);
 }
-void CudaDevice::dropout_forward(void*, uint8_t*, const void*, DType t, float, uint64_t, int64_t) {
-  no16("dropout_forward", t);
+void CudaDevice::dropout_forward(void* out, uint8_t* mask, const void* inp, DType t, float p,
+                                 uint64_t key, int64_t n) {
+  cuda::dropout_forward(compute(), out, mask, inp, t, p, key, n);
 }
-void CudaDevice::dropout_backward(void*, const void*, const uint8_t*, DType t, float, int64_t) {
-  no16("dropout_backward", t);
+void CudaDevice::dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t,
+                                  float p, int64_t n) {
+  cuda::dropout_backward(compute(), dinp, dout, mask, t, p, n);
 }
-#undef ZP_F
-#undef ZP_CF
 void CudaDevice::crossentropy_forward(float* logits, float* losses, const int32_t* targets,
                                       int64_t N, int64_t V) {
   cuda::crossentropy_forward(compute(), logits, losses, targets, N, V, &scratch_->bad_target);
 }
 void CudaDevice::crossentropy_backward(void* dlogits, DType t, const float* probs,
                                        const int32_t* targets, float dloss, int64_t N, int64_t V) {
-  if (t != DType::fp32 || dlogits != probs) no16("crossentropy_backward", t);
-  cuda::crossentropy_backward(compute(), static_cast<float*>(dlogits), targets, dloss, N, V,
+  if (t != DType::fp32 && static_cast<const void*>(dlogits) == static_cast<const void*>(probs))
+    throw Error("cuda crossentropy_backward: a 16-bit gradient cannot replace fp32 probabilities in place",
+                "give the gradient its own buffer (the 16-bit graph's logits.d)");
+  cuda::crossentropy_backward(compute(), dlogits, t, probs, targets, dloss, N, V,
                               &scratch_->bad_target);
 }
 void CudaDevice::to_f32(float* dst, const void* src, DType t, int64_t n) {

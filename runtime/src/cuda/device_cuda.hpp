@@ -109,6 +109,8 @@ class CudaDevice final : public Device {
   std::array<cudaEvent_t, kCopySlots> copy_events_{};
   std::array<bool, kCopySlots> copy_pending_{};
   cublasHandle_t blas_ = nullptr;
+  // The handle's math mode, set per GEMM by its input type (see gemm); fp32's to start.
+  cublasMath_t math_mode_ = CUBLAS_PEDANTIC_MATH;
 
   cudaStream_t compute() const { return stream(Stream::compute); }
   // A host-memory copy either way, on its stream, ordered after compute; returns once done.
@@ -116,8 +118,8 @@ class CudaDevice final : public Device {
   // Reads scratch_ back (after the compute stream's work) and throws on a bad target.
   Scratch read_scratch();
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-            int64_t ldc, const char* what);
+            const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
+            int64_t ldc, DType ab_t, DType c_t, const char* what);
   void release() noexcept;
 };
 

@@ -1,10 +1,13 @@
 // kernels.cu: the CUDA kernels of a GPT-2 step that are not GEMMs (embedding, LayerNorm,
-// attention in three masked steps, GELU, residual, cross-entropy, 16-bit casts, sums, Adam and
-// SGD), each with its host launcher. Elementwise math comes from kernel_math.hpp, dtype.hpp and
-// cpu_adam_kernels.hpp (the ZP_HD functions the CPU backend runs), and summation orders follow
-// cpu_kernels.cpp wherever one thread owns a sum. Built with --fmad=false so that no multiply-add
-// is fused behind the code's back (the CPU build fuses none either). Not tuned: attention is
-// direct loops, not tiled or flash; the GEMMs are cuBLAS's (device_cuda.cpp).
+// attention in three masked steps, GELU, residual, dropout, cross-entropy, 16-bit casts, sums,
+// Adam and SGD), each with its host launcher. The step's kernels are templates over the storage
+// type (fp32, fp16, bf16): they load as fp32, compute in fp32 and store each output element
+// once, every output owned by one thread (no atomics). Elementwise math comes from
+// kernel_math.hpp, dtype.hpp and cpu_adam_kernels.hpp (the ZP_HD functions the CPU backend
+// runs), and summation orders follow cpu_kernels.cpp wherever one thread owns a sum. Built with
+// --fmad=false so that no multiply-add is fused behind the code's back (the CPU build fuses none
+// either). Not tuned: attention is direct loops, not tiled or flash; the GEMMs are cuBLAS's
+// (device_cuda.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,8 +26,6 @@ constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = kThreads / kWarp;
 constexpr unsigned kFullMask = 0xffffffffu;
-// Column sums split the rows into chunks of this many, one block row each, added atomically.
-constexpr int64_t kRowsPerChunk = 256;
 
 // Blocks for n independent items, one per thread; grid-stride loops cover the rest beyond
 // the cap (the x dimension allows 2^31 - 1 blocks; 2^20 keeps every loop index in int64).
@@ -72,112 +73,183 @@ __device__ float block_max(float v) {
   return warp_max(v);
 }
 
+// Loads and stores of storage type D (a compile-time constant: the switch in load_as_f32 /
+// store_from_f32 folds away).
+template <DType D>
+__device__ __forceinline__ float ld(const void* p, int64_t i) {
+  return load_as_f32(p, static_cast<std::size_t>(i), D);
+}
+template <DType D>
+__device__ __forceinline__ void st(void* p, int64_t i, float v) {
+  store_from_f32(p, static_cast<std::size_t>(i), D, v);
+}
+
+// An accumulation into one output element by its one owner thread, in the order of the CPU
+// kernels of the same type: fp32 from the old value on, one addition at a time (the in-place
+// updates of cpu_kernels.cpp's fp32 kernels); 16-bit as the fp32 sum of the contributions,
+// added to the old value once and rounded once (its 16-bit kernels).
+template <DType D>
+struct Acc {
+  float s;
+  __device__ Acc(const void* p, int64_t i) : s(D == DType::fp32 ? ld<D>(p, i) : 0.0f) {}
+  __device__ void add(float v) { s += v; }
+  __device__ void store(void* p, int64_t i) const {
+    st<D>(p, i, D == DType::fp32 ? s : ld<D>(p, i) + s);
+  }
+};
+
 // ---- Embedding ------------------------------------------------------------------------------
 
-__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
-                                    const float* wpe, int64_t T, int64_t C, int64_t n) {
+template <DType D>
+__global__ void embedding_forward_k(void* out, const int32_t* tokens, const void* wte,
+                                    const void* wpe, int64_t T, int64_t C, int64_t n) {
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t bt = i / C, c = i % C;
-    const float e = wte[static_cast<int64_t>(tokens[bt]) * C + c];
-    out[i] = wpe ? e + wpe[(bt % T) * C + c] : e;
+    const float e = ld<D>(wte, static_cast<int64_t>(tokens[bt]) * C + c);
+    st<D>(out, i, wpe ? e + ld<D>(wpe, (bt % T) * C + c) : e);
   }
 }
 
-// dwte rows repeat with repeated tokens: atomic adds.
-__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens,
-                                         int64_t C, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride())
-    atomicAdd(dwte + static_cast<int64_t>(tokens[i / C]) * C + i % C, dout[i]);
+// dwte, one block per position bt (blockDim.x == kThreads). A token may repeat: the first
+// position holding it owns its row, summing dout over every position holding it in ascending
+// order (cpu_kernels.cpp's order) and adding once; a later position of the same token leaves
+// at once. The positions are found kThreads at a time and compacted, in order, into shared
+// memory (warp ballots, then the warps' counts in warp order).
+template <DType D>
+__global__ void embedding_backward_wte_k(void* dwte, const void* dout, const int32_t* tokens,
+                                         int64_t BT, int64_t C) {
+  __shared__ int32_t found[kThreads];
+  __shared__ int warp_count[kWarpsPerBlock];
+  const int64_t bt = blockIdx.x;
+  const int32_t tok = tokens[bt];
+  int earlier = 0;
+  for (int64_t j = threadIdx.x; j < bt; j += blockDim.x) earlier |= tokens[j] == tok ? 1 : 0;
+  if (__syncthreads_or(earlier)) return;  // the whole block leaves together
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int64_t c0 = 0; c0 < C; c0 += blockDim.x) {
+    const int64_t c = c0 + threadIdx.x;
+    Acc<D> acc(dwte, c < C ? static_cast<int64_t>(tok) * C + c : 0);
+    for (int64_t j0 = bt; j0 < BT; j0 += blockDim.x) {
+      const int64_t j = j0 + threadIdx.x;
+      const bool match = j < BT && tokens[j] == tok;
+      const unsigned ballot = __ballot_sync(kFullMask, match);
+      if (lane == 0) warp_count[warp] = __popc(ballot);
+      __syncthreads();
+      int offset = 0, total = 0;
+      for (int w = 0; w < kWarpsPerBlock; ++w) {
+        offset += w < warp ? warp_count[w] : 0;
+        total += warp_count[w];
+      }
+      if (match) found[offset + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(j - j0);
+      __syncthreads();
+      if (c < C)
+        for (int k = 0; k < total; ++k) acc.add(ld<D>(dout, (j0 + found[k]) * C + c));
+      __syncthreads();  // found and warp_count are the next chunk's
+    }
+    if (c < C) acc.store(dwte, static_cast<int64_t>(tok) * C + c);
+  }
 }
 
-// dwpe[t, c] += dout[b, t, c] over b in order, as the CPU loop.
-__global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int64_t B, int64_t T,
+// dwpe[t, c] += dout[b, t, c] over b in ascending order.
+template <DType D>
+__global__ void embedding_backward_wpe_k(void* dwpe, const void* dout, int64_t B, int64_t T,
                                          int64_t C) {
   for (int64_t i = global_index(); i < T * C; i += grid_stride()) {
-    float acc = dwpe[i];
-    for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + i];
-    dwpe[i] = acc;
+    Acc<D> acc(dwpe, i);
+    for (int64_t b = 0; b < B; ++b) acc.add(ld<D>(dout, b * T * C + i));
+    acc.store(dwpe, i);
   }
 }
 
 // ---- LayerNorm: one warp per row -------------------------------------------------------------
 
-__global__ void layernorm_forward_k(float* out, float* stats, const float* inp, const float* w,
-                                    const float* b, int64_t N, int64_t C) {
+template <DType D>
+__global__ void layernorm_forward_k(void* out, float* stats, const void* inp, const void* w,
+                                    const void* b, int64_t N, int64_t C) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;  // whole warps leave together
-  const float* x = inp + row * C;
+  const int64_t x0 = row * C;
   float s = 0.0f;
-  for (int64_t i = lane; i < C; i += kWarp) s += x[i];
+  for (int64_t i = lane; i < C; i += kWarp) s += ld<D>(inp, x0 + i);
   const float mean = warp_sum(s) / static_cast<float>(C);
   float sq = 0.0f;
   for (int64_t i = lane; i < C; i += kWarp) {
-    const float d = x[i] - mean;
+    const float d = ld<D>(inp, x0 + i) - mean;
     sq += d * d;
   }
   // layernorm_row_stats' formula: rstd = 1 / sqrt(biased variance + eps), two passes.
   const float rstd = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + kLayerNormEps);
-  for (int64_t i = lane; i < C; i += kWarp) out[row * C + i] = layernorm_apply(x[i], mean, rstd, w[i], b[i]);
+  for (int64_t i = lane; i < C; i += kWarp)
+    st<D>(out, x0 + i, layernorm_apply(ld<D>(inp, x0 + i), mean, rstd, ld<D>(w, i), ld<D>(b, i)));
   if (lane == 0) {
     stats[2 * row] = mean;
     stats[2 * row + 1] = rstd;
   }
 }
 
-__global__ void layernorm_backward_dinp_k(float* dinp, const float* dout, const float* inp,
-                                          const float* w, const float* stats, int64_t N, int64_t C) {
+template <DType D>
+__global__ void layernorm_backward_dinp_k(void* dinp, const void* dout, const void* inp,
+                                          const void* w, const float* stats, int64_t N, int64_t C) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
-  const float* g = dout + row * C;
-  const float* x = inp + row * C;
+  const int64_t x0 = row * C;
   const float mean = stats[2 * row], rstd = stats[2 * row + 1];
   // layernorm_row_grad_means, reduced over the warp.
   float s1 = 0.0f, s2 = 0.0f;
   for (int64_t i = lane; i < C; i += kWarp) {
-    const float gw = w[i] * g[i];
+    const float gw = ld<D>(w, i) * ld<D>(dout, x0 + i);
     s1 += gw;
-    s2 += gw * (x[i] - mean) * rstd;
+    s2 += gw * (ld<D>(inp, x0 + i) - mean) * rstd;
   }
   const float g_mean = warp_sum(s1) / static_cast<float>(C);
   const float gxhat_mean = warp_sum(s2) / static_cast<float>(C);
   for (int64_t i = lane; i < C; i += kWarp)
-    dinp[row * C + i] += layernorm_dinp(g[i], x[i], w[i], mean, rstd, g_mean, gxhat_mean);
+    st<D>(dinp, x0 + i,
+          ld<D>(dinp, x0 + i) + layernorm_dinp(ld<D>(dout, x0 + i), ld<D>(inp, x0 + i), ld<D>(w, i),
+                                               mean, rstd, g_mean, gxhat_mean));
 }
 
-// dweight += sum_r dout * xhat, dbias += sum_r dout: one thread per channel and row chunk.
-__global__ void layernorm_backward_params_k(float* dweight, float* dbias, const float* dout,
-                                            const float* inp, const float* stats, int64_t N,
-                                            int64_t C) {
-  const int64_t c = global_index();
-  if (c >= C) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
-  const int64_t r1 = r0 + kRowsPerChunk < N ? r0 + kRowsPerChunk : N;
+// Column sums with one owner per column: a block owns kWarp columns (lane = column); its warps
+// take rows warp, warp + kWarpsPerBlock, ...; the partial sums meet in shared memory and are
+// added in warp order, and each column is written once. No atomics: deterministic, and one
+// rounding of a 16-bit output. LayerNorm's weight gradients: dweight += sum_r dout xhat,
+// dbias += sum_r dout; a linear layer's bias gradient: dbias += sum_r dout.
+template <DType D, bool kLayerNorm>
+__global__ void column_sums_k(void* dweight, void* dbias, const void* dout, const void* inp,
+                              const float* stats, int64_t N, int64_t C) {
+  __shared__ float pw[kWarpsPerBlock][kWarp], pb[kWarpsPerBlock][kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kWarp + lane;
   float dw = 0.0f, db = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float g = dout[r * C + c];
-    dw += g * (inp[r * C + c] - stats[2 * r]) * stats[2 * r + 1];
-    db += g;
+  if (c < C)
+    for (int64_t r = warp; r < N; r += kWarpsPerBlock) {
+      const float g = ld<D>(dout, r * C + c);
+      if (kLayerNorm) dw += g * (ld<D>(inp, r * C + c) - stats[2 * r]) * stats[2 * r + 1];
+      db += g;
+    }
+  pw[warp][lane] = dw;
+  pb[warp][lane] = db;
+  __syncthreads();
+  if (warp != 0 || c >= C) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    sw += pw[w][lane];
+    sb += pb[w][lane];
   }
-  atomicAdd(dweight + c, dw);
-  atomicAdd(dbias + c, db);
+  if (kLayerNorm) st<D>(dweight, c, ld<D>(dweight, c) + sw);
+  st<D>(dbias, c, ld<D>(dbias, c) + sb);
 }
 
 // ---- Linear-layer helpers (the GEMMs are cuBLAS's) -------------------------------------------
 
-__global__ void broadcast_rows_k(float* out, const float* bias, int64_t OC, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) out[i] = bias[i % OC];
-}
-
-__global__ void column_sums_add_k(float* dbias, const float* dout, int64_t N, int64_t OC) {
-  const int64_t o = global_index();
-  if (o >= OC) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
-  const int64_t r1 = r0 + kRowsPerChunk < N ? r0 + kRowsPerChunk : N;
-  float s = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) s += dout[r * OC + o];
-  atomicAdd(dbias + o, s);
+// The output's and the bias's types are arguments: uniform across the grid, no divergence.
+__global__ void broadcast_rows_k(void* out, DType out_t, const void* bias, DType t, int64_t OC,
+                                 int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    store_from_f32(out, static_cast<std::size_t>(i), out_t,
+                   load_as_f32(bias, static_cast<std::size_t>(i % OC), t));
 }
 
 // ---- Attention -------------------------------------------------------------------------------
@@ -191,133 +263,158 @@ struct AttnDims {
 };
 
 // preatt[b,h,t,t2] = q[b,t,h] . k[b,t2,h] * scale for t2 <= t.
-__global__ void attention_scores_k(float* preatt, const float* qkv, AttnDims d, float scale) {
+template <DType D>
+__global__ void attention_scores_k(void* preatt, const void* qkv, AttnDims d, float scale) {
   const int64_t n = d.B * d.NH * d.T * d.T;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t t2 = i % d.T, t = i / d.T % d.T, h = i / (d.T * d.T) % d.NH, b = i / (d.T * d.T * d.NH);
     if (t2 > t) continue;
-    const float* q = qkv + (b * d.T + t) * 3 * d.C + h * d.HS;
-    const float* k = qkv + (b * d.T + t2) * 3 * d.C + d.C + h * d.HS;
+    const int64_t q = (b * d.T + t) * 3 * d.C + h * d.HS;
+    const int64_t k = (b * d.T + t2) * 3 * d.C + d.C + h * d.HS;
     float s = 0.0f;
-    for (int64_t j = 0; j < d.HS; ++j) s += q[j] * k[j];
-    preatt[i] = s * scale;
+    for (int64_t j = 0; j < d.HS; ++j) s += ld<D>(qkv, q + j) * ld<D>(qkv, k + j);
+    st<D>(preatt, i, s * scale);
   }
 }
 
-// One warp per row r of (B*NH*T): softmax over keys 0..t, zeros above.
-__global__ void attention_softmax_k(float* att, const float* preatt, int64_t n_rows, int64_t T) {
+// One warp per row r of (B*NH*T): softmax over keys 0..t, zeros above. softmax_row's
+// arithmetic, each output stored once: expf(x - max) is summed, then written times 1 / sum.
+template <DType D>
+__global__ void attention_softmax_k(void* att, const void* preatt, int64_t n_rows, int64_t T) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= n_rows) return;
-  const int64_t t = r % T;
-  const float* in = preatt + r * T;
-  float* out = att + r * T;
+  const int64_t t = r % T, row = r * T;
   float maxv = -INFINITY;
-  for (int64_t i = lane; i <= t; i += kWarp) maxv = fmaxf(maxv, in[i]);
+  for (int64_t i = lane; i <= t; i += kWarp) maxv = fmaxf(maxv, ld<D>(preatt, row + i));
   maxv = warp_max(maxv);
   float sum = 0.0f;
-  for (int64_t i = lane; i <= t; i += kWarp) {
-    const float e = expf(in[i] - maxv);
-    out[i] = e;
-    sum += e;
-  }
+  for (int64_t i = lane; i <= t; i += kWarp) sum += expf(ld<D>(preatt, row + i) - maxv);
   const float inv = 1.0f / warp_sum(sum);
-  for (int64_t i = lane; i <= t; i += kWarp) out[i] *= inv;
-  for (int64_t i = t + 1 + lane; i < T; i += kWarp) out[i] = 0.0f;
+  for (int64_t i = lane; i <= t; i += kWarp) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
+  for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(att, row + i, 0.0f);
 }
 
 // out[b,t,h*HS+j] = sum_{t2<=t} att[b,h,t,t2] v[b,t2,h*HS+j].
-__global__ void attention_values_k(float* out, const float* att, const float* qkv, AttnDims d) {
+template <DType D>
+__global__ void attention_values_k(void* out, const void* att, const void* qkv, AttnDims d) {
   const int64_t n = d.B * d.T * d.C;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t c = i % d.C, bt = i / d.C, t = bt % d.T, b = bt / d.T, h = c / d.HS;
-    const float* a = att + ((b * d.NH + h) * d.T + t) * d.T;
-    const float* v = qkv + b * d.T * 3 * d.C + 2 * d.C + c;
+    const int64_t a = ((b * d.NH + h) * d.T + t) * d.T;
+    const int64_t v = b * d.T * 3 * d.C + 2 * d.C + c;
     float s = 0.0f;
-    for (int64_t t2 = 0; t2 <= t; ++t2) s += a[t2] * v[t2 * 3 * d.C];
-    out[i] = s;
+    for (int64_t t2 = 0; t2 <= t; ++t2) s += ld<D>(att, a + t2) * ld<D>(qkv, v + t2 * 3 * d.C);
+    st<D>(out, i, s);
   }
 }
 
 // datt[b,h,t,t2] += dout[b,t,h] . v[b,t2,h] for t2 <= t.
-__global__ void attention_values_backward_datt_k(float* datt, const float* dout, const float* qkv,
+template <DType D>
+__global__ void attention_values_backward_datt_k(void* datt, const void* dout, const void* qkv,
                                                  AttnDims d) {
   const int64_t n = d.B * d.NH * d.T * d.T;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t t2 = i % d.T, t = i / d.T % d.T, h = i / (d.T * d.T) % d.NH, b = i / (d.T * d.T * d.NH);
     if (t2 > t) continue;
-    const float* g = dout + (b * d.T + t) * d.C + h * d.HS;
-    const float* v = qkv + (b * d.T + t2) * 3 * d.C + 2 * d.C + h * d.HS;
+    const int64_t g = (b * d.T + t) * d.C + h * d.HS;
+    const int64_t v = (b * d.T + t2) * 3 * d.C + 2 * d.C + h * d.HS;
     float s = 0.0f;
-    for (int64_t j = 0; j < d.HS; ++j) s += g[j] * v[j];
-    datt[i] += s;
+    for (int64_t j = 0; j < d.HS; ++j) s += ld<D>(dout, g + j) * ld<D>(qkv, v + j);
+    st<D>(datt, i, ld<D>(datt, i) + s);
   }
 }
 
 // dv[b,t2,h*HS+j] += sum_{t>=t2} att[b,h,t,t2] dout[b,t,h*HS+j], t ascending as the CPU loop.
-__global__ void attention_values_backward_dv_k(float* dqkv, const float* dout, const float* att,
+template <DType D>
+__global__ void attention_values_backward_dv_k(void* dqkv, const void* dout, const void* att,
                                                AttnDims d) {
   const int64_t n = d.B * d.T * d.C;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t c = i % d.C, bt = i / d.C, t2 = bt % d.T, b = bt / d.T, h = c / d.HS;
-    float* dv = dqkv + bt * 3 * d.C + 2 * d.C + c;
-    float s = *dv;
+    const int64_t dv = bt * 3 * d.C + 2 * d.C + c;
+    Acc<D> acc(dqkv, dv);
     for (int64_t t = t2; t < d.T; ++t)
-      s += att[((b * d.NH + h) * d.T + t) * d.T + t2] * dout[(b * d.T + t) * d.C + c];
-    *dv = s;
+      acc.add(ld<D>(att, ((b * d.NH + h) * d.T + t) * d.T + t2) * ld<D>(dout, (b * d.T + t) * d.C + c));
+    acc.store(dqkv, dv);
   }
 }
 
 // One warp per row: dx = y (dy - sum y dy) on keys 0..t, zeros above. In place allowed: the
-// dot is complete (warp_sum) before any write.
-__global__ void attention_softmax_backward_k(float* dpreatt, const float* datt, const float* att,
+// dot is complete (warp_sum) before any write, and each lane writes only what it read.
+template <DType D>
+__global__ void attention_softmax_backward_k(void* dpreatt, const void* datt, const void* att,
                                              int64_t n_rows, int64_t T) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= n_rows) return;
-  const int64_t t = r % T;
-  const float* dy = datt + r * T;
-  const float* y = att + r * T;
-  float* dx = dpreatt + r * T;
+  const int64_t t = r % T, row = r * T;
   float dot = 0.0f;
-  for (int64_t i = lane; i <= t; i += kWarp) dot += y[i] * dy[i];
+  for (int64_t i = lane; i <= t; i += kWarp) dot += ld<D>(att, row + i) * ld<D>(datt, row + i);
   dot = warp_sum(dot);
-  for (int64_t i = lane; i <= t; i += kWarp) dx[i] = y[i] * (dy[i] - dot);
-  for (int64_t i = t + 1 + lane; i < T; i += kWarp) dx[i] = 0.0f;
+  for (int64_t i = lane; i <= t; i += kWarp)
+    st<D>(dpreatt, row + i, ld<D>(att, row + i) * (ld<D>(datt, row + i) - dot));
+  for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(dpreatt, row + i, 0.0f);
 }
 
 // dq[t] += sum_{t2<=t} g[t,t2] k[t2] and dk[t2] += sum_{t>=t2} g[t,t2] q[t], g = dpreatt*scale:
 // threads [0, B*T*C) own a q element, [B*T*C, 2*B*T*C) a k element.
-__global__ void attention_scores_backward_k(float* dqkv, const float* dpreatt, const float* qkv,
+template <DType D>
+__global__ void attention_scores_backward_k(void* dqkv, const void* dpreatt, const void* qkv,
                                             AttnDims d, float scale) {
   const int64_t half = d.B * d.T * d.C;
   for (int64_t i = global_index(); i < 2 * half; i += grid_stride()) {
     const bool is_k = i >= half;
     const int64_t e = is_k ? i - half : i;
     const int64_t c = e % d.C, bt = e / d.C, t0 = bt % d.T, b = bt / d.T, h = c / d.HS;
-    const float* row0 = dpreatt + (b * d.NH + h) * d.T * d.T;
-    const float* base = qkv + b * d.T * 3 * d.C + c;  // q of token 0; k is + C
-    float* out = dqkv + bt * 3 * d.C + (is_k ? d.C : 0) + c;
-    float s = *out;
+    const int64_t row0 = (b * d.NH + h) * d.T * d.T;
+    const int64_t base = b * d.T * 3 * d.C + c;  // q of token 0; k is + C
+    const int64_t out = bt * 3 * d.C + (is_k ? d.C : 0) + c;
+    Acc<D> acc(dqkv, out);
     if (!is_k) {
-      for (int64_t t2 = 0; t2 <= t0; ++t2) s += row0[t0 * d.T + t2] * scale * base[t2 * 3 * d.C + d.C];
+      for (int64_t t2 = 0; t2 <= t0; ++t2)
+        acc.add(ld<D>(dpreatt, row0 + t0 * d.T + t2) * scale * ld<D>(qkv, base + t2 * 3 * d.C + d.C));
     } else {
-      for (int64_t t = t0; t < d.T; ++t) s += row0[t * d.T + t0] * scale * base[t * 3 * d.C];
+      for (int64_t t = t0; t < d.T; ++t)
+        acc.add(ld<D>(dpreatt, row0 + t * d.T + t0) * scale * ld<D>(qkv, base + t * 3 * d.C));
     }
-    *out = s;
+    acc.store(dqkv, out);
   }
 }
 
-// ---- GELU, residual --------------------------------------------------------------------------
+// ---- GELU, residual, dropout -----------------------------------------------------------------
 
-__global__ void gelu_forward_k(float* out, const float* inp, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) out[i] = gelu(inp[i]);
+template <DType D>
+__global__ void gelu_forward_k(void* out, const void* inp, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) st<D>(out, i, gelu(ld<D>(inp, i)));
 }
-__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) dinp[i] = dout[i] * gelu_grad(inp[i]);
+template <DType D>
+__global__ void gelu_backward_k(void* dinp, const void* inp, const void* dout, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    st<D>(dinp, i, ld<D>(dout, i) * gelu_grad(ld<D>(inp, i)));
 }
-__global__ void residual_forward_k(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) out[i] = a[i] + b[i];
+template <DType D>
+__global__ void residual_forward_k(void* out, const void* a, const void* b, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) st<D>(out, i, ld<D>(a, i) + ld<D>(b, i));
+}
+
+template <DType D>
+__global__ void dropout_forward_k(void* out, uint8_t* mask, const void* inp, float p, uint64_t key,
+                                  int64_t n) {
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    const bool keep = dropout_keep(key, i, threshold);
+    mask[i] = keep ? 1 : 0;
+    st<D>(out, i, keep ? ld<D>(inp, i) * scale : 0.0f);
+  }
+}
+template <DType D>
+__global__ void dropout_backward_k(void* dinp, const void* dout, const uint8_t* mask, float p,
+                                   int64_t n) {
+  const float scale = dropout_scale(p);
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    st<D>(dinp, i, mask[i] != 0 ? ld<D>(dout, i) * scale : 0.0f);
 }
 
 // ---- Cross-entropy ---------------------------------------------------------------------------
@@ -327,7 +424,7 @@ __device__ void flag_bad_target(int64_t* bad_target, int64_t row) {
             static_cast<unsigned long long>(row + 1));
 }
 
-// One block per row: probabilities in place, loss = logsumexp - logit[target].
+// One block per row of fp32 logits: probabilities in place, loss = logsumexp - logit[target].
 __global__ void crossentropy_forward_k(float* logits, float* losses, const int32_t* targets,
                                        int64_t V, int64_t* bad_target) {
   const int64_t r = blockIdx.x;
@@ -357,17 +454,20 @@ __global__ void crossentropy_forward_k(float* logits, float* losses, const int32
   if (threadIdx.x == 0) losses[r] = maxv + logf(sum) - target_logit;
 }
 
-__global__ void crossentropy_backward_k(float* probs, const int32_t* targets, float dloss,
-                                        int64_t V, int64_t n, int64_t* bad_target) {
+// dlogits (D) = (probs - onehot) * dloss; in place when D is fp32 and dlogits == probs (each
+// thread reads its element before writing it).
+template <DType D>
+__global__ void crossentropy_backward_k(void* dlogits, const float* probs, const int32_t* targets,
+                                        float dloss, int64_t V, int64_t n, int64_t* bad_target) {
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const int64_t r = i / V, k = i % V;
     const int32_t tgt = targets[r];
     if (tgt < 0 || tgt >= V) {
-      probs[i] = NAN;
+      st<D>(dlogits, i, NAN);
       if (k == 0) flag_bad_target(bad_target, r);
       continue;
     }
-    probs[i] = (k == tgt ? probs[i] - 1.0f : probs[i]) * dloss;
+    st<D>(dlogits, i, (k == tgt ? probs[i] - 1.0f : probs[i]) * dloss);
   }
 }
 
@@ -462,129 +562,162 @@ void check_rows(int64_t n_rows, const char* what) {
 
 // ---- launchers ---------------------------------------------------------------------------------
 
-void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C) {
+// Runs the statement with the storage type t as the compile-time constant D.
+#define ZP_TYPED(t, ...) \
+  dispatch_dtype((t), [&](auto zp_type_tag_) { constexpr DType D = decltype(zp_type_tag_)::value; __VA_ARGS__; })
+
+void embedding_forward(cudaStream_t s, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, DType t, int64_t B, int64_t T, int64_t C) {
   const int64_t n = B * T * C;
   if (n == 0) return;
-  embedding_forward_k<<<blocks_for(n), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n);
+  ZP_TYPED(t, embedding_forward_k<D><<<blocks_for(n), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n));
   ZP_LAUNCH_CHECK();
 }
 
-void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  const int64_t n = B * T * C;
-  if (n == 0) return;
-  embedding_backward_wte_k<<<blocks_for(n), kThreads, 0, s>>>(dwte, dout, tokens, C, n);
+void embedding_backward(cudaStream_t s, void* dwte, void* dwpe, const void* dout,
+                        const int32_t* tokens, DType t, int64_t B, int64_t T, int64_t C) {
+  const int64_t BT = B * T;
+  if (BT * C == 0) return;
+  if (BT > INT32_MAX)
+    throw Error("cuda embedding_backward: " + std::to_string(BT) + " tokens exceed one launch",
+                "use fewer tokens per micro-batch");
+  ZP_TYPED(t, embedding_backward_wte_k<D><<<static_cast<unsigned>(BT), kThreads, 0, s>>>(dwte, dout, tokens, BT, C));
   ZP_LAUNCH_CHECK();
   if (!dwpe) return;
-  embedding_backward_wpe_k<<<blocks_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+  ZP_TYPED(t, embedding_backward_wpe_k<D><<<blocks_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C));
   ZP_LAUNCH_CHECK();
 }
 
-void layernorm_forward(cudaStream_t s, float* out, float* stats, const float* inp,
-                       const float* weight, const float* bias, int64_t N, int64_t C) {
+void layernorm_forward(cudaStream_t s, void* out, float* stats, const void* inp,
+                       const void* weight, const void* bias, DType t, int64_t N, int64_t C) {
   if (N == 0) return;
   check_rows(N, "layernorm_forward");
-  layernorm_forward_k<<<rows_blocks(N), kThreads, 0, s>>>(out, stats, inp, weight, bias, N, C);
+  ZP_TYPED(t, layernorm_forward_k<D><<<rows_blocks(N), kThreads, 0, s>>>(out, stats, inp, weight, bias, N, C));
   ZP_LAUNCH_CHECK();
 }
 
-void layernorm_backward(cudaStream_t s, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight,
-                        const float* stats, int64_t N, int64_t C) {
+void layernorm_backward(cudaStream_t s, void* dinp, void* dweight, void* dbias,
+                        const void* dout, const void* inp, const void* weight,
+                        const float* stats, DType t, int64_t N, int64_t C) {
   if (N == 0) return;
   check_rows(N, "layernorm_backward");
-  layernorm_backward_dinp_k<<<rows_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, weight, stats, N, C);
+  ZP_TYPED(t, layernorm_backward_dinp_k<D><<<rows_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, weight, stats, N, C));
   ZP_LAUNCH_CHECK();
-  const dim3 grid(blocks_for(C), static_cast<unsigned>((N + kRowsPerChunk - 1) / kRowsPerChunk));
-  layernorm_backward_params_k<<<grid, kThreads, 0, s>>>(dweight, dbias, dout, inp, stats, N, C);
+  ZP_TYPED(t, column_sums_k<D, true><<<blocks_for(C, kWarp), kThreads, 0, s>>>(dweight, dbias, dout, inp, stats, N, C));
   ZP_LAUNCH_CHECK();
 }
 
-void broadcast_rows(cudaStream_t s, float* out, const float* bias, int64_t N, int64_t OC) {
+void broadcast_rows(cudaStream_t s, void* out, DType out_t, const void* bias, DType t, int64_t N,
+                    int64_t OC) {
   if (N * OC == 0) return;
-  broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, s>>>(out, bias, OC, N * OC);
+  broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, s>>>(out, out_t, bias, t, OC, N * OC);
   ZP_LAUNCH_CHECK();
 }
 
-void column_sums_add(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t OC) {
+void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int64_t N, int64_t OC) {
   if (N * OC == 0) return;
-  const dim3 grid(blocks_for(OC), static_cast<unsigned>((N + kRowsPerChunk - 1) / kRowsPerChunk));
-  column_sums_add_k<<<grid, kThreads, 0, s>>>(dbias, dout, N, OC);
+  ZP_TYPED(t, column_sums_k<D, false><<<blocks_for(OC, kWarp), kThreads, 0, s>>>(nullptr, dbias, dout, nullptr, nullptr, N, OC));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_scores(cudaStream_t s, float* preatt, const float* qkv, int64_t B, int64_t T,
-                      int64_t C, int64_t NH) {
+void attention_scores(cudaStream_t s, void* preatt, const void* qkv, DType t, int64_t B,
+                      int64_t T, int64_t C, int64_t NH) {
   const AttnDims d = attn_dims(B, T, C, NH);
   const int64_t n = B * NH * T * T;
   if (n == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.HS));
-  attention_scores_k<<<blocks_for(n), kThreads, 0, s>>>(preatt, qkv, d, scale);
+  ZP_TYPED(t, attention_scores_k<D><<<blocks_for(n), kThreads, 0, s>>>(preatt, qkv, d, scale));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_softmax(cudaStream_t s, float* att, const float* preatt, int64_t B, int64_t NH,
-                       int64_t T) {
+void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
+                       int64_t NH, int64_t T) {
   const int64_t rows = B * NH * T;
   if (rows == 0) return;
   check_rows(rows, "attention_softmax");
-  attention_softmax_k<<<rows_blocks(rows), kThreads, 0, s>>>(att, preatt, rows, T);
+  ZP_TYPED(t, attention_softmax_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(att, preatt, rows, T));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_values(cudaStream_t s, float* out, const float* att, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t NH) {
+void attention_values(cudaStream_t s, void* out, const void* att, const void* qkv, DType t,
+                      int64_t B, int64_t T, int64_t C, int64_t NH) {
   const AttnDims d = attn_dims(B, T, C, NH);
   if (B * T * C == 0) return;
-  attention_values_k<<<blocks_for(B * T * C), kThreads, 0, s>>>(out, att, qkv, d);
+  ZP_TYPED(t, attention_values_k<D><<<blocks_for(B * T * C), kThreads, 0, s>>>(out, att, qkv, d));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_values_backward(cudaStream_t s, float* datt, float* dqkv, const float* dout,
-                               const float* att, const float* qkv, int64_t B, int64_t T,
+void attention_values_backward(cudaStream_t s, void* datt, void* dqkv, const void* dout,
+                               const void* att, const void* qkv, DType t, int64_t B, int64_t T,
                                int64_t C, int64_t NH) {
   const AttnDims d = attn_dims(B, T, C, NH);
   if (B * T * C == 0) return;
-  attention_values_backward_datt_k<<<blocks_for(B * NH * T * T), kThreads, 0, s>>>(datt, dout, qkv, d);
+  ZP_TYPED(t, attention_values_backward_datt_k<D><<<blocks_for(B * NH * T * T), kThreads, 0, s>>>(datt, dout, qkv, d));
   ZP_LAUNCH_CHECK();
-  attention_values_backward_dv_k<<<blocks_for(B * T * C), kThreads, 0, s>>>(dqkv, dout, att, d);
+  ZP_TYPED(t, attention_values_backward_dv_k<D><<<blocks_for(B * T * C), kThreads, 0, s>>>(dqkv, dout, att, d));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_softmax_backward(cudaStream_t s, float* dpreatt, const float* datt,
-                                const float* att, int64_t B, int64_t NH, int64_t T) {
+void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
+                                const void* att, DType t, int64_t B, int64_t NH, int64_t T) {
   const int64_t rows = B * NH * T;
   if (rows == 0) return;
   check_rows(rows, "attention_softmax_backward");
-  attention_softmax_backward_k<<<rows_blocks(rows), kThreads, 0, s>>>(dpreatt, datt, att, rows, T);
+  ZP_TYPED(t, attention_softmax_backward_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(dpreatt, datt, att, rows, T));
   ZP_LAUNCH_CHECK();
 }
 
-void attention_scores_backward(cudaStream_t s, float* dqkv, const float* dpreatt,
-                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void attention_scores_backward(cudaStream_t s, void* dqkv, const void* dpreatt,
+                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) {
   const AttnDims d = attn_dims(B, T, C, NH);
   if (B * T * C == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.HS));
-  attention_scores_backward_k<<<blocks_for(2 * B * T * C), kThreads, 0, s>>>(dqkv, dpreatt, qkv, d, scale);
+  ZP_TYPED(t, attention_scores_backward_k<D><<<blocks_for(2 * B * T * C), kThreads, 0, s>>>(dqkv, dpreatt, qkv, d, scale));
   ZP_LAUNCH_CHECK();
 }
 
-void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n) {
+void gelu_forward(cudaStream_t s, void* out, const void* inp, DType t, int64_t n) {
   if (n == 0) return;
-  gelu_forward_k<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n);
+  ZP_TYPED(t, gelu_forward_k<D><<<blocks_for(n), kThreads, 0, s>>>(out, inp, n));
   ZP_LAUNCH_CHECK();
 }
 
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n) {
+void gelu_backward(cudaStream_t s, void* dinp, const void* inp, const void* dout, DType t,
+                   int64_t n) {
   if (n == 0) return;
-  gelu_backward_k<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  ZP_TYPED(t, gelu_backward_k<D><<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n));
   ZP_LAUNCH_CHECK();
 }
 
-void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, int64_t n) {
+void residual_forward(cudaStream_t s, void* out, const void* a, const void* b, DType t, int64_t n) {
   if (n == 0) return;
-  residual_forward_k<<<blocks_for(n), kThreads, 0, s>>>(out, a, b, n);
+  ZP_TYPED(t, residual_forward_k<D><<<blocks_for(n), kThreads, 0, s>>>(out, a, b, n));
+  ZP_LAUNCH_CHECK();
+}
+
+namespace {
+void check_dropout_p(float p, const char* what) {
+  if (!(p >= 0.0f && p < 1.0f))
+    throw Error(std::string("cuda ") + what + ": dropout probability " + std::to_string(p) +
+                    " is outside [0, 1)",
+                "a model's *_pdrop values must be below 1");
+}
+}  // namespace
+
+void dropout_forward(cudaStream_t s, void* out, uint8_t* mask, const void* inp, DType t, float p,
+                     uint64_t key, int64_t n) {
+  check_dropout_p(p, "dropout_forward");
+  if (n == 0) return;
+  ZP_TYPED(t, dropout_forward_k<D><<<blocks_for(n), kThreads, 0, s>>>(out, mask, inp, p, key, n));
+  ZP_LAUNCH_CHECK();
+}
+
+void dropout_backward(cudaStream_t s, void* dinp, const void* dout, const uint8_t* mask, DType t,
+                      float p, int64_t n) {
+  check_dropout_p(p, "dropout_backward");
+  if (n == 0) return;
+  ZP_TYPED(t, dropout_backward_k<D><<<blocks_for(n), kThreads, 0, s>>>(dinp, dout, mask, p, n));
   ZP_LAUNCH_CHECK();
 }
 
@@ -598,12 +731,15 @@ void crossentropy_forward(cudaStream_t s, float* logits, float* losses, const in
   ZP_LAUNCH_CHECK();
 }
 
-void crossentropy_backward(cudaStream_t s, float* probs, const int32_t* targets, float dloss,
-                           int64_t N, int64_t V, int64_t* bad_target) {
+void crossentropy_backward(cudaStream_t s, void* dlogits, DType t, const float* probs,
+                           const int32_t* targets, float dloss, int64_t N, int64_t V,
+                           int64_t* bad_target) {
   if (N * V == 0) return;
-  crossentropy_backward_k<<<blocks_for(N * V), kThreads, 0, s>>>(probs, targets, dloss, V, N * V, bad_target);
+  ZP_TYPED(t, crossentropy_backward_k<D><<<blocks_for(N * V), kThreads, 0, s>>>(dlogits, probs, targets, dloss, V, N * V, bad_target));
   ZP_LAUNCH_CHECK();
 }
+
+#undef ZP_TYPED
 
 void to_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n) {
   if (n == 0) return;

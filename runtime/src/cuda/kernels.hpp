@@ -1,7 +1,8 @@
 // kernels.hpp (internal): host-side launchers of the CUDA kernels in kernels.cu, one per Device
-// op that is not a cuBLAS GEMM. Same names, shapes and semantics as cpu_kernels.hpp (backward
-// kernels accumulate unless cpu_kernels.hpp says they overwrite); each enqueues on `s` and
-// returns at once, checking the launch. Not the device object (device_cuda.cpp) nor cuBLAS.
+// op that is not a cuBLAS GEMM. Same names, shapes and semantics as cpu_kernels.hpp's typed
+// kernels (backward kernels accumulate unless cpu_kernels.hpp says they overwrite; 16-bit
+// outputs rounded once); each enqueues on `s` and returns at once, checking the launch. Not the
+// device object (device_cuda.cpp) nor cuBLAS.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,41 +14,55 @@
 
 namespace zp::runtime::cuda {
 
-void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C);
-void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
-void layernorm_forward(cudaStream_t s, float* out, float* stats, const float* inp,
-                       const float* weight, const float* bias, int64_t N, int64_t C);
-void layernorm_backward(cudaStream_t s, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight,
-                        const float* stats, int64_t N, int64_t C);
-// out (N,OC) = bias broadcast over the rows (the GEMM then adds with beta = 1).
-void broadcast_rows(cudaStream_t s, float* out, const float* bias, int64_t N, int64_t OC);
-// dbias (OC) += column sums of dout (N,OC).
-void column_sums_add(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t OC);
-void attention_scores(cudaStream_t s, float* preatt, const float* qkv, int64_t B, int64_t T,
-                      int64_t C, int64_t NH);
-void attention_softmax(cudaStream_t s, float* att, const float* preatt, int64_t B, int64_t NH,
-                       int64_t T);
-void attention_values(cudaStream_t s, float* out, const float* att, const float* qkv, int64_t B,
+// Buffers stored as t (void*) as in device.hpp: load as fp32, compute in fp32, store each
+// output once; float* buffers are fp32 always.
+void embedding_forward(cudaStream_t s, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, DType t, int64_t B, int64_t T, int64_t C);
+void embedding_backward(cudaStream_t s, void* dwte, void* dwpe, const void* dout,
+                        const int32_t* tokens, DType t, int64_t B, int64_t T, int64_t C);
+void layernorm_forward(cudaStream_t s, void* out, float* stats, const void* inp,
+                       const void* weight, const void* bias, DType t, int64_t N, int64_t C);
+void layernorm_backward(cudaStream_t s, void* dinp, void* dweight, void* dbias,
+                        const void* dout, const void* inp, const void* weight,
+                        const float* stats, DType t, int64_t N, int64_t C);
+// out (N,OC), stored as out_t, = bias (stored as t) broadcast over the rows (the GEMM then
+// adds with beta = 1).
+void broadcast_rows(cudaStream_t s, void* out, DType out_t, const void* bias, DType t, int64_t N,
+                    int64_t OC);
+// dbias (OC) += column sums of dout (N,OC), one owner per column.
+void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int64_t N, int64_t OC);
+void attention_scores(cudaStream_t s, void* preatt, const void* qkv, DType t, int64_t B,
                       int64_t T, int64_t C, int64_t NH);
-void attention_values_backward(cudaStream_t s, float* datt, float* dqkv, const float* dout,
-                               const float* att, const float* qkv, int64_t B, int64_t T,
+void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
+                       int64_t NH, int64_t T);
+void attention_values(cudaStream_t s, void* out, const void* att, const void* qkv, DType t,
+                      int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_values_backward(cudaStream_t s, void* datt, void* dqkv, const void* dout,
+                               const void* att, const void* qkv, DType t, int64_t B, int64_t T,
                                int64_t C, int64_t NH);
-void attention_softmax_backward(cudaStream_t s, float* dpreatt, const float* datt,
-                                const float* att, int64_t B, int64_t NH, int64_t T);
-void attention_scores_backward(cudaStream_t s, float* dqkv, const float* dpreatt,
-                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
-void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n);
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n);
-void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, int64_t n);
+void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
+                                const void* att, DType t, int64_t B, int64_t NH, int64_t T);
+void attention_scores_backward(cudaStream_t s, void* dqkv, const void* dpreatt,
+                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                               int64_t NH);
+void gelu_forward(cudaStream_t s, void* out, const void* inp, DType t, int64_t n);
+void gelu_backward(cudaStream_t s, void* dinp, const void* inp, const void* dout, DType t,
+                   int64_t n);
+void residual_forward(cudaStream_t s, void* out, const void* a, const void* b, DType t, int64_t n);
+// kernel_math.hpp's masks and scale, as cpu_kernels.cpp: the same bits on either device.
+void dropout_forward(cudaStream_t s, void* out, uint8_t* mask, const void* inp, DType t, float p,
+                     uint64_t key, int64_t n);
+void dropout_backward(cudaStream_t s, void* dinp, const void* dout, const uint8_t* mask, DType t,
+                      float p, int64_t n);
 // A target outside [0, V) sets *bad_target (device memory) to 1 + its row, and the row's loss
-// and probabilities to NaN; the device checks the flag when it next reads results back.
+// and probabilities (or gradients) to NaN; the device checks the flag when it next reads
+// results back.
 void crossentropy_forward(cudaStream_t s, float* logits, float* losses, const int32_t* targets,
                           int64_t N, int64_t V, int64_t* bad_target);
-void crossentropy_backward(cudaStream_t s, float* probs, const int32_t* targets, float dloss,
-                           int64_t N, int64_t V, int64_t* bad_target);
+// dlogits (t) = (probs - onehot) * dloss; in place when t is fp32 and dlogits == probs.
+void crossentropy_backward(cudaStream_t s, void* dlogits, DType t, const float* probs,
+                           const int32_t* targets, float dloss, int64_t N, int64_t V,
+                           int64_t* bad_target);
 void to_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n);
 void accumulate_to(cudaStream_t s, void* dst, const float* src, DType t, int64_t n);
 void add(cudaStream_t s, void* dst, const void* src, DType t, int64_t n);
