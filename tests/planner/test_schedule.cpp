@@ -290,14 +290,29 @@ TEST_CASE("recomputation lowers the peak: none > selective > full") {
   CHECK(sel > full);
 }
 
-TEST_CASE("the bound on GPU memory outside the arena: context, cuBLAS workspace, NCCL rings") {
+TEST_CASE("the bound on GPU memory outside the arena: context, cuBLAS workspace, NCCL buffers") {
+  // By hand from the cited sizes: a connection's buffers 4 MiB + 512 KiB + 4,915,200 B =
+  // 9,633,792 B; 64 channels; the context 1343 MiB = 1,408,237,568 B and cuBLAS's 32 MiB.
   Strategy s;
-  // One rank: 1343 MiB context + 32 MiB cuBLAS workspace, no NCCL peers.
+  s.stage = 2;
+  // One rank: 1343 MiB + 32 MiB, no NCCL peers.
   s.dp = 1;
   CHECK(cuda_outside_arena_bound(s).total() == 1'441'792'000);
   CHECK(cuda_outside_arena_bound(s).nccl_buffers == 0);
-  // Four ranks: plus 32 channels x 2 ring connections x (4 MiB + 512 KiB + 4,915,200 B).
+  // Four ranks at stage 2 (reduce and all-gather: rings): 64 x 2 x 9,633,792.
   s.dp = 4;
-  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 616'562'688);
-  CHECK(cuda_outside_arena_bound(s).total() == 2'058'354'688);
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 1'233'125'376);
+  CHECK(cuda_outside_arena_bound(s).total() == 2'674'917'376);
+  // Stage 0 all-reduces, which may pick trees: 64 x (2 + 8) x 9,633,792.
+  s.stage = 0;
+  CHECK(cuda_outside_arena_bound(s).nccl_buffers == 6'165'626'880);
+  // NVLS: a Hopper node of 8 ranks binds 32 x 2 x 1 MiB x 8 = 512 MiB; two ranks, or an Ampere
+  // GPU, none.
+  s.stage = 3;
+  s.dp = 8;
+  CHECK(cuda_outside_arena_bound(s, {.local_ranks = 8, .nvls_capable = true}).nccl_nvls == 536'870'912);
+  CHECK(cuda_outside_arena_bound(s, {.local_ranks = 2, .nvls_capable = true}).nccl_nvls == 0);
+  CHECK(cuda_outside_arena_bound(s, {.local_ranks = 8, .nvls_capable = false}).nccl_nvls == 0);
+  CHECK(cuda_outside_arena_bound(s, {.local_ranks = 8, .nvls_capable = true}).total() ==
+        1'441'792'000ULL + 1'233'125'376ULL + 536'870'912ULL);
 }

@@ -150,7 +150,8 @@ TEST_CASE("engine on CUDA + NCCL equals the cpu backend for stages 0-3; memory a
       // Outside the arena: the planner's stated bound (context, cuBLAS workspace, NCCL
       // buffers; planner::cuda_outside_arena_bound documents each part's source).
       const CudaMemoryInfo mem = cuda_memory_info(*gpu);
-      const planner::CudaOutsideArenaBound bound = planner::cuda_outside_arena_bound(plan.strategy);
+      const planner::CudaOutsideArenaBound bound = planner::cuda_outside_arena_bound(
+          plan.strategy, {.local_ranks = 1, .nvls_capable = mem.compute_capability_major >= 9});
       MESSAGE("context " << mem.context_bytes() << " B, libraries " << mem.libraries_bytes()
                          << " B; predicted at most " << bound.total() << " B");
       CHECK(mem.context_bytes() + mem.libraries_bytes() <= bound.total());
@@ -183,12 +184,14 @@ TEST_CASE("zero-run --device cuda under mpirun: the same weights at every stage 
     CHECK(j["device"] == "cuda");
     CHECK(j["verdict"]["within_tolerance"] == true);
     CHECK(j["ranks"][0].contains("outside_arena"));
-    // Two ranks: the bound includes NCCL's ring buffers; every rank's measurement within it.
+    // Two ranks: the bound includes NCCL's rings (and trees where stages 0-1 all-reduce; no
+    // NVLS with two GPUs); every rank's measurement within it.
     for (const auto& rank : j["ranks"]) {
       const auto& o = rank["outside_arena"];
+      const uint64_t connections = stage <= 1 ? 2 + 8 : 2;
       CHECK(o["predicted_at_most"].get<uint64_t>() == planner::kCudaContextBytes +
                                                          planner::kCublasWorkspaceBytes +
-                                                         planner::kNcclMaxChannels * 2 * 9'633'792);
+                                                         64 * connections * 9'633'792);
       CHECK(o["within_bound"] == true);
     }
     // Two ranks' gradients summed once whichever collective sums them (all-reduce at stages

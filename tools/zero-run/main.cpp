@@ -394,12 +394,15 @@ int main(int argc, char** argv) {
   const std::vector<uint64_t> mine = pack(dev->measured());
   std::vector<uint64_t> all(static_cast<std::size_t>(kPacked * comm->size()));
   comm->gather_u64(mine.data(), all.data(), kPacked);
-  // cuda: the context and library bytes outside the arena, per rank.
-  constexpr int kOutside = 3;
+  // cuda: the context and library bytes outside the arena, per rank, and what its bound needs
+  // to know of the rank's node (ranks on it, whether NVLS can engage).
+  constexpr int kOutside = 5;
   std::vector<uint64_t> outside(static_cast<std::size_t>(kOutside * comm->size()));
   if (cuda) {
     const runtime::CudaMemoryInfo m = runtime::cuda_memory_info(*dev);
-    const uint64_t v[kOutside] = {m.total_bytes, m.context_bytes(), m.libraries_bytes()};
+    const uint64_t v[kOutside] = {m.total_bytes, m.context_bytes(), m.libraries_bytes(),
+                                  static_cast<uint64_t>(comm->local_size()),
+                                  m.compute_capability_major >= 9 ? 1u : 0u};
     comm->gather_u64(v, outside.data(), kOutside);
   }
   int exit_code = cli::kExitOk;
@@ -415,9 +418,11 @@ int main(int argc, char** argv) {
       {
         cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked), std::nullopt});
         const uint64_t* o = outside.data() + r * kOutside;
-        if (cuda)
+        if (cuda) {
+          const planner::NcclNode node{.local_ranks = static_cast<int>(o[3]), .nvls_capable = o[4] != 0};
           cmp.ranks.back().outside_arena = reports::OutsideArena{
-              o[0], o[1], o[2], planner::cuda_outside_arena_bound(s.plan.strategy).total()};
+              o[0], o[1], o[2], planner::cuda_outside_arena_bound(s.plan.strategy, node).total()};
+        }
       }
     else
       std::printf("no step ran: memory not compared\n");

@@ -178,8 +178,10 @@ CudaMemoryInfo CudaDevice::memory_info() const {
   std::size_t free_b = 0, total_b = 0;
   ZP_CUDA_CHECK(cudaSetDevice(device_));
   ZP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  int major = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
   return {.total_bytes = total_bytes_, .free_at_start_bytes = free_at_start_bytes_,
-          .free_now_bytes = free_b, .arena_bytes = arena_bytes_};
+          .free_now_bytes = free_b, .arena_bytes = arena_bytes_, .compute_capability_major = major};
 }
 
 // ---- memory ----------------------------------------------------------------------------------

@@ -178,30 +178,57 @@ inline constexpr uint64_t kCudaContextBytes = uint64_t{1343} << 20;
 // - cuBLAS's workspace: the cuBLAS documentation (cublasSetWorkspace) recommends 32 MiB on
 //   Hopper and 4 MiB on other architectures for the workspace its default handle allocates;
 //   the larger is the bound.
-// - NCCL's buffers (dp > 1; one rank has no peers): per channel and connection, one buffer per
-//   protocol: SIMPLE NCCL_BUFFSIZE, default 4 MiB (NCCL's environment-variable docs); LL
-//   8 lines x 512 threads x 8 steps x 16 B = 512 KiB and LL128 120 elements x 640 threads x
-//   8 steps x 8 B = 4,915,200 B (NCCL's src/init.cc DEFAULT_LL_BUFFSIZE and
-//   DEFAULT_LL128_BUFFSIZE); at most 32 channels (NCCL's MAXCHANNELS) of the ring's two
-//   connections (from the previous rank, to the next). ZeRO's reduce-scatter and all-gather
-//   run on rings; an all-reduce that picks the tree algorithm adds tree connections, which
-//   this bound does not count.
+// - NCCL's buffers (dp > 1; one rank has no peers), for NCCL 2.28 at its defaults (the version
+//   the CUDA backend is built with). Per channel and connection, one buffer per protocol:
+//   SIMPLE NCCL_BUFFSIZE, default 4 MiB (NCCL's environment-variable docs); LL 8 lines x 512
+//   threads x 8 steps x 16 B = 512 KiB and LL128 120 elements x 640 threads x 8 steps x 8 B =
+//   4,915,200 B (src/init.cc DEFAULT_LL_BUFFSIZE and DEFAULT_LL128_BUFFSIZE), each connection
+//   counted with its whole set whichever GPU holds it; at most 64 channels (src/include/
+//   device.h MAXCHANNELS in NCCL 2.2x; 32 in older releases). The runtime's collectives
+//   (comm_nccl.cpp): all-reduce at stages 0-1, reduce, broadcast and all-gather otherwise.
+//   - Rings, every collective: the two connections to the ring's neighbours.
+//   - Trees, only an all-reduce may pick them (stages 0-1): the up peer and at most
+//     NCCL_MAX_TREE_ARITY = 3 down peers (device.h), both ways: 8 connections.
+//   - NVLS (NVLink SHARP), all-reduce and all-gather, where the node's GPUs are joined by
+//     NVSwitch with multicast (compute capability 9.0 or newer; NCCL enables it with more than
+//     two GPUs in the node, src/transport/nvls.cc): each GPU binds nvlsTotalSize = channels x
+//     2 x buffSize x heads, buffSize = NCCL_NVLS_CHUNKSIZE (128 KiB) x NCCL_STEPS (8) = 1 MiB,
+//     channels at most NVLS_NCHANNELS_SM100 = 32 (16 on Hopper), one head per GPU of the node
+//     (nvls.cc ncclNvlsBufferSetup; 8 H100s log nvlsTotalSize 268435456 = 16 x 2 x 1 MiB x 8).
+//   Not counted: CollNet (needs a network plugin the runtime does not load) and PAT (NCCL's
+//   all-gather for one GPU per node across nodes). NCCL connects most of these lazily, on the
+//   first collective of each algorithm (NCCL_RUNTIME_CONNECT), so a run usually holds less.
 inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kNcclBytesPerConnection =
     (uint64_t{4} << 20) + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8;  // SIMPLE + LL + LL128
-inline constexpr uint64_t kNcclMaxChannels = 32;
-inline constexpr uint64_t kNcclConnectionsPerChannel = 2;
+inline constexpr uint64_t kNcclMaxChannels = 64;
+inline constexpr uint64_t kNcclRingConnections = 2;
+inline constexpr uint64_t kNcclTreeConnections = 2 * (3 + 1);
+inline constexpr uint64_t kNcclNvlsChannels = 32;
+inline constexpr uint64_t kNcclNvlsBufferBytes = uint64_t{128} << 10 << 3;  // chunk x 8 steps
+
+// What only the running process knows of its node: how many ranks share it, and whether its
+// GPU could join NVLS (compute capability 9.0 or newer).
+struct NcclNode {
+  int local_ranks = 1;
+  bool nvls_capable = false;
+};
 
 struct CudaOutsideArenaBound {
-  uint64_t context = 0, cublas_workspace = 0, nccl_buffers = 0;
-  uint64_t total() const { return context + cublas_workspace + nccl_buffers; }
+  uint64_t context = 0, cublas_workspace = 0, nccl_buffers = 0, nccl_nvls = 0;
+  uint64_t total() const { return context + cublas_workspace + nccl_buffers + nccl_nvls; }
 };
-inline CudaOutsideArenaBound cuda_outside_arena_bound(const Strategy& s) {
+inline CudaOutsideArenaBound cuda_outside_arena_bound(const Strategy& s, const NcclNode& node = {}) {
+  const bool peers = s.dp > 1;
+  const uint64_t connections =
+      peers ? kNcclRingConnections + (s.stage <= 1 ? kNcclTreeConnections : 0) : 0;
+  const bool nvls = peers && node.nvls_capable && node.local_ranks > 2;
   return {.context = kCudaContextBytes,
           .cublas_workspace = kCublasWorkspaceBytes,
-          .nccl_buffers = s.dp > 1 ? kNcclMaxChannels * kNcclConnectionsPerChannel *
-                                         kNcclBytesPerConnection
-                                   : 0};
+          .nccl_buffers = kNcclMaxChannels * connections * kNcclBytesPerConnection,
+          .nccl_nvls = nvls ? kNcclNvlsChannels * 2 * kNcclNvlsBufferBytes *
+                                  static_cast<uint64_t>(node.local_ranks)
+                            : 0};
 }
 
 // Replays the schedule: the gpu tier through the arena (zeroplan) or the caching allocator

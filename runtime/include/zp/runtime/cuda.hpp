@@ -66,6 +66,7 @@ struct CudaMemoryInfo {
   uint64_t free_at_start_bytes = 0;    // free right after the context was created
   uint64_t free_now_bytes = 0;
   uint64_t arena_bytes = 0;            // the gpu-tier cudaMalloc
+  int compute_capability_major = 0;    // 9 for Hopper: NVLink SHARP (NVLS) possible
   // total - free_at_start: the CUDA context (and anything else already on the GPU).
   uint64_t context_bytes() const { return total_bytes - free_at_start_bytes; }
   // free_at_start - free_now - arena: cuBLAS and NCCL buffers, module images, pinned mappings
