@@ -64,6 +64,51 @@ inline void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// Element i of a buffer stored as D, as fp32 (the switch folds away: D is a constant).
+template <DType D>
+inline float ld(const void* p, int64_t i) {
+  return load_as_f32(p, static_cast<std::size_t>(i), D);
+}
+template <DType D>
+inline void st(void* p, int64_t i, float v) {
+  store_from_f32(p, static_cast<std::size_t>(i), D, v);
+}
+// p[i] = round(p[i] + v): one accumulation, one rounding.
+template <DType D>
+inline void add_st(void* p, int64_t i, float v) {
+  st<D>(p, i, ld<D>(p, i) + v);
+}
+
+// a[ia..ia+n) . b[ib..ib+n): fp32 storage vectorised (dot above), 16-bit storage sequential
+// (the CUDA kernels' order).
+template <DType D>
+inline float dot_t(const void* a, int64_t ia, const void* b, int64_t ib, int64_t n) {
+  if constexpr (D == DType::fp32) {
+    return dot(static_cast<const float*>(a) + ia, static_cast<const float*>(b) + ib, n);
+  } else {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s += ld<D>(a, ia + j) * ld<D>(b, ib + j);
+    return s;
+  }
+}
+
+// preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query, stored as D.
+template <DType D>
+void attention_scores_t(void* preatt, const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t HS = head_size(C, NH, "attention_scores");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C3 = 3 * C;
+#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = ((b * NH + h) * T + t) * T;
+        for (int64_t t2 = 0; t2 <= t; ++t2)
+          st<D>(preatt, row + t2,
+                dot_t<D>(qkv, (b * T + t) * C3 + h * HS, qkv, (b * T + t2) * C3 + C + h * HS, HS) * scale);
+      }
+}
+
 }  // namespace
 
 void set_threads(int n_threads) {
@@ -210,20 +255,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_scores");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t C3 = 3 * C;
-#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* q = qkv + (b * T + t) * C3 + h * HS;
-        float* row = preatt + ((b * NH + h) * T + t) * T;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* k = qkv + (b * T + t2) * C3 + C + h * HS;
-          row[t2] = dot(q, k, HS) * scale;
-        }
-      }
+  attention_scores_t<DType::fp32>(preatt, qkv, B, T, C, NH);
 }
 
 void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
@@ -437,20 +469,6 @@ void dispatch16(DType t, F&& f) {
 constexpr int64_t kCols = 64;  // fp32 accumulators per owner (a block of one row's outputs)
 
 template <DType D>
-inline float ld(const void* p, int64_t i) {
-  return load_as_f32(p, static_cast<std::size_t>(i), D);
-}
-template <DType D>
-inline void st(void* p, int64_t i, float v) {
-  store_from_f32(p, static_cast<std::size_t>(i), D, v);
-}
-// p[i] = round(p[i] + v): one accumulation, one rounding.
-template <DType D>
-inline void add_st(void* p, int64_t i, float v) {
-  st<D>(p, i, ld<D>(p, i) + v);
-}
-
-template <DType D>
 void embedding_forward16(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                          int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for if (B * T * C > kParallelElems)
@@ -653,30 +671,6 @@ void matmul_backward16(void* dinp, void* dweight, void* dbias, const void* dout,
 // ---- 16-bit attention: the layout of the fp32 kernels; each (b, h) pair touches only its own
 // slices, so the loops split over (b, h).
 
-// Sequential dot product of two rows stored as D (the CUDA kernels' order).
-template <DType D>
-inline float dot16(const void* a, int64_t ia, const void* b, int64_t ib, int64_t n) {
-  float s = 0.0f;
-  for (int64_t j = 0; j < n; ++j) s += ld<D>(a, ia + j) * ld<D>(b, ib + j);
-  return s;
-}
-
-template <DType D>
-void attention_scores16(void* preatt, const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_scores");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t C3 = 3 * C;
-#pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t row = ((b * NH + h) * T + t) * T;
-        for (int64_t t2 = 0; t2 <= t; ++t2)
-          st<D>(preatt, row + t2,
-                dot16<D>(qkv, (b * T + t) * C3 + h * HS, qkv, (b * T + t2) * C3 + C + h * HS, HS) * scale);
-      }
-}
-
 // softmax_row's arithmetic (the max, then expf(x - max) summed in order, then each expf(x -
 // max) * (1 / sum)), with every output stored once.
 template <DType D>
@@ -729,7 +723,7 @@ void attention_values_backward16(void* datt, void* dqkv, const void* dout, const
       for (int64_t t = 0; t < T; ++t)
         for (int64_t t2 = 0; t2 <= t; ++t2)
           add_st<D>(datt, ((b * NH + h) * T + t) * T + t2,
-                    dot16<D>(dout, (b * T + t) * C + h * HS, qkv, (b * T + t2) * C3 + 2 * C + h * HS, HS));
+                    dot_t<D>(dout, (b * T + t) * C + h * HS, qkv, (b * T + t2) * C3 + 2 * C + h * HS, HS));
       for (int64_t t2 = 0; t2 < T; ++t2)
         for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
           const int64_t n = std::min(kCols, HS - j0);
@@ -751,7 +745,7 @@ void attention_softmax_backward16(void* dpreatt, const void* datt, const void* a
 #pragma omp parallel for if (n_rows * T > kParallelElems)
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t t = r % T, row = r * T;
-    const float d = dot16<D>(att, row, datt, row, t + 1);
+    const float d = dot_t<D>(att, row, datt, row, t + 1);
     for (int64_t i = 0; i <= t; ++i)
       st<D>(dpreatt, row + i, ld<D>(att, row + i) * (ld<D>(datt, row + i) - d));
     for (int64_t i = t + 1; i < T; ++i) st<D>(dpreatt, row + i, 0.0f);
@@ -867,9 +861,7 @@ void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, c
 
 void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
-  if (t == DType::fp32)
-    return attention_scores(static_cast<float*>(preatt), static_cast<const float*>(qkv), B, T, C, NH);
-  dispatch16(t, [&](auto d) { attention_scores16<decltype(d)::value>(preatt, qkv, B, T, C, NH); });
+  dispatch_dtype(t, [&](auto d) { attention_scores_t<decltype(d)::value>(preatt, qkv, B, T, C, NH); });
 }
 
 void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T) {
