@@ -512,7 +512,7 @@ void layernorm_forward16(void* out, float* stats, const void* inp, const void* w
                          const void* bias, int64_t N, int64_t C) {
 #pragma omp parallel for if (N * C > kParallelElems)
   for (int64_t r = 0; r < N; ++r) {
-    const std::byte* x = static_cast<const std::byte*>(inp) + r * C * 2;
+    const std::byte* x = static_cast<const std::byte*>(inp) + r * C * static_cast<int64_t>(dtype_bytes(D));
     float mean, rstd;
     layernorm_row_stats<D>(x, C, &mean, &rstd);
     for (int64_t i = 0; i < C; ++i)
@@ -528,8 +528,8 @@ void layernorm_backward16(void* dinp, void* dweight, void* dbias, const void* do
                           const void* weight, const float* stats, int64_t N, int64_t C) {
 #pragma omp parallel for if (N * C > kParallelElems)
   for (int64_t r = 0; r < N; ++r) {
-    const auto* g = static_cast<const std::byte*>(dout) + r * C * 2;
-    const auto* x = static_cast<const std::byte*>(inp) + r * C * 2;
+    const auto* g = static_cast<const std::byte*>(dout) + r * C * static_cast<int64_t>(dtype_bytes(D));
+    const auto* x = static_cast<const std::byte*>(inp) + r * C * static_cast<int64_t>(dtype_bytes(D));
     const float mean = stats[2 * r], rstd = stats[2 * r + 1];
     float g_mean, gxhat_mean;
     layernorm_row_grad_means<D>(g, x, weight, mean, rstd, C, &g_mean, &gxhat_mean);
