@@ -1,17 +1,19 @@
-// graph.cpp: builds the training graph of a GPT-2 or LLaMA decoder: forward ops per block,
-// the head and loss, the backward of each in reverse, recomputation ops for activation
+// graph.cpp: builds the training graph of a model from its recipe (any decoder, T5's encoder
+// and decoder): forward ops per block, the head and loss, the backward of each in reverse, recomputation ops for activation
 // checkpointing, and the optimizer step; then orders it with Boost's topological sort.
 // What is saved for backward follows Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1.
 #include "zp/models/graph.hpp"
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 
 #include <boost/graph/topological_sort.hpp>
 #include <fmt/format.h>
 
 #include "zp/checked.hpp"
 #include "zp/error.hpp"
+#include "recipe_walk.hpp"
 
 namespace zp::models {
 
@@ -45,7 +47,10 @@ std::string_view to_string(OpKind k) {
       "dropout", "attn_values", "flash_attention", "residual", "gelu", "swiglu",
       "cross_entropy", "embedding_bwd", "layernorm_bwd", "rmsnorm_bwd", "matmul_bwd",
       "rope_bwd", "attn_scores_bwd", "softmax_bwd", "dropout_bwd", "attn_values_bwd",
-      "flash_attention_bwd", "gelu_bwd", "swiglu_bwd", "cross_entropy_bwd", "checkpoint_partition", "checkpoint_gather", "optimizer_step"};
+      "flash_attention_bwd", "gelu_bwd", "swiglu_bwd", "cross_entropy_bwd", "checkpoint_partition", "checkpoint_gather", "optimizer_step",
+      "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
+      "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
+      "gate_mul", "gate_mul_bwd"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -56,16 +61,30 @@ constexpr TensorId kNone = -1;
 
 // The ids of one block's forward tensors; what its backward reads.
 struct BlockActs {
-  TensorId x = kNone;          // block input (LN1 input)
-  TensorId n1 = kNone, n1_stats = kNone;
-  TensorId qkv = kNone;
+  TensorId x = kNone;          // block input
+  TensorId n1 = kNone, n1_stats = kNone;   // the attention's input norm (pre / sandwich / parallel)
+  TensorId qkv = kNone;        // the attention core's q|k|v (MLA: assembled from its latents)
+  TensorId qk = kNone, qk_stats = kNone;   // q/k after their norms (Qwen3, Gemma 3, OLMo 2)
+  // MLA's low-rank path: q_a and its norm, kv_a (latent and rotary key) and its norm.
+  TensorId q_a = kNone, q_an = kNone, q_a_stats = kNone, q_lat = kNone;
+  TensorId kv_a = kNone, kv_an = kNone, kv_a_stats = kNone, kv_lat = kNone;
   TensorId att = kNone, att_mask = kNone, att_drop = kNone, lse = kNone;
   TensorId atty = kNone;
+  TensorId attn_raw = kNone, attn_post_stats = kNone;  // sublayer output before its post norm
   TensorId proj_mask = kNone;
-  TensorId res2 = kNone;       // LN2 input
+  TensorId res2 = kNone;       // after the attention's residual (LN2 input when pre-norm)
+  TensorId res1 = kNone, res1_stats = kNone;           // post_residual: x + attn, pre-norm
+  TensorId nx = kNone, nx_stats = kNone, cq = kNone, ckv = kNone, catt = kNone, catty = kNone;
+  TensorId res3 = kNone;       // T5 decoder: after cross-attention
   TensorId n2 = kNone, n2_stats = kNone;
-  TensorId fch = kNone, up = kNone, act = kNone;  // GPT-2: fch, gelu(fch); LLaMA: gate, up, h
+  TensorId fch = kNone, up = kNone, act = kNone;  // gelu: fc, act(fc); gated: gate, up, h
+  TensorId mlp_raw = kNone, mlp_post_stats = kNone;
   TensorId mlp_mask = kNone;
+  // MoE: router logits and probabilities, the k choices, the routed rows through the experts.
+  TensorId r_probs = kNone, r_idx = kNone, r_w = kNone, xe = kNone, e_gate = kNone,
+           e_up = kNone, e_act = kNone, ye = kNone;
+  TensorId s_gate = kNone, s_up = kNone, s_act = kNone, s_out = kNone, s_g = kNone;
+  TensorId res_out = kNone, out_stats = kNone;           // post_residual: before the last norm
   TensorId out = kNone;        // block output
   TensorKind atty_kind = TensorKind::saved;
 };
@@ -81,9 +100,12 @@ class Builder {
  public:
   Builder(const ModelSpec& m, const GraphOptions& o, TrainingGraph& g) : m_(m), o_(o), g_(g) {
     B = o.batch;
-    T = o.seq;
+    T_enc = o.seq;
+    T_dec = m.encoder_decoder() ? (o.seq_target > 0 ? o.seq_target : o.seq) : o.seq;
+    T = T_dec;
     C = m.n_embd;
-    HS = m.head_dim;
+    HS = m.qk_head_dim();
+    VS = m.v_head_dim();
     const int64_t t = o.tp;
     auto divide = [&](int64_t v, const char* what) {
       if (v % t != 0)
@@ -93,18 +115,34 @@ class Builder {
       return v / t;
     };
     NH = divide(m.n_head, "attention heads");
-    KVH = divide(m.n_kv_head, "key/value heads");
+    KVH = m.attention == Attention::mla ? NH : divide(m.n_kv_head, "key/value heads");
     F = divide(m.n_inner, "MLP width");
+    if (m.is_moe()) {
+      Fe = divide(m.moe.expert_inner, "expert MLP width");
+      Fs = divide(m.moe.shared_inner, "shared expert MLP width");
+      if (m.moe.n_experts % o.ep != 0)
+        throw Error(fmt::format("--ep {}: {} experts are not divisible by the expert-parallel "
+                                "degree", o.ep, m.moe.n_experts),
+                    "expert parallelism places the same number of experts on every rank");
+    }
     V = (m.vocab_size + t - 1) / t;  // vocab-parallel head; Megatron pads V to a multiple
     Q = checked_mul(NH, HS, "attention width");
-    QKV = checked_add(Q, checked_mul(2 * KVH, HS, "key/value width"), "qkv width");
+    QKV = checked_add(Q, checked_mul(2 * KVH, m.attention == Attention::mla ? 0 : HS, "key/value width"),
+                      "qkv width");
+    if (m.attention == Attention::mla)  // assembled q, k (with the shared rotary key) and v
+      QKV = checked_add(2 * Q, checked_mul(NH, VS, "value width"), "MLA qkv width");
+    QO = checked_mul(NH, VS, "attention output width");
     ab = o.act_bytes;
   }
 
   void build() {
     params();
-    TensorId tokens = tensor("tokens", {B, T}, 4, TensorKind::input, -1);
-    TensorId targets = tensor("targets", {B, T}, 4, TensorKind::input, static_cast<int>(m_.n_layer));
+    const int head_layer = static_cast<int>(m_.n_blocks());
+    const bool encdec = m_.encoder_decoder();
+    TensorId enc_tokens = kNone;
+    if (encdec) enc_tokens = tensor("enc.tokens", {B, T_enc}, 4, TensorKind::input, -1);
+    TensorId tokens = tensor("tokens", {B, T_dec}, 4, TensorKind::input, -1);
+    TensorId targets = tensor("targets", {B, T_dec}, 4, TensorKind::input, head_layer);
 
     // ---- forward ----
     const Recompute rc = o_.recompute;
@@ -112,25 +150,52 @@ class Builder {
     if (rc == Recompute::full) fwd = {TensorKind::activation, TensorKind::activation};
     if (rc == Recompute::selective) fwd.core = TensorKind::activation;
 
-    TensorId x = embedding(tokens);
     std::vector<BlockActs> acts;
     std::vector<TensorId> checkpoints;  // block inputs as stored (maybe partitioned)
-    for (int l = 0; l < m_.n_layer; ++l) {
-      TensorId stored = x;
-      if (rc == Recompute::full && o_.partition_checkpoints && o_.tp > 1)
-        stored = partition_checkpoint(x, l);
-      checkpoints.push_back(stored);
-      acts.push_back(block(l, x, Phase::forward, fwd));
-      x = acts.back().out;
+    auto run_blocks = [&](int64_t from, int64_t to, TensorId x) {
+      for (int64_t l = from; l < to; ++l) {
+        set_stack(l);
+        TensorId stored = x;
+        if (rc == Recompute::full && o_.partition_checkpoints && o_.tp > 1)
+          stored = partition_checkpoint(x, static_cast<int>(l));
+        checkpoints.push_back(stored);
+        acts.push_back(block(static_cast<int>(l), x, Phase::forward, fwd));
+        x = acts.back().out;
+      }
+      return x;
+    };
+    TensorId x;
+    if (encdec) {
+      T = T_enc;
+      TensorId ex = embedding(enc_tokens, "enc.embed", -1, enc_embed_mask_);
+      if (m_.positions == Positions::relative) position_bias(0, "enc");
+      ex = run_blocks(0, m_.n_layer, ex);
+      g_.tensors[static_cast<std::size_t>(ex)].kind = TensorKind::saved;
+      const int el = static_cast<int>(m_.n_layer - 1);
+      enc_out_ = norm("enc.norm_f", ex, el, Phase::forward, TensorKind::saved, enc_stats_,
+                      enc_final_norm_);
+      enc_in_ = ex;
+      T = T_dec;
+      x = embedding(tokens, "embed", -1, embed_mask_);
+      if (m_.positions == Positions::relative) position_bias(m_.n_layer, "dec");
+      x = run_blocks(m_.n_layer, m_.n_blocks(), x);
+    } else {
+      x = embedding(tokens, "embed", -1, embed_mask_);
+      x = run_blocks(0, m_.n_layer, x);
     }
+    T = T_dec;
     // The last block's output is the final norm's input: saved whatever the recomputation.
     g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
-    const int head_layer = static_cast<int>(m_.n_layer);
     TensorId nf_stats = kNone;
-    TensorId nf = norm("lnf", x, "head", head_layer, Phase::forward, TensorKind::saved, nf_stats,
+    TensorId nf = norm("lnf", x, head_layer, Phase::forward, TensorKind::saved, nf_stats,
                        final_norm_);
+    TensorId head_in = nf;
+    if (head_proj_.w != kNone) {
+      head_in = tensor("head.proj", {B, T, E}, ab, TensorKind::saved, head_layer);
+      matmul("head.proj", nf, head_in, head_proj_, head_layer, Phase::forward, C, E);
+    }
     const TensorId logits = tensor("logits", {B, T, V}, 4, TensorKind::logits, head_layer);
-    matmul("lm_head", nf, logits, lm_head_, head_layer, Phase::forward, C, V);
+    matmul("lm_head", head_in, logits, lm_head_, head_layer, Phase::forward, E, V);
     const TensorId losses = tensor("losses", {B, T}, 4, TensorKind::activation, head_layer);
     op("cross_entropy", OpKind::cross_entropy, Phase::forward, head_layer, {logits, targets},
        {logits, losses}, {}, {}, {}, 5.0 * double(B * T * V));
@@ -144,23 +209,51 @@ class Builder {
         ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
     op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
        {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * double(B * T * V));
-    const TensorId d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
-    matmul_bwd("lm_head", dlogits, nf, d_nf, lm_head_, head_layer, C, V);
+    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
+                                TensorKind::act_grad, head_layer);
+    matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
+    TensorId d_nf = d_head_in;
+    if (head_proj_.w != kNone) {
+      d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
+      matmul_bwd("head.proj", d_head_in, nf, d_nf, head_proj_, head_layer, C, E);
+    }
     TensorId dres = tensor("dresidual", {B, T, C}, ab, TensorKind::act_grad, head_layer);
     norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
 
-    for (int l = static_cast<int>(m_.n_layer) - 1; l >= 0; --l) {
-      BlockActs a = acts[static_cast<std::size_t>(l)];
-      if (rc == Recompute::full) {
-        TensorId in = checkpoints[static_cast<std::size_t>(l)];
-        if (in != a.x) in = gather_checkpoint(in, l);
-        a = block(l, in, Phase::recompute, Kinds{});
-      } else if (rc == Recompute::selective) {
-        recompute_core(l, a);
+    auto backward_blocks = [&](int64_t from, int64_t to, TensorId d) {
+      for (int64_t l = to - 1; l >= from; --l) {
+        set_stack(l);
+        BlockActs a = acts[static_cast<std::size_t>(l)];
+        if (rc == Recompute::full) {
+          TensorId in = checkpoints[static_cast<std::size_t>(l)];
+          if (in != a.x) in = gather_checkpoint(in, static_cast<int>(l));
+          a = block(static_cast<int>(l), in, Phase::recompute, Kinds{});
+        } else if (rc == Recompute::selective) {
+          recompute_core(static_cast<int>(l), a);
+        }
+        block_bwd(static_cast<int>(l), a, d);
       }
-      block_bwd(l, a, dres);
+    };
+    if (encdec) {
+      // The decoder's cross-attentions accumulate the encoder output's gradient.
+      T = T_enc;
+      d_enc_ = tensor("enc.out.d", {B, T_enc, C}, ab, TensorKind::act_grad, head_layer);
+      T = T_dec;
+      backward_blocks(m_.n_layer, m_.n_blocks(), dres);
+      if (m_.positions == Positions::relative) position_bias_bwd(m_.n_layer, "dec");
+      embedding_bwd(tokens, dres, "embed", embed_mask_);
+      T = T_enc;
+      const int el = static_cast<int>(m_.n_layer - 1);
+      TensorId denc = tensor("enc.dresidual", {B, T_enc, C}, ab, TensorKind::act_grad, el);
+      norm_bwd("enc.norm_f", d_enc_, enc_in_, enc_stats_, denc, enc_final_norm_, el);
+      backward_blocks(0, m_.n_layer, denc);
+      if (m_.positions == Positions::relative) position_bias_bwd(0, "enc");
+      embedding_bwd(enc_tokens, denc, "enc.embed", enc_embed_mask_);
+      T = T_dec;
+    } else {
+      backward_blocks(0, m_.n_layer, dres);
+      embedding_bwd(tokens, dres, "embed", embed_mask_);
     }
-    embedding_bwd(tokens, dres);
 
     // ---- optimizer ----
     std::vector<TensorId> all_params, all_grads;
@@ -181,14 +274,34 @@ class Builder {
   const ModelSpec& m_;
   const GraphOptions& o_;
   TrainingGraph& g_;
-  int64_t B, T, C, HS, NH, KVH, F, V, Q, QKV;
+  int64_t B, T, T_enc, T_dec, C, HS, VS, NH, KVH, F, Fe = 0, Fs = 0, V, Q, QKV, QO, E = 0;
   uint32_t ab;
-  Param wte_, wpe_, lm_head_, final_norm_;
+  Param wte_, wpe_, embed_norm_, embed_proj_, lm_head_, final_norm_, enc_final_norm_, head_proj_;
+  // One graph module per slot group of a block (zero-sized ones are left out).
   struct BlockParams {
-    Param n1, qkv, proj, n2, fc, fc2;
+    Param n1, n1_post, q_a, q_a_norm, q, kv_a, kv_a_norm, kv_b, qkv, qk_norm, sinks, rel_bias,
+        proj, nx, cq, ckv, cproj, n2, n2_post, fc, fc2, router, e_fc, e_proj, s_fc, s_proj, s_gate;
   };
   std::vector<BlockParams> blocks_;
-  std::vector<TensorId> last_writer_;
+  TensorId embed_mask_ = kNone, enc_embed_mask_ = kNone;
+  TensorId enc_out_ = kNone, enc_in_ = kNone, enc_stats_ = kNone, d_enc_ = kNone;
+  TensorId pos_bias_[2] = {kNone, kNone};
+
+  // A gradient tensor (B, T, C) created when first written, so tensors are numbered in the
+  // order the backward creates them.
+  struct Target {
+    TensorId id = kNone;
+    std::string name;
+  };
+  TensorId need(Target& t, int l) {
+    if (t.id == kNone) t.id = tensor(t.name, {B, T, C}, ab, TensorKind::act_grad, l);
+    return t.id;
+  }
+  static Target target(TensorId existing) { return Target{existing, {}}; }
+  static Target target(std::string name) { return Target{kNone, std::move(name)}; }
+
+  bool decoder_block(int64_t l) const { return m_.encoder_decoder() && l >= m_.n_layer; }
+  void set_stack(int64_t l) { T = m_.encoder_decoder() && l < m_.n_layer ? T_enc : T_dec; }
 
   // ---- tensors and ops ----
 
@@ -226,108 +339,255 @@ class Builder {
 
   Param param(const std::string& name, uint64_t numel, const std::string& group, int layer) {
     Param p;
+    if (numel == 0) return p;
     p.w = tensor(name, {static_cast<int64_t>(numel)}, o_.param_bytes, TensorKind::param, layer, false, group);
     p.g = tensor(name + ".grad", {static_cast<int64_t>(numel)}, o_.param_bytes, TensorKind::grad, layer, false,
                  group);
     return p;
   }
 
-  // Parameters per rank with tensor parallelism t: column-parallel weights (qkv, fc, gate/up)
-  // and their biases split; row-parallel weights (proj, fc2/down) split, biases whole; norms
-  // and position embeddings replicated; the token embedding vocab-parallel.
+  // Elements this rank holds of one tensor of the recipe: tensor parallelism splits column-
+  // and row-parallel weights (and column biases) t ways, the vocabulary ceil(V/t) rows per
+  // rank; expert parallelism keeps E/ep of the routed experts. Norms, routers, position
+  // tables and row biases are whole on every rank.
+  uint64_t rank_numel(const detail::SlotTensor& x) const {
+    uint64_t n = 1;
+    for (int64_t d : x.shape) n = checked_mul(n, static_cast<uint64_t>(d), "parameter elements");
+    const uint64_t t = static_cast<uint64_t>(o_.tp);
+    switch (x.split) {
+      case Split::replicated: break;
+      case Split::column:
+      case Split::row: n /= t; break;
+      case Split::vocab:
+        n = n / static_cast<uint64_t>(x.shape[0]) * ((static_cast<uint64_t>(x.shape[0]) + t - 1) / t);
+        break;
+    }
+    if (x.routed) n = n / static_cast<uint64_t>(o_.ep);
+    return n;
+  }
+
+  // Parameters per rank, summed from the recipe's tensors into the graph's modules; the order
+  // is the order in which ZeRO lays them out (GPT-2: wte, wpe, then per block norm1, qkv,
+  // proj, norm2, fc, proj; norm_f and an untied head last).
   void params() {
-    const bool gpt2 = m_.family == Family::gpt2;
-    const int64_t t = o_.tp;
-    const uint64_t norm_n = static_cast<uint64_t>(m_.norm == Norm::layernorm ? 2 * C : C);
+    E = m_.embed_proj_dim > 0 ? m_.embed_proj_dim : C;
+    const int64_t L = m_.n_blocks();
+    std::map<std::string, uint64_t> top;
+    std::vector<std::map<std::string, uint64_t>> per(static_cast<std::size_t>(L));
+    const bool mla = m_.attention == Attention::mla;
+    detail::walk_params(m_, [&](const detail::SlotTensor& x) {
+      std::string_view s = x.slot;
+      const std::size_t dot = s.rfind('.');
+      std::string_view base = s;
+      if (dot != std::string_view::npos &&
+          (s.substr(dot + 1) == "weight" || s.substr(dot + 1) == "bias"))
+        base = s.substr(0, dot);
+      const uint64_t n = rank_numel(x);
+      if (x.layer < 0 || x.layer >= L || base == "enc_final_norm") {
+        top[std::string(base)] += n;
+        return;
+      }
+      static const std::map<std::string_view, std::string_view> kModule = {
+          {"norm_attn", "n1"}, {"norm_attn_post", "n1_post"}, {"norm_mlp", "n2"},
+          {"norm_mlp_post", "n2_post"}, {"norm_cross", "nx"},
+          {"attn.q", "qkv"}, {"attn.k", "qkv"}, {"attn.v", "qkv"}, {"attn.qkv", "qkv"},
+          {"attn.o", "proj"}, {"attn.q_norm", "qk_norm"}, {"attn.k_norm", "qk_norm"},
+          {"attn.sinks", "sinks"}, {"attn.rel_bias", "rel_bias"},
+          {"attn.q_a", "q_a"}, {"attn.q_a_norm", "q_a_norm"}, {"attn.q_b", "q"},
+          {"attn.kv_a", "kv_a"}, {"attn.kv_a_norm", "kv_a_norm"}, {"attn.kv_b", "kv_b"},
+          {"cross.q", "cq"}, {"cross.k", "ckv"}, {"cross.v", "ckv"}, {"cross.o", "cproj"},
+          {"mlp.gate", "fc"}, {"mlp.up", "fc"}, {"mlp.gate_up", "fc"}, {"mlp.down", "fc2"},
+          {"moe.router", "router"}, {"moe.router.score_bias", "router"},
+          {"moe.expert.gate", "e_fc"}, {"moe.expert.up", "e_fc"}, {"moe.expert.down", "e_proj"},
+          {"moe.experts.gate_up", "e_fc"}, {"moe.experts.gate_up_bias", "e_fc"},
+          {"moe.experts.down", "e_proj"}, {"moe.experts.down_bias", "e_proj"},
+          {"moe.shared.gate", "s_fc"}, {"moe.shared.up", "s_fc"}, {"moe.shared.down", "s_proj"},
+          {"moe.shared_gate", "s_gate"}};
+      std::string_view module = kModule.at(base);
+      if (mla && base == "attn.q") module = "q";
+      per[static_cast<std::size_t>(x.layer)][std::string(module)] += n;
+    });
     g_.groups.push_back("embed");
-    wte_ = param("wte", static_cast<uint64_t>(V * C), "embed", -1);
-    if (m_.learned_positions) wpe_ = param("wpe", static_cast<uint64_t>(m_.n_positions * C), "embed", -1);
-    for (int l = 0; l < m_.n_layer; ++l) {
+    wte_ = param("wte", top["embed"], "embed", -1);
+    wpe_ = param("wpe", top["pos"], "embed", -1);
+    embed_proj_ = param("embed.proj", top["embed_proj"], "embed", -1);
+    embed_norm_ = param("embed.norm", top["embed_norm"], "embed", -1);
+    for (int l = 0; l < L; ++l) {
       const std::string h = fmt::format("h.{}", l);
       g_.groups.push_back(h);
+      auto& s = per[static_cast<std::size_t>(l)];
+      auto p = [&](const char* key, const char* name) { return param(h + "." + name, s[key], h, l); };
       BlockParams b;
-      const uint64_t attn_bias = m_.attention_bias ? 1 : 0, mlp_bias = m_.mlp_bias ? 1 : 0;
-      b.n1 = param(h + ".norm1", norm_n, h, l);
-      b.qkv = param(h + ".attn.qkv", static_cast<uint64_t>(C * QKV + attn_bias * QKV), h, l);
-      b.proj = param(h + ".attn.proj", static_cast<uint64_t>(Q * C + attn_bias * C), h, l);
-      b.n2 = param(h + ".norm2", norm_n, h, l);
-      const int64_t up_cols = gpt2 ? F : 2 * F;  // LLaMA: gate and up
-      b.fc = param(h + ".mlp.fc", static_cast<uint64_t>(C * up_cols + mlp_bias * up_cols), h, l);
-      b.fc2 = param(h + ".mlp.proj", static_cast<uint64_t>(F * C + mlp_bias * C), h, l);
+      b.n1 = p("n1", "norm1");
+      b.n1_post = p("n1_post", "norm1.post");
+      b.q_a = p("q_a", "attn.q_a");
+      b.q_a_norm = p("q_a_norm", "attn.q_a_norm");
+      b.q = p("q", "attn.q");
+      b.kv_a = p("kv_a", "attn.kv_a");
+      b.kv_a_norm = p("kv_a_norm", "attn.kv_a_norm");
+      b.kv_b = p("kv_b", "attn.kv_b");
+      b.qkv = p("qkv", "attn.qkv");
+      b.qk_norm = p("qk_norm", "attn.qk_norm");
+      b.sinks = p("sinks", "attn.sinks");
+      b.rel_bias = p("rel_bias", "attn.rel_bias");
+      b.proj = p("proj", "attn.proj");
+      b.nx = p("nx", "normx");
+      b.cq = p("cq", "cross.q");
+      b.ckv = p("ckv", "cross.kv");
+      b.cproj = p("cproj", "cross.proj");
+      b.n2 = p("n2", "norm2");
+      b.n2_post = p("n2_post", "norm2.post");
+      b.fc = p("fc", "mlp.fc");
+      b.fc2 = p("fc2", "mlp.proj");
+      b.router = p("router", "moe.router");
+      b.e_fc = p("e_fc", "moe.experts.fc");
+      b.e_proj = p("e_proj", "moe.experts.proj");
+      b.s_fc = p("s_fc", "moe.shared.fc");
+      b.s_proj = p("s_proj", "moe.shared.proj");
+      b.s_gate = p("s_gate", "moe.shared.gate");
+      if (l == m_.n_layer - 1 && m_.encoder_decoder())
+        enc_final_norm_ = param("enc.norm_f", top["enc_final_norm"], h, l);
       blocks_.push_back(b);
     }
-    (void)t;
     g_.groups.push_back("head");
-    final_norm_ = param("norm_f", norm_n, "head", static_cast<int>(m_.n_layer));
+    final_norm_ = param("norm_f", top["final_norm"], "head", static_cast<int>(L));
+    head_proj_ = param("head.proj", top["head_proj"], "head", static_cast<int>(L));
     lm_head_ = m_.tied_embeddings
                    ? wte_
-                   : param("lm_head", static_cast<uint64_t>(V * C), "head", static_cast<int>(m_.n_layer));
+                   : param("lm_head", top["head"], "head", static_cast<int>(L));
   }
 
   // ---- building blocks (forward, then backward in reverse with the same names) ----
 
-  TensorId embedding(TensorId tokens) {
+  TensorId embedding(TensorId tokens, const std::string& name, int layer, TensorId& mask_out) {
     const bool drop = o_.dropout && m_.embd_dropout > 0;
     std::vector<TensorId> ps = {wte_.w};
-    if (m_.learned_positions) ps.push_back(wpe_.w);
-    const TensorId emb = tensor("embed.out", {B, T, C}, ab, drop ? TensorKind::activation
-                                                                 : TensorKind::saved, -1);
-    op("embed", OpKind::embedding, Phase::forward, -1, {tokens}, {emb}, {}, ps, {},
+    if (wpe_.w != kNone) ps.push_back(wpe_.w);
+    const bool more = embed_proj_.w != kNone || embed_norm_.w != kNone;
+    const TensorId emb = tensor(name + ".out", {B, T, more ? E : C}, ab,
+                                drop || more ? TensorKind::activation : TensorKind::saved, layer);
+    op(name, OpKind::embedding, Phase::forward, layer, {tokens}, {emb}, {}, ps, {},
        double(B * T * C));
-    if (!drop) return emb;
-    const TensorId mask = tensor("embed.drop.mask", {B, T, C}, 1, TensorKind::saved, -1);
-    const TensorId out = tensor("embed.drop.out", {B, T, C}, ab, TensorKind::saved, -1);
-    op("embed.drop", OpKind::dropout, Phase::forward, -1, {emb}, {out, mask}, {}, {}, {},
+    TensorId x = emb;
+    if (embed_proj_.w != kNone) {  // OPT's project_in: saved as its input for the backward
+      g_.tensors[static_cast<std::size_t>(emb)].kind = TensorKind::saved;
+      x = tensor(name + ".proj", {B, T, C}, ab, drop ? TensorKind::activation : TensorKind::saved,
+                 layer);
+      matmul(name + ".proj", emb, x, embed_proj_, layer, Phase::forward, E, C);
+    }
+    if (embed_norm_.w != kNone) {  // BLOOM's word_embeddings_layernorm
+      g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
+      x = norm(name + ".norm", x, layer, Phase::forward, TensorKind::saved, embed_norm_stats_,
+               embed_norm_);
+      embed_norm_in_ = g_.ops.back().inputs.front();
+      if (drop) g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::activation;
+    }
+    embed_out_ = x;
+    if (!drop) return x;
+    const TensorId mask = tensor(name + ".drop.mask", {B, T, C}, 1, TensorKind::saved, layer);
+    const TensorId out = tensor(name + ".drop.out", {B, T, C}, ab, TensorKind::saved, layer);
+    op(name + ".drop", OpKind::dropout, Phase::forward, layer, {x}, {out, mask}, {}, {}, {},
        double(B * T * C));
     g_.ops.back().dropout_p = m_.embd_dropout;
-    embed_mask_ = mask;
+    mask_out = mask;
     return out;
   }
-  TensorId embed_mask_ = kNone;
+  TensorId embed_norm_stats_ = kNone, embed_norm_in_ = kNone, embed_out_ = kNone;
 
-  void embedding_bwd(TensorId tokens, TensorId dres) {
+  void embedding_bwd(TensorId tokens, TensorId dres, const std::string& name, TensorId mask) {
     std::vector<TensorId> gs = {wte_.g};
-    if (m_.learned_positions) gs.push_back(wpe_.g);
-    if (embed_mask_ != kNone) {
-      op("embed.drop.bwd", OpKind::dropout_bwd, Phase::backward, -1, {dres, embed_mask_}, {dres},
+    if (wpe_.g != kNone) gs.push_back(wpe_.g);
+    const int layer = -1;
+    if (mask != kNone) {
+      op(name + ".drop.bwd", OpKind::dropout_bwd, Phase::backward, layer, {dres, mask}, {dres},
          {}, {}, {}, double(B * T * C));
       g_.ops.back().dropout_p = m_.embd_dropout;
     }
-    op("embed.bwd", OpKind::embedding_bwd, Phase::backward, -1, {dres, tokens}, {}, {}, {}, gs,
+    TensorId d = dres;
+    if (embed_norm_.w != kNone) {
+      const TensorId dn = tensor(name + ".norm.d", {B, T, C}, ab, TensorKind::act_grad, layer);
+      norm_bwd(name + ".norm", d, embed_norm_in_, embed_norm_stats_, dn, embed_norm_, layer);
+      d = dn;
+    }
+    if (embed_proj_.w != kNone) {
+      const TensorId de = tensor(name + ".proj.d", {B, T, E}, ab, TensorKind::act_grad, layer);
+      const TensorId emb = g_.ops.front().outputs.front();
+      matmul_bwd(name + ".proj", d, emb, de, embed_proj_, layer, E, C);
+      d = de;
+    }
+    std::vector<TensorId> in = {d, tokens};
+    op(name + ".bwd", OpKind::embedding_bwd, Phase::backward, layer, in, {}, {}, {}, gs,
        double(B * T * C));
+  }
+
+  // T5: the relative position bias (1, NH, T, T), computed once per stack from the buckets and
+  // the stack's first layer's table, added to every layer's scores.
+  void position_bias(int64_t l, const std::string& stack) {
+    const Param& p = blocks_[static_cast<std::size_t>(l)].rel_bias;
+    const TensorId b = tensor(stack + ".pos_bias", {NH, T, T}, ab, TensorKind::saved,
+                              static_cast<int>(l));
+    op(stack + ".pos_bias", OpKind::position_bias, Phase::forward, static_cast<int>(l), {}, {b},
+       {}, {p.w}, {}, double(NH * T * T));
+    pos_bias_[stack == "enc" ? 0 : 1] = b;
+  }
+  void position_bias_bwd(int64_t l, const std::string& stack) {
+    const Param& p = blocks_[static_cast<std::size_t>(l)].rel_bias;
+    const TensorId d = pos_bias_d_[stack == "enc" ? 0 : 1];
+    if (d == kNone) return;
+    op(stack + ".pos_bias.bwd", OpKind::position_bias_bwd, Phase::backward, static_cast<int>(l),
+       {d}, {}, {}, {}, {p.g}, double(NH * T * T));
+  }
+  TensorId pos_bias_d_[2] = {kNone, kNone};
+  TensorId pos_bias_of(int64_t l) const {
+    if (m_.positions != Positions::relative) return kNone;
+    return pos_bias_[decoder_block(l) ? 1 : 0];
+  }
+  TensorId pos_bias_grad(int64_t l) {
+    if (m_.positions != Positions::relative) return kNone;
+    TensorId& d = pos_bias_d_[decoder_block(l) ? 1 : 0];
+    if (d == kNone)
+      d = tensor(decoder_block(l) ? "dec.pos_bias.d" : "enc.pos_bias.d", {NH, T, T}, ab,
+                 TensorKind::act_grad, static_cast<int>(l));
+    return d;
   }
 
   // layernorm / rmsnorm: saves its input (the caller's tensor), output and fp32 statistics
   // (mean and rstd for layernorm, rstd for rmsnorm: (B, T) each).
-  TensorId norm(const std::string& name, TensorId in, const std::string& /*group*/, int layer,
-                Phase ph, TensorKind kind, TensorId& stats, const Param& p) {
+  TensorId norm(const std::string& name, TensorId in, int layer, Phase ph, TensorKind kind,
+                TensorId& stats, const Param& p) {
     const bool ln = m_.norm == Norm::layernorm;
+    const Tensor& x = g_.tensors[static_cast<std::size_t>(in)];
+    Shape shape = x.shape;
+    const int64_t width = shape.back();
     stats = tensor(name + ".stats", {B, T, ln ? 2 : 1}, 4, kind, layer, true);
-    const TensorId out = tensor(name + ".out", {B, T, C}, ab, kind, layer);
+    const TensorId out = tensor(name + ".out", shape, ab, kind, layer);
     op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""),
        ln ? OpKind::layernorm : OpKind::rmsnorm, ph, layer, {in}, {out, stats}, {}, {p.w}, {},
-       8.0 * double(B * T * C));
+       8.0 * double(B * T * width));
     return out;
   }
   void norm_bwd(const std::string& name, TensorId d_out, TensorId in, TensorId stats,
                 TensorId dres, const Param& p, int layer) {
     // dres receives the input gradient: written fresh for the final norm, accumulated for
     // the blocks' norms (the residual stream gradient).
+    const int64_t width = g_.tensors[static_cast<std::size_t>(in)].shape.back();
     op(name + ".bwd", m_.norm == Norm::layernorm ? OpKind::layernorm_bwd : OpKind::rmsnorm_bwd,
        Phase::backward, layer, {d_out, in, stats}, {dres}, {}, {p.w}, {p.g},
-       12.0 * double(B * T * C));
+       12.0 * double(B * T * width));
   }
 
   void matmul(const std::string& name, TensorId in, TensorId out, const Param& p, int layer,
-              Phase ph, int64_t n_in, int64_t n_out) {
+              Phase ph, int64_t n_in, int64_t n_out, int64_t rows = 0) {
+    const double r = rows > 0 ? double(rows) : double(B * T);
     op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""), OpKind::matmul, ph, layer,
-       {in}, {out}, {}, {p.w}, {}, 2.0 * double(B * T) * double(n_in) * double(n_out));
+       {in}, {out}, {}, {p.w}, {}, 2.0 * r * double(n_in) * double(n_out));
   }
   // dX = dY W^T and dW += X^T dY: twice the forward FLOPs.
   void matmul_bwd(const std::string& name, TensorId d_out, TensorId in, TensorId d_in,
-                  const Param& p, int layer, int64_t n_in, int64_t n_out) {
+                  const Param& p, int layer, int64_t n_in, int64_t n_out, int64_t rows = 0) {
+    const double r = rows > 0 ? double(rows) : double(B * T);
     op(name + ".bwd", OpKind::matmul_bwd, Phase::backward, layer, {d_out, in}, {d_in}, {}, {p.w},
-       {p.g}, 4.0 * double(B * T) * double(n_in) * double(n_out));
+       {p.g}, 4.0 * r * double(n_in) * double(n_out));
   }
 
   TensorId partition_checkpoint(TensorId x, int l) {
@@ -346,13 +606,26 @@ class Builder {
     return x;
   }
 
+  // Keys each query attends to: T, or the sliding window where flash attention skips the
+  // masked blocks (the eager path computes the whole T x T and masks it).
+  double keys(int l) const {
+    const int64_t w = m_.window.window_of(l);
+    return o_.flash_attention && w > 0 && w < T ? double(w) : double(T);
+  }
+
   // The attention core: scores, softmax, dropout, attention x V (or one fused flash op).
+  // `q_src` holds the (normed, rotated) queries and keys when they are not in `a.qkv`.
   void attention_core(const std::string& h, int l, Phase ph, TensorKind kind, BlockActs& a,
                       bool values) {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const double s2 = double(B * NH) * double(T) * double(T);
+    std::vector<TensorId> src = {a.qkv};
+    if (a.qk != kNone) src.insert(src.begin(), a.qk);
+    const TensorId bias = pos_bias_of(l);
+    std::vector<TensorId> sin = src;
+    if (bias != kNone) sin.push_back(bias);
     const TensorId preatt = tensor(h + ".attn.preatt", {B, NH, T, T}, ab, TensorKind::activation, l);
-    op(h + ".attn.scores" + re, OpKind::attn_scores, ph, l, {a.qkv}, {preatt}, {}, {}, {},
+    op(h + ".attn.scores" + re, OpKind::attn_scores, ph, l, sin, {preatt}, {}, {}, {},
        2.0 * s2 * double(HS));
     a.att = tensor(h + ".attn.att", {B, NH, T, T}, ab, kind, l);
     op(h + ".attn.softmax" + re, OpKind::softmax, ph, l, {preatt}, {a.att}, {}, {}, {}, 5.0 * s2);
@@ -366,40 +639,91 @@ class Builder {
       probs = a.att_drop;
     }
     if (values) {
-      a.atty = tensor(h + ".attn.y", {B, T, Q}, ab, a.atty_kind, l);
+      a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, a.atty_kind, l);
       op(h + ".attn.values" + re, OpKind::attn_values, ph, l, {probs, a.qkv}, {a.atty}, {}, {}, {},
-         2.0 * s2 * double(HS));
+         2.0 * s2 * double(VS));
     } else {
       // Selective recomputation: the values product is not redone (its output is saved), but
       // the probabilities are its backward's input, so the recomputed core ends at dropout.
     }
   }
 
-  BlockActs block(int l, TensorId x, Phase ph, Kinds k) {
+  // q|k|v of one block into a.qkv: one projection (MHA/GQA/MQA), or MLA's low-rank path;
+  // then q/k norms and rotary embeddings.
+  void qkv_projection(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in,
+                      BlockActs& a) {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
-    const std::string h = fmt::format("h.{}", l);
     const std::string re = ph == Phase::recompute ? ".re" : "";
-    const bool gpt2 = m_.family == Family::gpt2;
-    BlockActs a;
-    a.x = x;
-    a.n1 = norm(h + ".norm1", x, h, l, ph, k.block, a.n1_stats, p.n1);
-    a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
-    matmul(h + ".attn.qkv", a.n1, a.qkv, p.qkv, l, ph, C, QKV);
-    if (!gpt2)  // RoPE rotates q and k in place: its backward needs only the angles
-      op(h + ".attn.rope" + re, OpKind::rope, ph, l, {a.qkv}, {a.qkv}, {}, {}, {},
-         6.0 * double(B * T) * double(Q + KVH * HS));
+    if (m_.attention == Attention::mla) {
+      // DeepSeek-V2 sec. 2.1: q = W_qb norm(W_qa x) (or W_q x); [c_kv, k_rope] = W_kva x;
+      // [k_nope, v] = W_kvb norm(c_kv). The core's q|k|v is assembled from q, k_nope with the
+      // shared rotated k_rope, and v (what an implementation without weight absorption holds).
+      const MlaSpec& s = m_.mla;
+      const int64_t qdim = NH * HS;
+      TensorId q_in = in;
+      if (p.q_a.w != kNone) {
+        a.q_a = tensor(h + ".attn.q_a", {B, T, s.q_lora_rank}, ab, k.block, l);
+        matmul(h + ".attn.q_a", in, a.q_a, p.q_a, l, ph, C, s.q_lora_rank);
+        a.q_an = norm(h + ".attn.q_a_norm", a.q_a, l, ph, k.block, a.q_a_stats, p.q_a_norm);
+        q_in = a.q_an;
+      }
+      a.q_lat = tensor(h + ".attn.q", {B, T, qdim}, ab, TensorKind::activation, l);
+      matmul(h + ".attn.q", q_in, a.q_lat, p.q, l, ph, p.q_a.w != kNone ? s.q_lora_rank : C, qdim);
+      a.kv_a = tensor(h + ".attn.kv_a", {B, T, s.kv_lora_rank + s.qk_rope_head_dim}, ab, k.block, l);
+      matmul(h + ".attn.kv_a", in, a.kv_a, p.kv_a, l, ph, C, s.kv_lora_rank + s.qk_rope_head_dim);
+      a.kv_an = norm(h + ".attn.kv_a_norm", a.kv_a, l, ph, k.block, a.kv_a_stats, p.kv_a_norm);
+      const int64_t kvb = NH * (s.qk_nope_head_dim + s.v_head_dim);
+      a.kv_lat = tensor(h + ".attn.kv_b", {B, T, kvb}, ab, TensorKind::activation, l);
+      matmul(h + ".attn.kv_b", a.kv_an, a.kv_lat, p.kv_b, l, ph, s.kv_lora_rank, kvb);
+      a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
+      op(h + ".attn.mla_assemble" + re, OpKind::concat, ph, l, {a.q_lat, a.kv_lat, a.kv_a},
+         {a.qkv}, {}, {}, {}, double(B * T * QKV));
+    } else {
+      a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
+      matmul(h + ".attn.qkv", in, a.qkv, p.qkv, l, ph, C, QKV);
+    }
+    if (m_.qk_norm != QkNorm::none) {
+      // RMSNorm of q and k (per head or over the projection) into a tensor of their own; the
+      // projection stays saved for the norms' backward and for v.
+      const int64_t qk = Q + KVH * HS;
+      const int64_t rows = m_.qk_norm == QkNorm::head ? NH + KVH : 2;
+      a.qk = tensor(h + ".attn.qk_norm.out", {B, T, qk}, ab, k.block, l);
+      a.qk_stats = tensor(h + ".attn.qk_norm.stats", {B, T, rows}, 4, k.block, l, true);
+      op(h + ".attn.qk_norm" + re, m_.norm == Norm::layernorm ? OpKind::layernorm : OpKind::rmsnorm,
+         ph, l, {a.qkv}, {a.qk, a.qk_stats}, {}, {p.qk_norm.w}, {}, 8.0 * double(B * T * qk));
+    }
+    if (m_.positions == Positions::rotary) {  // rotates q and k in place: the backward needs only the angles
+      const TensorId r = a.qk != kNone ? a.qk : a.qkv;
+      const int64_t rot = m_.attention == Attention::mla ? NH * m_.rotary_dim * 2
+                                                         : (NH + KVH) * m_.rotary_dim;
+      op(h + ".attn.rope" + re, OpKind::rope, ph, l, {r}, {r}, {}, {}, {},
+         6.0 * double(B * T) * double(rot));
+    }
+  }
+
+  // Attention sublayer: input `in` (already normed where the recipe norms first), output the
+  // projection (after its dropout).
+  TensorId attention(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in,
+                     BlockActs& a) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    qkv_projection(h, l, ph, k, in, a);
     if (o_.flash_attention) {
-      a.atty = tensor(h + ".attn.y", {B, T, Q}, ab, k.block, l);
+      a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, k.block, l);
       a.lse = tensor(h + ".attn.lse", {B, NH, T}, 4, k.block, l, true);
-      op(h + ".attn.flash" + re, OpKind::flash_attention, ph, l, {a.qkv}, {a.atty, a.lse}, {}, {},
-         {}, 4.0 * double(B * NH) * double(T) * double(T) * double(HS));
+      std::vector<TensorId> src = {a.qkv};
+      if (a.qk != kNone) src.insert(src.begin(), a.qk);
+      if (pos_bias_of(l) != kNone) src.push_back(pos_bias_of(l));
+      op(h + ".attn.flash" + re, OpKind::flash_attention, ph, l, src, {a.atty, a.lse}, {}, {},
+         {}, 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
     } else {
       a.atty_kind = k.block;
       attention_core(h, l, ph, k.core, a, true);
     }
+    if (p.sinks.w != kNone) g_.ops.back().params.push_back(p.sinks.w);
     const bool rdrop = o_.dropout && m_.resid_dropout > 0;
     TensorId proj = tensor(h + ".attn.proj", {B, T, C}, ab, TensorKind::activation, l);
-    matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, Q, C);
+    matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, QO, C);
     if (rdrop) {
       a.proj_mask = tensor(h + ".attn.proj.drop.mask", {B, T, C}, 1, k.block, l);
       const TensorId dropped = tensor(h + ".attn.proj.drop.out", {B, T, C}, ab, TensorKind::activation, l);
@@ -408,40 +732,296 @@ class Builder {
       g_.ops.back().dropout_p = m_.resid_dropout;
       proj = dropped;
     }
-    a.res2 = tensor(h + ".res2", {B, T, C}, ab, k.block, l);
-    op(h + ".res2" + re, OpKind::residual, ph, l, {x, proj}, {a.res2}, {}, {}, {}, double(B * T * C));
-    a.n2 = norm(h + ".norm2", a.res2, h, l, ph, k.block, a.n2_stats, p.n2);
-    TensorId mlp_out;
-    if (gpt2) {
-      a.fch = tensor(h + ".mlp.fc", {B, T, F}, ab, k.block, l);
-      matmul(h + ".mlp.fc", a.n2, a.fch, p.fc, l, ph, C, F);
-      a.act = tensor(h + ".mlp.gelu", {B, T, F}, ab, k.block, l);
-      op(h + ".mlp.gelu" + re, OpKind::gelu, ph, l, {a.fch}, {a.act}, {}, {}, {}, 10.0 * double(B * T * F));
+    return proj;
+  }
+
+  // T5's cross-attention: queries from the decoder, keys and values from the encoder output.
+  TensorId cross_attention(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in,
+                           BlockActs& a) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    const int64_t Tk = T_enc;
+    a.cq = tensor(h + ".cross.q", {B, T, Q}, ab, k.block, l);
+    matmul(h + ".cross.q", in, a.cq, p.cq, l, ph, C, Q);
+    a.ckv = tensor(h + ".cross.kv", {B, Tk, 2 * Q}, ab, k.block, l);
+    matmul(h + ".cross.kv", enc_out_, a.ckv, p.ckv, l, ph, C, 2 * Q, B * Tk);
+    const double s2 = double(B * NH) * double(T) * double(Tk);
+    if (o_.flash_attention) {
+      a.catty = tensor(h + ".cross.y", {B, T, Q}, ab, k.block, l);
+      a.catt = tensor(h + ".cross.lse", {B, NH, T}, 4, k.block, l, true);
+      op(h + ".cross.flash" + re, OpKind::flash_attention, ph, l, {a.cq, a.ckv}, {a.catty, a.catt},
+         {}, {}, {}, 4.0 * s2 * double(HS));
     } else {
-      a.fch = tensor(h + ".mlp.gate", {B, T, F}, ab, k.block, l);
-      a.up = tensor(h + ".mlp.up", {B, T, F}, ab, k.block, l);
-      op(h + ".mlp.gate_up" + re, OpKind::matmul, ph, l, {a.n2}, {a.fch, a.up}, {}, {p.fc.w}, {},
-         2.0 * double(B * T) * double(C) * double(2 * F));
-      a.act = tensor(h + ".mlp.swiglu", {B, T, F}, ab, k.block, l);
-      op(h + ".mlp.swiglu" + re, OpKind::swiglu, ph, l, {a.fch, a.up}, {a.act}, {}, {}, {},
-         6.0 * double(B * T * F));
+      const TensorId pre = tensor(h + ".cross.preatt", {B, NH, T, Tk}, ab, TensorKind::activation, l);
+      op(h + ".cross.scores" + re, OpKind::attn_scores, ph, l, {a.cq, a.ckv}, {pre}, {}, {}, {},
+         2.0 * s2 * double(HS));
+      a.catt = tensor(h + ".cross.att", {B, NH, T, Tk}, ab, k.core, l);
+      op(h + ".cross.softmax" + re, OpKind::softmax, ph, l, {pre}, {a.catt}, {}, {}, {}, 5.0 * s2);
+      a.catty = tensor(h + ".cross.y", {B, T, Q}, ab, k.block, l);
+      op(h + ".cross.values" + re, OpKind::attn_values, ph, l, {a.catt, a.ckv}, {a.catty}, {}, {},
+         {}, 2.0 * s2 * double(HS));
     }
-    mlp_out = tensor(h + ".mlp.proj", {B, T, C}, ab, TensorKind::activation, l);
-    matmul(h + ".mlp.proj", a.act, mlp_out, p.fc2, l, ph, F, C);
-    if (rdrop) {
+    const TensorId out = tensor(h + ".cross.proj", {B, T, C}, ab, TensorKind::activation, l);
+    matmul(h + ".cross.proj", a.catty, out, p.cproj, l, ph, Q, C);
+    return out;
+  }
+
+  // A dense MLP (plain or gated) of width `width` on `in`: saves its hidden tensors.
+  TensorId dense_mlp(const std::string& name, int l, Phase ph, const Kinds& k, TensorId in,
+                     const Param& fc, const Param& fc2, int64_t width, TensorId& fch,
+                     TensorId& up, TensorId& act, int64_t rows = 0) {
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
+    const double n = rows > 0 ? double(rows) : double(B * T);
+    if (m_.mlp == Mlp::gelu) {
+      fch = tensor(name + ".fc", shp, ab, k.block, l);
+      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
+      act = tensor(name + ".gelu", shp, ab, k.block, l);
+      op(name + ".gelu" + re, OpKind::gelu, ph, l, {fch}, {act}, {}, {}, {}, 10.0 * n * double(width));
+    } else {
+      fch = tensor(name + ".gate", shp, ab, k.block, l);
+      up = tensor(name + ".up", shp, ab, k.block, l);
+      op(name + ".gate_up" + re, OpKind::matmul, ph, l, {in}, {fch, up}, {}, {fc.w}, {},
+         2.0 * n * double(C) * double(2 * width));
+      act = tensor(name + ".swiglu", shp, ab, k.block, l);
+      op(name + ".swiglu" + re, OpKind::swiglu, ph, l, {fch, up}, {act}, {}, {}, {},
+         6.0 * n * double(width));
+    }
+    const TensorId out = tensor(name + ".proj", rows > 0 ? Shape{rows, C} : Shape{B, T, C}, ab,
+                                TensorKind::activation, l);
+    matmul(name + ".proj", act, out, fc2, l, ph, width, C, rows);
+    return out;
+  }
+  // Its backward: d_out in, the input gradient written to (or accumulated into) d_in.
+  void dense_mlp_bwd(const std::string& name, int l, TensorId d_out, TensorId in, Target& d_in,
+                     const Param& fc, const Param& fc2, int64_t width, TensorId fch, TensorId up,
+                     TensorId act, int64_t rows = 0) {
+    const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
+    const double n = rows > 0 ? double(rows) : double(B * T);
+    const bool gelu = m_.mlp == Mlp::gelu;
+    const TensorId d_act = tensor(name + (gelu ? ".gelu.d" : ".swiglu.d"), shp, ab,
+                                  TensorKind::act_grad, l);
+    matmul_bwd(name + ".proj", d_out, act, d_act, fc2, l, width, C, rows);
+    const TensorId din = need(d_in, l);
+    if (gelu) {
+      op(name + ".gelu.bwd", OpKind::gelu_bwd, Phase::backward, l, {d_act, fch}, {d_act}, {}, {},
+         {}, 12.0 * n * double(width));
+      matmul_bwd(name + ".fc", d_act, in, din, fc, l, C, width, rows);
+    } else {
+      Shape gu = shp;
+      gu.back() = 2 * width;
+      const TensorId d_gu = tensor(name + ".gate_up.d", gu, ab, TensorKind::act_grad, l);
+      op(name + ".swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, {d_act, fch, up},
+         {d_gu}, {}, {}, {}, 10.0 * n * double(width));
+      op(name + ".gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, {d_gu, in}, {din}, {},
+         {fc.w}, {fc.g}, 4.0 * n * double(C) * double(2 * width));
+    }
+  }
+
+  // Routed rows each rank's experts process per micro-step: top-k copies of its B*T tokens,
+  // and with expert parallelism the rows the all-to-all brings from the other ranks: as many
+  // as it sends (balanced routing) or, at worst, every rank's tokens choosing its experts.
+  int64_t routed_rows() const {
+    const int64_t k = m_.moe.top_k, tokens = B * T;
+    if (o_.ep > 1 && o_.moe_worst_case) {
+      // Every token of every rank of the expert-parallel group sends this rank as many of its
+      // k choices as it has experts.
+      const int64_t local = m_.moe.n_experts / o_.ep;
+      return checked_mul(checked_mul(o_.ep, tokens, "routed rows"), std::min(k, local),
+                         "routed rows");
+    }
+    return checked_mul(k, tokens, "routed rows");
+  }
+
+  // Mixture of experts: router, top-k, dispatch of the routed rows to the experts, the experts'
+  // gated MLPs on those rows, the weighted combine; shared experts on every token.
+  TensorId moe(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in, BlockActs& a) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    const int64_t Ex = m_.moe.n_experts, K = m_.moe.top_k, R = routed_rows();
+    const TensorId logits = tensor(h + ".moe.router", {B, T, Ex}, ab, TensorKind::activation, l);
+    matmul(h + ".moe.router", in, logits, p.router, l, ph, C, Ex);
+    a.r_probs = tensor(h + ".moe.probs", {B, T, Ex}, 4, k.block, l);
+    a.r_idx = tensor(h + ".moe.topk", {B, T, K}, 4, k.block, l);
+    a.r_w = tensor(h + ".moe.weights", {B, T, K}, 4, k.block, l);
+    op(h + ".moe.route" + re, OpKind::moe_route, ph, l, {logits}, {a.r_probs, a.r_idx, a.r_w},
+       {}, {}, {}, 6.0 * double(B * T * Ex));
+    a.xe = tensor(h + ".moe.dispatch", {R, C}, ab, k.block, l);
+    op(h + ".moe.dispatch" + re, OpKind::moe_dispatch, ph, l, {in, a.r_idx}, {a.xe}, {}, {}, {},
+       double(R * C));
+    a.ye = dense_mlp(h + ".moe.experts", l, ph, k, a.xe, p.e_fc, p.e_proj, Fe, a.e_gate, a.e_up,
+                     a.e_act, R);
+    g_.tensors[static_cast<std::size_t>(a.ye)].kind = k.block;  // the combine's backward reads it
+    TensorId out = tensor(h + ".moe.out", {B, T, C}, ab, TensorKind::activation, l);
+    op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l, {a.ye, a.r_w, a.r_idx}, {out}, {}, {},
+       {}, 2.0 * double(R * C));
+    if (p.s_fc.w != kNone) {
+      TensorId s_out = dense_mlp(h + ".moe.shared", l, ph, k, in, p.s_fc, p.s_proj, Fs, a.s_gate,
+                                 a.s_up, a.s_act);
+      if (p.s_gate.w != kNone) {
+        // Qwen2-MoE: sigmoid(x W_g) scales the shared expert's output; both are saved.
+        g_.tensors[static_cast<std::size_t>(s_out)].kind = k.block;
+        a.s_out = s_out;
+        a.s_g = tensor(h + ".moe.shared.gate", {B, T, 1}, ab, k.block, l);
+        matmul(h + ".moe.shared.gate", in, a.s_g, p.s_gate, l, ph, C, 1);
+        const TensorId gated = tensor(h + ".moe.shared.gated", {B, T, C}, ab, TensorKind::activation, l);
+        op(h + ".moe.shared.scale" + re, OpKind::gate_mul, ph, l, {s_out, a.s_g}, {gated}, {}, {},
+           {}, 5.0 * double(B * T * C));
+        s_out = gated;
+      }
+      const TensorId sum = tensor(h + ".moe.sum", {B, T, C}, ab, TensorKind::activation, l);
+      op(h + ".moe.sum" + re, OpKind::residual, ph, l, {out, s_out}, {sum}, {}, {}, {},
+         double(B * T * C));
+      out = sum;
+    }
+    return out;
+  }
+  void moe_bwd(const std::string& h, int l, const BlockActs& a, TensorId d_out, TensorId in,
+               Target& d_in) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const int64_t Ex = m_.moe.n_experts, K = m_.moe.top_k, R = routed_rows();
+    // Shared experts first (they were added last), writing d_in; the routed path accumulates.
+    bool written = false;
+    if (p.s_fc.w != kNone) {
+      TensorId d_s = d_out;
+      if (p.s_gate.w != kNone) {
+        d_s = tensor(h + ".moe.shared.d", {B, T, C}, ab, TensorKind::act_grad, l);
+        const TensorId d_g = tensor(h + ".moe.shared.gate.d", {B, T, 1}, ab, TensorKind::act_grad, l);
+        op(h + ".moe.shared.scale.bwd", OpKind::gate_mul_bwd, Phase::backward, l,
+           {d_out, a.s_out, a.s_g}, {d_s, d_g}, {}, {}, {}, 6.0 * double(B * T * C));
+        matmul_bwd(h + ".moe.shared.gate", d_g, in, need(d_in, l), p.s_gate, l, C, 1);
+        written = true;
+      }
+      dense_mlp_bwd(h + ".moe.shared", l, d_s, in, d_in, p.s_fc, p.s_proj, Fs, a.s_gate, a.s_up,
+                    a.s_act);
+      written = true;
+    }
+    const TensorId d_ye = tensor(h + ".moe.experts.proj.d", {R, C}, ab, TensorKind::act_grad, l);
+    const TensorId d_w = tensor(h + ".moe.weights.d", {B, T, K}, 4, TensorKind::act_grad, l);
+    op(h + ".moe.combine.bwd", OpKind::moe_combine_bwd, Phase::backward, l,
+       {d_out, a.ye, a.r_w, a.r_idx}, {d_ye, d_w}, {}, {}, {}, 4.0 * double(R * C));
+    Target d_xe = target(tensor(h + ".moe.dispatch.d", {R, C}, ab, TensorKind::act_grad, l));
+    dense_mlp_bwd(h + ".moe.experts", l, d_ye, a.xe, d_xe, p.e_fc, p.e_proj, Fe, a.e_gate,
+                  a.e_up, a.e_act, R);
+    op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l, {d_xe.id, a.r_idx},
+       {need(d_in, l)}, {}, {}, {}, double(R * C));
+    (void)written;
+    const TensorId d_logits = tensor(h + ".moe.router.d", {B, T, Ex}, ab, TensorKind::act_grad, l);
+    op(h + ".moe.route.bwd", OpKind::moe_route_bwd, Phase::backward, l, {d_w, a.r_probs, a.r_idx},
+       {d_logits}, {}, {}, {}, 6.0 * double(B * T * Ex));
+    matmul_bwd(h + ".moe.router", d_logits, in, need(d_in, l), p.router, l, C, Ex);
+  }
+
+  // The MLP sublayer: dense or MoE, then the residual dropout.
+  TensorId mlp(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in, BlockActs& a) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    TensorId out = m_.moe.is_moe_layer(l)
+                       ? moe(h, l, ph, k, in, a)
+                       : dense_mlp(h + ".mlp", l, ph, k, in, p.fc, p.fc2, F, a.fch, a.up, a.act);
+    if (o_.dropout && m_.resid_dropout > 0) {
       a.mlp_mask = tensor(h + ".mlp.drop.mask", {B, T, C}, 1, k.block, l);
       const TensorId dropped = tensor(h + ".mlp.drop.out", {B, T, C}, ab, TensorKind::activation, l);
-      op(h + ".mlp.drop" + re, OpKind::dropout, ph, l, {mlp_out}, {dropped, a.mlp_mask}, {}, {}, {},
+      op(h + ".mlp.drop" + re, OpKind::dropout, ph, l, {out}, {dropped, a.mlp_mask}, {}, {}, {},
          double(B * T * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
-      mlp_out = dropped;
+      out = dropped;
     }
+    return out;
+  }
+  void mlp_bwd(const std::string& h, int l, const BlockActs& a, TensorId d_out, TensorId in,
+               Target& d_in) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    TensorId d = d_out;
+    if (a.mlp_mask != kNone) {
+      d = tensor(h + ".mlp.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
+      op(h + ".mlp.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_out, a.mlp_mask}, {d},
+         {}, {}, {}, double(B * T * C));
+      g_.ops.back().dropout_p = m_.resid_dropout;
+    }
+    if (m_.moe.is_moe_layer(l))
+      moe_bwd(h, l, a, d, in, d_in);
+    else
+      dense_mlp_bwd(h + ".mlp", l, d, in, d_in, p.fc, p.fc2, F, a.fch, a.up, a.act);
+  }
+
+  TensorId residual(const std::string& name, int l, Phase ph, std::vector<TensorId> in,
+                    TensorKind kind) {
+    const TensorId out = tensor(name, {B, T, C}, ab, kind, l);
+    op(name + (ph == Phase::recompute ? ".re" : ""), OpKind::residual, ph, l, std::move(in), {out},
+       {}, {}, {}, double(B * T * C));
+    return out;
+  }
+
+  BlockActs block(int l, TensorId x, Phase ph, Kinds k) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string h = fmt::format("h.{}", l);
+    BlockActs a;
+    a.x = x;
     // The block output is the next block's input: saved (a checkpoint under full
     // recomputation); a recomputed output is not needed and dies at once.
-    a.out = tensor(h + ".out", {B, T, C}, ab,
-                   ph == Phase::recompute ? TensorKind::activation : TensorKind::saved, l);
-    op(h + ".out" + re, OpKind::residual, ph, l, {a.res2, mlp_out}, {a.out}, {}, {}, {},
-       double(B * T * C));
+    const TensorKind out_kind = ph == Phase::recompute ? TensorKind::activation : TensorKind::saved;
+    if (m_.residual == Residual::parallel) {
+      a.n1 = norm(h + ".norm1", x, l, ph, k.block, a.n1_stats, p.n1);
+      const TensorId att = attention(h, l, ph, k, a.n1, a);
+      a.n2 = a.n1;
+      if (p.n2.w != kNone) a.n2 = norm(h + ".norm2", x, l, ph, k.block, a.n2_stats, p.n2);
+      const TensorId mo = mlp(h, l, ph, k, a.n2, a);
+      a.out = residual(h + ".out", l, ph, {x, att, mo}, out_kind);
+      return a;
+    }
+    switch (m_.norm_place) {
+      case NormPlace::pre:
+      case NormPlace::sandwich: {
+        const bool sw = m_.norm_place == NormPlace::sandwich;
+        a.n1 = norm(h + ".norm1", x, l, ph, k.block, a.n1_stats, p.n1);
+        TensorId att = attention(h, l, ph, k, a.n1, a);
+        if (sw) {
+          g_.tensors[static_cast<std::size_t>(att)].kind = k.block;
+          a.attn_raw = att;
+          att = norm(h + ".norm1.post", att, l, ph, TensorKind::activation, a.attn_post_stats, p.n1_post);
+        }
+        a.res2 = residual(h + ".res2", l, ph, {x, att}, k.block);
+        TensorId r = a.res2;
+        if (decoder_block(l)) {
+          a.nx = norm(h + ".normx", r, l, ph, k.block, a.nx_stats, p.nx);
+          const TensorId c = cross_attention(h, l, ph, k, a.nx, a);
+          a.res3 = residual(h + ".res3", l, ph, {r, c}, k.block);
+          r = a.res3;
+        }
+        a.n2 = norm(h + ".norm2", r, l, ph, k.block, a.n2_stats, p.n2);
+        TensorId mo = mlp(h, l, ph, k, a.n2, a);
+        if (sw) {
+          g_.tensors[static_cast<std::size_t>(mo)].kind = k.block;
+          a.mlp_raw = mo;
+          mo = norm(h + ".norm2.post", mo, l, ph, TensorKind::activation, a.mlp_post_stats, p.n2_post);
+        }
+        a.out = residual(h + ".out", l, ph, {r, mo}, out_kind);
+        return a;
+      }
+      case NormPlace::post_sublayer: {
+        TensorId att = attention(h, l, ph, k, x, a);
+        g_.tensors[static_cast<std::size_t>(att)].kind = k.block;
+        a.attn_raw = att;
+        att = norm(h + ".norm1.post", att, l, ph, TensorKind::activation, a.attn_post_stats, p.n1_post);
+        a.res2 = residual(h + ".res2", l, ph, {x, att}, k.block);
+        TensorId mo = mlp(h, l, ph, k, a.res2, a);
+        g_.tensors[static_cast<std::size_t>(mo)].kind = k.block;
+        a.mlp_raw = mo;
+        mo = norm(h + ".norm2.post", mo, l, ph, TensorKind::activation, a.mlp_post_stats, p.n2_post);
+        a.out = residual(h + ".out", l, ph, {a.res2, mo}, out_kind);
+        return a;
+      }
+      case NormPlace::post_residual: {
+        const TensorId att = attention(h, l, ph, k, x, a);
+        a.res1 = residual(h + ".res1", l, ph, {x, att}, k.block);
+        a.res2 = norm(h + ".norm1", a.res1, l, ph, k.block, a.res1_stats, p.n1);
+        const TensorId mo = mlp(h, l, ph, k, a.res2, a);
+        a.res_out = residual(h + ".res_out", l, ph, {a.res2, mo}, k.block);
+        a.out = norm(h + ".norm2", a.res_out, l, ph, out_kind, a.out_stats, p.n2);
+        return a;
+      }
+    }
     return a;
   }
 
@@ -449,60 +1029,42 @@ class Builder {
     attention_core(fmt::format("h.{}", l), l, Phase::recompute, TensorKind::saved, a, false);
   }
 
-  // Backward of one block, mirroring block() in reverse. dres holds d(block output) on entry
-  // and d(block input) on exit.
-  void block_bwd(int l, const BlockActs& a, TensorId dres) {
+  // Backward of the attention sublayer from d_out (the projection's output gradient) to the
+  // gradient of its input, written to (or accumulated into) d_in.
+  void attention_bwd(const std::string& h, int l, const BlockActs& a, TensorId d_out,
+                     TensorId in, Target& d_in) {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
-    const std::string h = fmt::format("h.{}", l);
-    const bool gpt2 = m_.family == Family::gpt2;
-    // MLP
-    TensorId d_mlp = dres;
-    if (a.mlp_mask != kNone) {
-      d_mlp = tensor(h + ".mlp.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
-      op(h + ".mlp.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {dres, a.mlp_mask}, {d_mlp},
-         {}, {}, {}, double(B * T * C));
-      g_.ops.back().dropout_p = m_.resid_dropout;
-    }
-    const TensorId d_act = tensor(h + (gpt2 ? ".mlp.gelu.d" : ".mlp.swiglu.d"), {B, T, F}, ab,
-                                  TensorKind::act_grad, l);
-    matmul_bwd(h + ".mlp.proj", d_mlp, a.act, d_act, p.fc2, l, F, C);
-    TensorId d_n2 = tensor(h + ".norm2.d", {B, T, C}, ab, TensorKind::act_grad, l);
-    if (gpt2) {
-      op(h + ".mlp.gelu.bwd", OpKind::gelu_bwd, Phase::backward, l, {d_act, a.fch}, {d_act}, {}, {},
-         {}, 12.0 * double(B * T * F));
-      matmul_bwd(h + ".mlp.fc", d_act, a.n2, d_n2, p.fc, l, C, F);
-    } else {
-      const TensorId d_gu = tensor(h + ".mlp.gate_up.d", {B, T, 2 * F}, ab, TensorKind::act_grad, l);
-      op(h + ".mlp.swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, {d_act, a.fch, a.up},
-         {d_gu}, {}, {}, {}, 10.0 * double(B * T * F));
-      op(h + ".mlp.gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, {d_gu, a.n2}, {d_n2}, {},
-         {p.fc.w}, {p.fc.g}, 4.0 * double(B * T) * double(C) * double(2 * F));
-    }
-    norm_bwd(h + ".norm2", d_n2, a.res2, a.n2_stats, dres, p.n2, l);
-    // Attention
-    TensorId d_proj = dres;
+    TensorId d_proj = d_out;
     if (a.proj_mask != kNone) {
       d_proj = tensor(h + ".attn.proj.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
-      op(h + ".attn.proj.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {dres, a.proj_mask},
+      op(h + ".attn.proj.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_out, a.proj_mask},
          {d_proj}, {}, {}, {}, double(B * T * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
     }
-    const TensorId d_atty = tensor(h + ".attn.y.d", {B, T, Q}, ab, TensorKind::act_grad, l);
-    matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty, p.proj, l, Q, C);
+    const TensorId d_atty = tensor(h + ".attn.y.d", {B, T, QO}, ab, TensorKind::act_grad, l);
+    matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty, p.proj, l, QO, C);
     const TensorId d_qkv = tensor(h + ".attn.qkv.d", {B, T, QKV}, ab, TensorKind::act_grad, l);
     const double s2 = double(B * NH) * double(T) * double(T);
+    std::vector<TensorId> src = {a.qkv};
+    if (a.qk != kNone) src.insert(src.begin(), a.qk);
+    const TensorId bias = pos_bias_of(l);
     if (o_.flash_attention) {
       // FlashAttention-2's backward keeps an fp32 dQ accumulator and per-row softmax sums.
       const TensorId dq_acc = tensor(h + ".attn.flash.dq_accum", {B, T, Q}, 4, TensorKind::workspace, l);
       const TensorId dsum = tensor(h + ".attn.flash.dsum", {B, NH, T}, 4, TensorKind::workspace, l);
-      op(h + ".attn.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l,
-         {d_atty, a.qkv, a.atty, a.lse}, {d_qkv}, {dq_acc, dsum}, {}, {},
-         2.5 * 4.0 * s2 * double(HS));
+      std::vector<TensorId> in_f = {d_atty};
+      in_f.insert(in_f.end(), src.begin(), src.end());
+      in_f.push_back(a.atty);
+      in_f.push_back(a.lse);
+      std::vector<TensorId> out_f = {d_qkv};
+      if (bias != kNone) out_f.push_back(pos_bias_grad(l));
+      op(h + ".attn.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l, in_f, out_f,
+         {dq_acc, dsum}, {}, {}, 2.5 * 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
     } else {
       const TensorId probs = a.att_drop != kNone ? a.att_drop : a.att;
       const TensorId d_att = tensor(h + ".attn.att.d", {B, NH, T, T}, ab, TensorKind::act_grad, l);
       op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, {d_atty, probs, a.qkv},
-         {d_att, d_qkv}, {}, {}, {}, 4.0 * s2 * double(HS));
+         {d_att, d_qkv}, {}, {}, {}, 4.0 * s2 * double(VS));
       if (a.att_mask != kNone) {
         op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
            {d_att}, {}, {}, {}, s2);
@@ -510,17 +1072,154 @@ class Builder {
       }
       op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.att}, {d_att},
          {}, {}, {}, 4.0 * s2);
-      op(h + ".attn.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, {d_att, a.qkv},
-         {d_qkv}, {}, {}, {}, 4.0 * s2 * double(HS));
+      std::vector<TensorId> in_s = {d_att};
+      in_s.insert(in_s.end(), src.begin(), src.end());
+      std::vector<TensorId> out_s = {d_qkv};
+      if (bias != kNone) out_s.push_back(pos_bias_grad(l));
+      op(h + ".attn.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, in_s, out_s, {},
+         {}, {}, 4.0 * s2 * double(HS));
     }
-    if (!gpt2)
+    if (p.sinks.g != kNone) g_.ops.back().grads.push_back(p.sinks.g);
+    if (m_.positions == Positions::rotary) {
+      const int64_t rot = m_.attention == Attention::mla ? NH * m_.rotary_dim * 2
+                                                         : (NH + KVH) * m_.rotary_dim;
       op(h + ".attn.rope.bwd", OpKind::rope_bwd, Phase::backward, l, {d_qkv}, {d_qkv}, {}, {}, {},
-         6.0 * double(B * T) * double(Q + KVH * HS));
-    const TensorId d_n1 = tensor(h + ".norm1.d", {B, T, C}, ab, TensorKind::act_grad, l);
-    matmul_bwd(h + ".attn.qkv", d_qkv, a.n1, d_n1, p.qkv, l, C, QKV);
-    norm_bwd(h + ".norm1", d_n1, a.x, a.n1_stats, dres, p.n1, l);
+         6.0 * double(B * T) * double(rot));
+    }
+    if (a.qk != kNone) {
+      const int64_t qk = Q + KVH * HS;
+      op(h + ".attn.qk_norm.bwd", m_.norm == Norm::layernorm ? OpKind::layernorm_bwd
+                                                             : OpKind::rmsnorm_bwd,
+         Phase::backward, l, {d_qkv, a.qkv, a.qk_stats}, {d_qkv}, {}, {p.qk_norm.w},
+         {p.qk_norm.g}, 12.0 * double(B * T * qk));
+    }
+    if (m_.attention == Attention::mla) {
+      const MlaSpec& s = m_.mla;
+      const int64_t kvb = NH * (s.qk_nope_head_dim + s.v_head_dim);
+      const int64_t qdim = NH * HS;
+      const TensorId d_q = tensor(h + ".attn.q.d", {B, T, qdim}, ab, TensorKind::act_grad, l);
+      const TensorId d_kvb = tensor(h + ".attn.kv_b.d", {B, T, kvb}, ab, TensorKind::act_grad, l);
+      const TensorId d_kva = tensor(h + ".attn.kv_a.d", {B, T, s.kv_lora_rank + s.qk_rope_head_dim},
+                                    ab, TensorKind::act_grad, l);
+      op(h + ".attn.mla_assemble.bwd", OpKind::concat_bwd, Phase::backward, l, {d_qkv},
+         {d_q, d_kvb, d_kva}, {}, {}, {}, double(B * T * QKV));
+      const TensorId d_kvan = tensor(h + ".attn.kv_a_norm.d", {B, T, s.kv_lora_rank}, ab,
+                                     TensorKind::act_grad, l);
+      matmul_bwd(h + ".attn.kv_b", d_kvb, a.kv_an, d_kvan, p.kv_b, l, s.kv_lora_rank, kvb);
+      norm_bwd(h + ".attn.kv_a_norm", d_kvan, a.kv_a, a.kv_a_stats, d_kva, p.kv_a_norm, l);
+      matmul_bwd(h + ".attn.kv_a", d_kva, in, need(d_in, l), p.kv_a, l, C,
+                 s.kv_lora_rank + s.qk_rope_head_dim);
+      if (p.q_a.w != kNone) {
+        const TensorId d_qan = tensor(h + ".attn.q_a_norm.d", {B, T, s.q_lora_rank}, ab,
+                                      TensorKind::act_grad, l);
+        matmul_bwd(h + ".attn.q", d_q, a.q_an, d_qan, p.q, l, s.q_lora_rank, qdim);
+        const TensorId d_qa = tensor(h + ".attn.q_a.d", {B, T, s.q_lora_rank}, ab,
+                                     TensorKind::act_grad, l);
+        norm_bwd(h + ".attn.q_a_norm", d_qan, a.q_a, a.q_a_stats, d_qa, p.q_a_norm, l);
+        matmul_bwd(h + ".attn.q_a", d_qa, in, need(d_in, l), p.q_a, l, C, s.q_lora_rank);
+      } else {
+        matmul_bwd(h + ".attn.q", d_q, in, need(d_in, l), p.q, l, C, qdim);
+      }
+      return;
+    }
+    matmul_bwd(h + ".attn.qkv", d_qkv, in, need(d_in, l), p.qkv, l, C, QKV);
   }
 
+  void cross_attention_bwd(const std::string& h, int l, const BlockActs& a, TensorId d_out,
+                           Target& d_in) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const int64_t Tk = T_enc;
+    const double s2 = double(B * NH) * double(T) * double(Tk);
+    const TensorId d_y = tensor(h + ".cross.y.d", {B, T, Q}, ab, TensorKind::act_grad, l);
+    matmul_bwd(h + ".cross.proj", d_out, a.catty, d_y, p.cproj, l, Q, C);
+    const TensorId d_q = tensor(h + ".cross.q.d", {B, T, Q}, ab, TensorKind::act_grad, l);
+    const TensorId d_kv = tensor(h + ".cross.kv.d", {B, Tk, 2 * Q}, ab, TensorKind::act_grad, l);
+    if (o_.flash_attention) {
+      op(h + ".cross.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l,
+         {d_y, a.cq, a.ckv, a.catty, a.catt}, {d_q, d_kv}, {}, {}, {}, 2.5 * 4.0 * s2 * double(HS));
+    } else {
+      const TensorId d_att = tensor(h + ".cross.att.d", {B, NH, T, Tk}, ab, TensorKind::act_grad, l);
+      op(h + ".cross.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, {d_y, a.catt, a.ckv},
+         {d_att, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
+      op(h + ".cross.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.catt},
+         {d_att}, {}, {}, {}, 4.0 * s2);
+      op(h + ".cross.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, {d_att, a.cq, a.ckv},
+         {d_q, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
+    }
+    matmul_bwd(h + ".cross.kv", d_kv, enc_out_, d_enc_, p.ckv, l, C, 2 * Q, B * Tk);
+    matmul_bwd(h + ".cross.q", d_q, a.nx, need(d_in, l), p.cq, l, C, Q);
+  }
+
+  // Backward of one block, mirroring block() in reverse. dres holds d(block output) on entry
+  // and d(block input) on exit.
+  void block_bwd(int l, const BlockActs& a, TensorId dres) {
+    const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
+    const std::string h = fmt::format("h.{}", l);
+    Target into_dres = target(dres);
+    if (m_.residual == Residual::parallel) {
+      // out = x + attn(n1) + mlp(n2): both sublayers read d(out); their input gradients meet
+      // in one norm gradient (shared norm) or two, which the norms add into dres.
+      Target d_n2 = target(h + ".norm2.d");
+      mlp_bwd(h, l, a, dres, a.n2, d_n2);
+      if (p.n2.w != kNone) {
+        Target d_n1 = target(h + ".norm1.d");
+        attention_bwd(h, l, a, dres, a.n1, d_n1);
+        norm_bwd(h + ".norm2", d_n2.id, a.x, a.n2_stats, dres, p.n2, l);
+        norm_bwd(h + ".norm1", d_n1.id, a.x, a.n1_stats, dres, p.n1, l);
+      } else {
+        attention_bwd(h, l, a, dres, a.n1, d_n2);
+        norm_bwd(h + ".norm1", d_n2.id, a.x, a.n1_stats, dres, p.n1, l);
+      }
+      return;
+    }
+    switch (m_.norm_place) {
+      case NormPlace::pre:
+      case NormPlace::sandwich: {
+        const bool sw = m_.norm_place == NormPlace::sandwich;
+        TensorId d_mo = dres;
+        if (sw) {
+          d_mo = tensor(h + ".norm2.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
+          norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, d_mo, p.n2_post, l);
+        }
+        Target d_n2 = target(h + ".norm2.d");
+        mlp_bwd(h, l, a, d_mo, a.n2, d_n2);
+        const TensorId r = decoder_block(l) ? a.res3 : a.res2;
+        norm_bwd(h + ".norm2", d_n2.id, r, a.n2_stats, dres, p.n2, l);
+        if (decoder_block(l)) {
+          Target d_nx = target(h + ".normx.d");
+          cross_attention_bwd(h, l, a, dres, d_nx);
+          norm_bwd(h + ".normx", d_nx.id, a.res2, a.nx_stats, dres, p.nx, l);
+        }
+        TensorId d_att = dres;
+        if (sw) {
+          d_att = tensor(h + ".norm1.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
+          norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, d_att, p.n1_post, l);
+        }
+        Target d_n1 = target(h + ".norm1.d");
+        attention_bwd(h, l, a, d_att, a.n1, d_n1);
+        norm_bwd(h + ".norm1", d_n1.id, a.x, a.n1_stats, dres, p.n1, l);
+        return;
+      }
+      case NormPlace::post_sublayer: {
+        const TensorId d_mo = tensor(h + ".norm2.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
+        norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, d_mo, p.n2_post, l);
+        mlp_bwd(h, l, a, d_mo, a.res2, into_dres);
+        const TensorId d_att = tensor(h + ".norm1.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
+        norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, d_att, p.n1_post, l);
+        attention_bwd(h, l, a, d_att, a.x, into_dres);
+        return;
+      }
+      case NormPlace::post_residual: {
+        // In place on dres: through the output norm, the MLP (added back), the first norm and
+        // the attention (added back).
+        norm_bwd(h + ".norm2", dres, a.res_out, a.out_stats, dres, p.n2, l);
+        mlp_bwd(h, l, a, dres, a.res2, into_dres);
+        norm_bwd(h + ".norm1", dres, a.res1, a.res1_stats, dres, p.n1, l);
+        attention_bwd(h, l, a, dres, a.x, into_dres);
+        return;
+      }
+    }
+  }
 };
 
 }  // namespace
@@ -531,6 +1230,11 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
   if (o.batch < 1) throw Error(fmt::format("--micro-batch: must be >= 1, got {}", o.batch));
   if (o.seq < 1) throw Error(fmt::format("--seq: must be >= 1, got {}", o.seq));
   if (o.tp < 1) throw Error(fmt::format("--mp: must be >= 1, got {}", o.tp));
+  if (o.ep < 1) throw Error(fmt::format("--ep: must be >= 1, got {}", o.ep));
+  if (o.ep > 1 && !m.is_moe())
+    throw Error(fmt::format("--ep {}: {} has no experts to place", o.ep, m.name),
+                "expert parallelism applies to Mixture-of-Experts models; leave out --ep");
+  if (o.seq_target < 0) throw Error(fmt::format("--target-seq: must be >= 1, got {}", o.seq_target));
   if (o.act_bytes != 2 && o.act_bytes != 4)
     throw Error(fmt::format("activation bytes must be 2 or 4, got {}", o.act_bytes));
   TrainingGraph g;

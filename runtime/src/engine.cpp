@@ -57,9 +57,9 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
     throw Error(fmt::format("the plan is for --dp {}, but {} rank{} running", s.dp, dp_,
                             dp_ == 1 ? " is" : "s are"),
                 fmt::format("run it with mpirun -np {}, or make a plan with --dp {}", s.dp, dp_));
-  if (m.family != models::Family::gpt2)
+  if (!m.is_gpt2_block())
     throw Error(fmt::format("zero-run trains GPT-2-family models; {} is {}", m.name, m.family_name()),
-                "plan LLaMA models with zero-plan; run a GPT-2 config (e.g. gpt2-tiny) here");
+                "plan other architectures with zero-plan; run a GPT-2 config (e.g. gpt2-tiny) here");
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");

@@ -15,7 +15,7 @@ namespace {
 ModelSpec gpt(int64_t h, int64_t a, int64_t layers, int64_t s) {
   ModelSpec m;
   m.name = "test";
-  m.family = Family::gpt2;
+  m.model_type = "gpt2";
   m.n_layer = layers;
   m.n_embd = h;
   m.n_head = a;

@@ -1,5 +1,5 @@
 // zp/models/graph.hpp: the training computation graph of one micro-step of a decoder
-// transformer (GPT-2 or LLaMA family) plus the optimizer step, as a Boost.Graph: ops are
+// transformer (or an encoder-decoder) built from its recipe, plus the optimizer step, as a Boost.Graph: ops are
 // vertices, tensors flow along edges. Shapes, dtypes, bytes, kinds and FLOPs; no memory
 // policy (the planner decides lifetimes, placement and ZeRO buffers) and no arithmetic.
 //
@@ -50,6 +50,12 @@ enum class OpKind : uint8_t {
   cross_entropy_bwd,
   checkpoint_partition, checkpoint_gather,  // ZeRO-R P_a: slice / all-gather a block input
   optimizer_step,
+  // Mixture of experts: softmax/top-k routing, dispatch of the routed rows to the experts
+  // (an all-to-all under expert parallelism), their weighted combine; and the backwards.
+  moe_route, moe_dispatch, moe_combine, moe_route_bwd, moe_dispatch_bwd, moe_combine_bwd,
+  position_bias, position_bias_bwd,  // T5's relative position bias from its bucket table
+  concat, concat_bwd,                // MLA: q, k (with the shared rotary key), v assembled
+  gate_mul, gate_mul_bwd,            // Qwen2-MoE: sigmoid gate on the shared expert
 };
 std::string_view to_string(OpKind k);
 
@@ -62,7 +68,13 @@ struct GraphOptions {
   bool dropout = true;        // dropout ops where the model's probabilities are > 0
   Recompute recompute = Recompute::none;
   bool flash_attention = false;  // fused attention: saves output + log-sum-exp, no T x T
+  int64_t seq_target = 0;     // encoder-decoder models: the decoder's length (0: seq)
   int64_t tp = 1;             // tensor-parallel degree t
+  // Expert parallelism: each rank holds E/ep of every MoE layer's routed experts and runs the
+  // rows routed to them. Balanced routing gives a rank as many rows as it sends (k*B*T);
+  // moe_worst_case sizes them for every token of the ep group choosing this rank's experts.
+  int64_t ep = 1;
+  bool moe_worst_case = false;
   // ZeRO-R P_a: activation checkpoints (block inputs under full recompute) partitioned over
   // the t model-parallel ranks, all-gathered before the block is recomputed.
   bool partition_checkpoints = false;
