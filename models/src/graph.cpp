@@ -50,7 +50,7 @@ std::string_view to_string(OpKind k) {
       "flash_attention_bwd", "gelu_bwd", "swiglu_bwd", "cross_entropy_bwd", "checkpoint_partition", "checkpoint_gather", "optimizer_step",
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
-      "gate_mul", "gate_mul_bwd"};
+      "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -68,7 +68,7 @@ struct BlockActs {
   // MLA's low-rank path: q_a and its norm, kv_a (latent and rotary key) and its norm.
   TensorId q_a = kNone, q_an = kNone, q_a_stats = kNone, q_lat = kNone;
   TensorId kv_a = kNone, kv_an = kNone, kv_a_stats = kNone, kv_lat = kNone;
-  TensorId att = kNone, att_mask = kNone, att_drop = kNone, lse = kNone;
+  TensorId att = kNone, att_mask = kNone, att_drop = kNone, lse = kNone, att_tanh = kNone;
   TensorId atty = kNone;
   TensorId attn_raw = kNone, attn_post_stats = kNone;  // sublayer output before its post norm
   TensorId proj_mask = kNone;
@@ -196,6 +196,14 @@ class Builder {
     }
     const TensorId logits = tensor("logits", {B, T, V}, 4, TensorKind::logits, head_layer);
     matmul("lm_head", head_in, logits, lm_head_, head_layer, Phase::forward, E, V);
+    TensorId logits_tanh = kNone;
+    if (m_.final_softcap > 0) {
+      // Gemma 2 caps the logits (in place here); tanh's output, in the model's precision, is
+      // saved for its backward (HF: logits / cap, tanh, * cap before the loss).
+      logits_tanh = tensor("logits.softcap", {B, T, V}, ab, TensorKind::saved, head_layer);
+      op("logits.softcap", OpKind::softcap, Phase::forward, head_layer, {logits},
+         {logits, logits_tanh}, {}, {}, {}, 4.0 * double(B * T * V));
+    }
     const TensorId losses = tensor("losses", {B, T}, 4, TensorKind::activation, head_layer);
     op("cross_entropy", OpKind::cross_entropy, Phase::forward, head_layer, {logits, targets},
        {logits, losses}, {}, {}, {}, 5.0 * double(B * T * V));
@@ -209,6 +217,9 @@ class Builder {
         ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
     op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
        {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * double(B * T * V));
+    if (logits_tanh != kNone)
+      op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
+         {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * double(B * T * V));
     TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
                                 TensorKind::act_grad, head_layer);
     matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
@@ -524,20 +535,26 @@ class Builder {
   // the stack's first layer's table, added to every layer's scores.
   void position_bias(int64_t l, const std::string& stack) {
     const Param& p = blocks_[static_cast<std::size_t>(l)].rel_bias;
-    const TensorId b = tensor(stack + ".pos_bias", {NH, T, T}, ab, TensorKind::saved,
+    // The bias lives while the stack's layers read it; the (T, T) int64 bucket indices are
+    // saved for the table's backward (an embedding lookup).
+    const TensorId b = tensor(stack + ".pos_bias", {NH, T, T}, ab, TensorKind::activation,
                               static_cast<int>(l));
-    op(stack + ".pos_bias", OpKind::position_bias, Phase::forward, static_cast<int>(l), {}, {b},
-       {}, {p.w}, {}, double(NH * T * T));
+    const TensorId buckets = tensor(stack + ".pos_buckets", {T, T}, 8, TensorKind::saved,
+                                    static_cast<int>(l));
+    op(stack + ".pos_bias", OpKind::position_bias, Phase::forward, static_cast<int>(l), {},
+       {b, buckets}, {}, {p.w}, {}, double(NH * T * T));
     pos_bias_[stack == "enc" ? 0 : 1] = b;
+    pos_buckets_[stack == "enc" ? 0 : 1] = buckets;
   }
   void position_bias_bwd(int64_t l, const std::string& stack) {
     const Param& p = blocks_[static_cast<std::size_t>(l)].rel_bias;
     const TensorId d = pos_bias_d_[stack == "enc" ? 0 : 1];
     if (d == kNone) return;
     op(stack + ".pos_bias.bwd", OpKind::position_bias_bwd, Phase::backward, static_cast<int>(l),
-       {d}, {}, {}, {}, {p.g}, double(NH * T * T));
+       {d, pos_buckets_[stack == "enc" ? 0 : 1]}, {}, {}, {}, {p.g}, double(NH * T * T));
   }
   TensorId pos_bias_d_[2] = {kNone, kNone};
+  TensorId pos_buckets_[2] = {kNone, kNone};
   TensorId pos_bias_of(int64_t l) const {
     if (m_.positions != Positions::relative) return kNone;
     return pos_bias_[decoder_block(l) ? 1 : 0];
@@ -554,10 +571,11 @@ class Builder {
   // layernorm / rmsnorm: saves its input (the caller's tensor), output and fp32 statistics
   // (mean and rstd for layernorm, rstd for rmsnorm: (B, T) each).
   TensorId norm(const std::string& name, TensorId in, int layer, Phase ph, TensorKind kind,
-                TensorId& stats, const Param& p) {
+                TensorId& stats, const Param& p, int64_t part = 0) {
     const bool ln = m_.norm == Norm::layernorm;
     const Tensor& x = g_.tensors[static_cast<std::size_t>(in)];
     Shape shape = x.shape;
+    if (part > 0) shape.back() = part;  // normalizes the first `part` features (MLA's kv_a)
     const int64_t width = shape.back();
     stats = tensor(name + ".stats", {B, T, ln ? 2 : 1}, 4, kind, layer, true);
     const TensorId out = tensor(name + ".out", shape, ab, kind, layer);
@@ -627,8 +645,16 @@ class Builder {
     const TensorId preatt = tensor(h + ".attn.preatt", {B, NH, T, T}, ab, TensorKind::activation, l);
     op(h + ".attn.scores" + re, OpKind::attn_scores, ph, l, sin, {preatt}, {}, {}, {},
        2.0 * s2 * double(HS));
+    TensorId scores = preatt;
+    if (m_.attn_softcap > 0) {
+      // Gemma 2's eager attention: cap * tanh(scores / cap); tanh's backward reads its output.
+      a.att_tanh = tensor(h + ".attn.softcap", {B, NH, T, T}, ab, kind, l);
+      scores = tensor(h + ".attn.capped", {B, NH, T, T}, ab, TensorKind::activation, l);
+      op(h + ".attn.softcap" + re, OpKind::softcap, ph, l, {preatt}, {scores, a.att_tanh}, {}, {},
+         {}, 4.0 * s2);
+    }
     a.att = tensor(h + ".attn.att", {B, NH, T, T}, ab, kind, l);
-    op(h + ".attn.softmax" + re, OpKind::softmax, ph, l, {preatt}, {a.att}, {}, {}, {}, 5.0 * s2);
+    op(h + ".attn.softmax" + re, OpKind::softmax, ph, l, {scores}, {a.att}, {}, {}, {}, 5.0 * s2);
     TensorId probs = a.att;
     if (o_.dropout && m_.attn_dropout > 0) {
       a.att_mask = tensor(h + ".attn.drop.mask", {B, NH, T, T}, 1, kind, l);
@@ -671,7 +697,8 @@ class Builder {
       matmul(h + ".attn.q", q_in, a.q_lat, p.q, l, ph, p.q_a.w != kNone ? s.q_lora_rank : C, qdim);
       a.kv_a = tensor(h + ".attn.kv_a", {B, T, s.kv_lora_rank + s.qk_rope_head_dim}, ab, k.block, l);
       matmul(h + ".attn.kv_a", in, a.kv_a, p.kv_a, l, ph, C, s.kv_lora_rank + s.qk_rope_head_dim);
-      a.kv_an = norm(h + ".attn.kv_a_norm", a.kv_a, l, ph, k.block, a.kv_a_stats, p.kv_a_norm);
+      a.kv_an = norm(h + ".attn.kv_a_norm", a.kv_a, l, ph, k.block, a.kv_a_stats, p.kv_a_norm,
+                     s.kv_lora_rank);
       const int64_t kvb = NH * (s.qk_nope_head_dim + s.v_head_dim);
       a.kv_lat = tensor(h + ".attn.kv_b", {B, T, kvb}, ab, TensorKind::activation, l);
       matmul(h + ".attn.kv_b", a.kv_an, a.kv_lat, p.kv_b, l, ph, s.kv_lora_rank, kvb);
@@ -766,6 +793,8 @@ class Builder {
     return out;
   }
 
+  bool relu() const { return m_.activation == "relu"; }
+
   // A dense MLP (plain or gated) of width `width` on `in`: saves its hidden tensors.
   TensorId dense_mlp(const std::string& name, int l, Phase ph, const Kinds& k, TensorId in,
                      const Param& fc, const Param& fc2, int64_t width, TensorId& fch,
@@ -773,7 +802,13 @@ class Builder {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
     const double n = rows > 0 ? double(rows) : double(B * T);
-    if (m_.mlp == Mlp::gelu) {
+    if (m_.mlp == Mlp::gelu && relu()) {
+      // ReLU's backward needs only its output (the mask is out > 0): fc dies in the forward.
+      fch = tensor(name + ".fc", shp, ab, TensorKind::activation, l);
+      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
+      act = tensor(name + ".relu", shp, ab, k.block, l);
+      op(name + ".relu" + re, OpKind::relu, ph, l, {fch}, {act}, {}, {}, {}, n * double(width));
+    } else if (m_.mlp == Mlp::gelu) {
       fch = tensor(name + ".fc", shp, ab, k.block, l);
       matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
       act = tensor(name + ".gelu", shp, ab, k.block, l);
@@ -799,11 +834,15 @@ class Builder {
     const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
     const double n = rows > 0 ? double(rows) : double(B * T);
     const bool gelu = m_.mlp == Mlp::gelu;
-    const TensorId d_act = tensor(name + (gelu ? ".gelu.d" : ".swiglu.d"), shp, ab,
-                                  TensorKind::act_grad, l);
+    const TensorId d_act = tensor(name + (gelu ? (relu() ? ".relu.d" : ".gelu.d") : ".swiglu.d"),
+                                  shp, ab, TensorKind::act_grad, l);
     matmul_bwd(name + ".proj", d_out, act, d_act, fc2, l, width, C, rows);
     const TensorId din = need(d_in, l);
-    if (gelu) {
+    if (gelu && relu()) {
+      op(name + ".relu.bwd", OpKind::relu_bwd, Phase::backward, l, {d_act, act}, {d_act}, {}, {},
+         {}, n * double(width));
+      matmul_bwd(name + ".fc", d_act, in, din, fc, l, C, width, rows);
+    } else if (gelu) {
       op(name + ".gelu.bwd", OpKind::gelu_bwd, Phase::backward, l, {d_act, fch}, {d_act}, {}, {},
          {}, 12.0 * n * double(width));
       matmul_bwd(name + ".fc", d_act, in, din, fc, l, C, width, rows);
@@ -1072,6 +1111,9 @@ class Builder {
       }
       op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.att}, {d_att},
          {}, {}, {}, 4.0 * s2);
+      if (a.att_tanh != kNone)
+        op(h + ".attn.softcap.bwd", OpKind::softcap_bwd, Phase::backward, l, {d_att, a.att_tanh},
+           {d_att}, {}, {}, {}, 3.0 * s2);
       std::vector<TensorId> in_s = {d_att};
       in_s.insert(in_s.end(), src.begin(), src.end());
       std::vector<TensorId> out_s = {d_qkv};

@@ -281,8 +281,10 @@ ModelSpec read_gemma(Cfg& c, int version) {
   const std::string act = c.str("hidden_activation", "");
   if (!act.empty()) m.activation = act;
   (void)c.number("query_pre_attn_scalar", 256);
-  (void)c.number("attn_logit_softcapping", 0);
-  (void)c.number("final_logit_softcapping", 0);
+  m.attn_softcap = c.number("attn_logit_softcapping", 0);
+  m.final_softcap = c.number("final_logit_softcapping", 0);
+  if (m.attn_softcap < 0 || m.final_softcap < 0)
+    c.fail("fields 'attn_logit_softcapping' and 'final_logit_softcapping' must be >= 0 or null");
   (void)c.number("rope_local_base_freq", 10000.0);
   if (version >= 2) {
     m.norm_place = NormPlace::sandwich;
@@ -560,6 +562,8 @@ ModelSpec read_t5(Cfg& c) {
     c.fail(fmt::format("field 'feed_forward_proj': '{}' is not a T5 feed-forward", ff),
            "T5 reads \"relu\", \"gelu\" or \"gated-<act>\" (e.g. \"gated-gelu\")");
   m.mlp = gated ? Mlp::swiglu : Mlp::gelu;
+  // T5Config: "gated-gelu" means gelu_new (kept for the original T5 v1.1 checkpoints).
+  if (ff == "gated-gelu") m.activation = "gelu_new";
   (void)c.flag("is_gated_act", gated);
   (void)c.str("dense_act_fn", "");
   m.tied_embeddings = c.flag("tie_word_embeddings", true);

@@ -56,6 +56,8 @@ enum class OpKind : uint8_t {
   position_bias, position_bias_bwd,  // T5's relative position bias from its bucket table
   concat, concat_bwd,                // MLA: q, k (with the shared rotary key), v assembled
   gate_mul, gate_mul_bwd,            // Qwen2-MoE: sigmoid gate on the shared expert
+  relu, relu_bwd,                    // OPT, T5: the backward needs only the output
+  softcap, softcap_bwd,              // Gemma 2: cap * tanh(x / cap); the backward reads tanh
 };
 std::string_view to_string(OpKind k);
 

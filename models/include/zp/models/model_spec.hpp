@@ -120,6 +120,8 @@ struct ModelSpec {
   int64_t embed_proj_dim = 0;      // OPT: word_embed_proj_dim != hidden (project_in/out)
   bool fused_qkv = false;          // one q|k|v matrix in the checkpoint (names only)
   bool fused_gate_up = false;      // one gate|up matrix in the checkpoint (names only)
+  double attn_softcap = 0;         // Gemma 2: scores = cap * tanh(scores / cap); 0: none
+  double final_softcap = 0;        // Gemma 2: the same on the logits
   int64_t mtp_layers = 0;          // DeepSeek-V3's multi-token-prediction modules: counted
                                    // apart (ParamInventory::mtp), not trained in the graph
   double attn_dropout = 0.0;       // attention-probability dropout
