@@ -45,6 +45,34 @@ constexpr Describe kDescriptions[] = {
     {"llama-2-13b", "LLaMA 2 13B (HF meta-llama/Llama-2-13b-hf)", 13015864320},
     {"llama-2-70b", "LLaMA 2 70B, grouped-query attention with 8 KV heads "
                     "(HF meta-llama/Llama-2-70b-hf)", 68976648192},
+    // Shapes: each checkpoint's config.json on the Hugging Face Hub (the repo named). Counts:
+    // Meta's model card (8B); the Hub's safetensors metadata total (70B, 405B); llama.cpp's
+    // GGUF general.parameter_count, which sums the checkpoint's tensors (Mistral 7B, Qwen3-30B-
+    // A3B, gpt-oss-20b, unpacked from MXFP4); keras-hub's preset tables, converted from the
+    // same checkpoints (Mixtral, Qwen2.5, Gemma 2, Phi-3); T5-11B: a published table of HF
+    // checkpoint sizes (one source). DeepSeek-V3 publishes "671B + 14B MTP", rounded.
+    {"llama-3.1-8b", "Llama 3.1 8B, GQA 8 KV heads, 128K context (HF meta-llama/Llama-3.1-8B)",
+     8030261248},
+    {"llama-3.1-70b", "Llama 3.1 70B (HF meta-llama/Llama-3.1-70B)", 70553706496},
+    {"llama-3.1-405b", "Llama 3.1 405B, 126 layers (HF meta-llama/Llama-3.1-405B)", 405853388800},
+    {"mistral-7b", "Mistral 7B v0.1, sliding window 4096 (HF mistralai/Mistral-7B-v0.1)",
+     7241732096},
+    {"mixtral-8x7b", "Mixtral 8x7B, MoE: 8 experts, top-2 (HF mistralai/Mixtral-8x7B-v0.1)",
+     46702792704},
+    {"qwen2.5-7b", "Qwen2.5 7B, q/k/v biases (HF Qwen/Qwen2.5-7B)", 7615616512},
+    {"qwen2.5-72b", "Qwen2.5 72B (HF Qwen/Qwen2.5-72B)", 72706203648},
+    {"qwen3-30b-a3b", "Qwen3 30B-A3B, MoE: 128 experts, top-8, q/k norms (HF Qwen/Qwen3-30B-A3B)",
+     30532122624},
+    {"gemma-2-9b", "Gemma 2 9B, sandwich norms, logit softcaps, alternating sliding window "
+                   "(HF google/gemma-2-9b)", 9241705984},
+    {"phi-3-mini", "Phi-3 mini 4K, fused qkv and gate/up (HF microsoft/Phi-3-mini-4k-instruct)",
+     3821079552},
+    {"deepseek-v3", "DeepSeek-V3 671B, MLA, 256 routed + 1 shared expert, top-8, 3 dense layers; "
+                    "the MTP module is counted apart (HF deepseek-ai/DeepSeek-V3)", 0},
+    {"gpt-oss-20b", "gpt-oss 20B, MoE: 32 experts, top-4, attention sinks, sliding/full layers "
+                    "(HF openai/gpt-oss-20b)", 20914757184},
+    {"t5-11b", "T5 11B encoder-decoder, 24 + 24 layers, d_ff 65536 (Raffel et al. 2020; HF "
+               "google-t5/t5-11b)", 11307321344},
 };
 
 std::vector<CatalogEntry> build() {

@@ -52,6 +52,24 @@ TEST_CASE("papers' models land on their nominal sizes") {
   near("megatron-8.3b", 8.3e9);
   near("turing-nlg-17b", 17.2e9);
   near("gpt3-175b", 175e9);
+  // DeepSeek-V3's report: 671B total (the MTP module apart), 37B activated per token.
+  near("deepseek-v3", 671e9);
+  const auto ds = count_params(load_model("deepseek-v3"));
+  CHECK(std::fabs(double(ds.active) - 37e9) / 37e9 < 0.02);
+}
+
+TEST_CASE("published totals of families outside the catalog") {
+  // GPT-NeoX-20B (Black et al. 2022; HF EleutherAI/gpt-neox-20b): 20,554,567,680 parameters,
+  // from a config written here from the published shape.
+  const auto m = parse_hf_config(R"({"model_type":"gpt_neox","hidden_size":6144,
+      "intermediate_size":24576,"num_hidden_layers":44,"num_attention_heads":64,
+      "max_position_embeddings":2048,"rotary_pct":0.25,"vocab_size":50432,
+      "use_parallel_residual":true,"tie_word_embeddings":false})", "neox");
+  CHECK(count_params(m).total == 20'554'567'680);
+  // Mixture of experts: active = total minus the (E - k) of E routed experts a token skips.
+  const auto q = count_params(load_model("qwen3-30b-a3b"));
+  CHECK(q.experts == 48LL * 128 * 3 * 2048 * 768);
+  CHECK(q.active == q.total - q.experts / 128 * (128 - 8));
 }
 
 TEST_CASE("per-tensor inventory: shapes as Hugging Face stores them") {
@@ -91,7 +109,16 @@ TEST_CASE("inventory parts add up") {
     for (const auto& t : inv.tensors) sum += t.numel;
     CAPTURE(e.name);
     CHECK(sum == inv.total);
-    CHECK(inv.embedding + m.n_layer * inv.per_layer + inv.final_norm + inv.head == inv.total);
+    // Blocks summed by their layer index; identical blocks (no MoE, no encoder-decoder) are
+    // n_layer times the last one.
+    int64_t blocks = 0, outside = 0;
+    for (const auto& t : inv.tensors)
+      (t.layer >= 0 && t.layer < m.n_blocks() ? blocks : outside) += t.numel;
+    CHECK(blocks + outside == inv.total);
+    if (!m.is_moe() && !m.encoder_decoder()) {
+      CHECK(blocks == m.n_layer * inv.per_layer);
+      CHECK(inv.embedding + inv.final_norm + inv.head == outside);
+    }
   }
 }
 
