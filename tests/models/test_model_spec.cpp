@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "zp/error.hpp"
@@ -170,6 +172,64 @@ TEST_CASE("config reader: bad input names the field") {
   CHECK(error_of([] { parse_hf_config(R"({"model_type":"gpt2","n_embd":4294967296,
       "n_layer":1,"n_head":1,"vocab_size":4294967296})", "c.json"); })
             .find("overflows 64 bits") != std::string::npos);
+}
+
+TEST_CASE("config reader: bad shapes of the new families name the field") {
+  // Heads that do not divide, key/value heads that do not divide heads, more experts per token
+  // than experts, negative and overflowing sizes: one error naming the field.
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"qwen2","hidden_size":100,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":3})", "c.json"); })
+            .find("hidden_size 100 is not divisible by num_attention_heads 3") != std::string::npos);
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"mistral","hidden_size":64,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":8,
+      "num_key_value_heads":3})", "c.json"); })
+            .find("num_attention_heads 8 is not divisible by num_key_value_heads 3") !=
+        std::string::npos);
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"mixtral","hidden_size":64,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":8,
+      "num_local_experts":4,"num_experts_per_tok":5})", "c.json"); })
+            .find("num_experts_per_tok 5 is larger than num_local_experts 4") != std::string::npos);
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"deepseek_v3","hidden_size":64,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":8,
+      "n_routed_experts":2,"num_experts_per_tok":3,"moe_intermediate_size":8})", "c.json"); })
+            .find("num_experts_per_tok 3 is larger than n_routed_experts 2") != std::string::npos);
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"t5","d_model":-512})", "c.json"); })
+            .find("field 'd_model' must be a positive integer, got -512") != std::string::npos);
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":4294967296,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":1,"head_dim":1,
+      "num_experts":4294967296,"moe_intermediate_size":4294967296,"num_experts_per_tok":1})",
+                                      "c.json"); })
+            .find("overflows 64 bits") != std::string::npos);
+  // An unknown field that could change the size is refused; one that cannot is noted.
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"llama","hidden_size":64,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":8,
+      "num_vision_layers":4})", "c.json"); })
+            .find("unknown field 'num_vision_layers' for model_type 'llama'") != std::string::npos);
+  const ModelSpec m = parse_hf_config(R"({"model_type":"llama","hidden_size":64,
+      "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":8,
+      "my_tokenizer_note":"x","quantization_config":{"quant_method":"fp8"}})", "c.json");
+  REQUIRE(m.notes.size() == 2);
+  CHECK(m.notes[0].find("quantization_config (fp8) ignored") != std::string::npos);
+  CHECK(m.notes[1].find("my_tokenizer_note") != std::string::npos);
+  // Multimodal wrappers say what to do.
+  CHECK(error_of([] { parse_hf_config(R"({"model_type":"gemma3","text_config":{},
+      "vision_config":{}})", "c.json"); })
+            .find("multimodal") != std::string::npos);
+}
+
+TEST_CASE("--model DIR reads DIR/config.json, as save_pretrained writes it") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "zp_test_model_dir";
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "config.json");
+    f << catalog()[1].config;  // gpt2
+  }
+  CHECK(count_params(load_model(dir.string())).total == 124'439'808);
+  fs::remove(dir / "config.json");
+  CHECK(error_of([&] { load_model(dir.string()); }).find("holds no config.json") !=
+        std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("unknown names suggest the closest catalog names") {
