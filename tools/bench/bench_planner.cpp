@@ -1,8 +1,15 @@
 // bench_planner: the ZeRO table, single estimates, and graph build + liveness + allocator
 // replay, in process. The bars: the whole table (72 rows) well under a millisecond; graph +
-// schedule + replay for gpt3-175b and a 1T model under 50 ms together. Each benchmark checks
-// its answer before timing.
+// schedule + replay for gpt3-175b and a 1T model under 50 ms together; deepseek-v3 (MLA, 58
+// MoE layers of 256 experts) and llama-3.1-405b under 50 ms each, printed at the end as
+// ratios to gpt3-175b measured in the same run. Each benchmark checks its answer before timing.
 #include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
 
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
@@ -71,9 +78,16 @@ zp::models::ModelSpec gpt_1t() {
   return m;
 }
 
+// Mean seconds per iteration of each model's graph + schedule + replay in this run.
+std::map<std::string, double>& replay_seconds() {
+  static std::map<std::string, double> s;
+  return s;
+}
+
 void BM_GraphLivenessReplay(benchmark::State& state) {
-  const zp::models::ModelSpec m =
-      state.range(0) == 0 ? zp::models::load_model("gpt3-175b") : gpt_1t();
+  static const char* kModels[] = {"gpt3-175b", "gpt-1t", "deepseek-v3", "llama-3.1-405b"};
+  const std::string name = kModels[state.range(0)];
+  const zp::models::ModelSpec m = name == "gpt-1t" ? gpt_1t() : zp::models::load_model(name);
   Strategy s;
   s.stage = 3;
   s.dp = 1024;
@@ -86,17 +100,36 @@ void BM_GraphLivenessReplay(benchmark::State& state) {
     state.SkipWithError("the schedule does not count the model's parameters");
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
     const auto sched = build_schedule(g, s, o);
     benchmark::DoNotOptimize(replay(sched, o).per_device.peak(Tier::gpu));
   }
+  replay_seconds()[name] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+      static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
   state.SetLabel(m.name);
   state.counters["ops"] = static_cast<double>(g0.ops.size());
   state.counters["tensors"] = static_cast<double>(g0.tensors.size());
 }
-BENCHMARK(BM_GraphLivenessReplay)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GraphLivenessReplay)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  const auto& s = replay_seconds();
+  const auto base = s.find("gpt3-175b");
+  if (base != s.end() && base->second > 0) {
+    std::printf("\ngraph + schedule + replay, against gpt3-175b in this run (%.1f ms):\n",
+                base->second * 1e3);
+    for (const auto& [name, sec] : s)
+      std::printf("  %-16s %8.1f ms  %5.2fx  (bar: 50 ms)\n", name.c_str(), sec * 1e3,
+                  sec / base->second);
+  }
+  return 0;
+}
