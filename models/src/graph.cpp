@@ -1192,6 +1192,14 @@ class Builder {
     matmul_bwd(h + ".cross.q", d_q, a.nx, need(d_in, l), p.cq, l, C, Q);
   }
 
+  // A sublayer's post norm (sandwich, post_sublayer): from d(out) to d(sublayer output).
+  TensorId post_norm_bwd(const std::string& name, TensorId d_out, TensorId raw, TensorId stats,
+                         const Param& p, int l) {
+    const TensorId d = tensor(name + ".d", {B, T, C}, ab, TensorKind::act_grad, l);
+    norm_bwd(name, d_out, raw, stats, d, p, l);
+    return d;
+  }
+
   // Backward of one block, mirroring block() in reverse. dres holds d(block output) on entry
   // and d(block input) on exit.
   void block_bwd(int l, const BlockActs& a, TensorId dres) {
@@ -1218,11 +1226,9 @@ class Builder {
       case NormPlace::pre:
       case NormPlace::sandwich: {
         const bool sw = m_.norm_place == NormPlace::sandwich;
-        TensorId d_mo = dres;
-        if (sw) {
-          d_mo = tensor(h + ".norm2.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
-          norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, d_mo, p.n2_post, l);
-        }
+        const TensorId d_mo =
+            sw ? post_norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, p.n2_post, l)
+               : dres;
         Target d_n2 = target(h + ".norm2.d");
         mlp_bwd(h, l, a, d_mo, a.n2, d_n2);
         const TensorId r = decoder_block(l) ? a.res3 : a.res2;
@@ -1232,22 +1238,20 @@ class Builder {
           cross_attention_bwd(h, l, a, dres, d_nx);
           norm_bwd(h + ".normx", d_nx.id, a.res2, a.nx_stats, dres, p.nx, l);
         }
-        TensorId d_att = dres;
-        if (sw) {
-          d_att = tensor(h + ".norm1.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
-          norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, d_att, p.n1_post, l);
-        }
+        const TensorId d_att =
+            sw ? post_norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, p.n1_post, l)
+               : dres;
         Target d_n1 = target(h + ".norm1.d");
         attention_bwd(h, l, a, d_att, a.n1, d_n1);
         norm_bwd(h + ".norm1", d_n1.id, a.x, a.n1_stats, dres, p.n1, l);
         return;
       }
       case NormPlace::post_sublayer: {
-        const TensorId d_mo = tensor(h + ".norm2.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
-        norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, d_mo, p.n2_post, l);
+        const TensorId d_mo =
+            post_norm_bwd(h + ".norm2.post", dres, a.mlp_raw, a.mlp_post_stats, p.n2_post, l);
         mlp_bwd(h, l, a, d_mo, a.res2, into_dres);
-        const TensorId d_att = tensor(h + ".norm1.post.d", {B, T, C}, ab, TensorKind::act_grad, l);
-        norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, d_att, p.n1_post, l);
+        const TensorId d_att =
+            post_norm_bwd(h + ".norm1.post", dres, a.attn_raw, a.attn_post_stats, p.n1_post, l);
         attention_bwd(h, l, a, d_att, a.x, into_dres);
         return;
       }

@@ -111,6 +111,30 @@ void read_heads(Cfg& c, ModelSpec& m, std::string_view heads_key, std::string_vi
   }
 }
 
+// The sizes every decoder config has, under the names its family uses.
+struct SizeKeys {
+  std::string_view layers = "num_hidden_layers", hidden = "hidden_size",
+                   heads = "num_attention_heads", kv = "num_key_value_heads",
+                   inner = "intermediate_size";
+  int64_t positions = 2048, vocab = 32000;
+};
+void read_sizes(Cfg& c, ModelSpec& m, const SizeKeys& k) {
+  m.n_layer = c.pos(k.layers);
+  m.n_embd = c.pos(k.hidden);
+  read_heads(c, m, k.heads, k.kv, k.hidden);
+  m.n_inner = c.pos(k.inner);
+  m.n_positions = c.pos("max_position_embeddings", k.positions);
+  m.vocab_size = c.pos("vocab_size", k.vocab);
+}
+
+// Partial rotary embeddings: the fraction of each head's dimensions that rotates.
+void read_rotary_fraction(Cfg& c, ModelSpec& m, std::string_view key, double fallback) {
+  const double frac = c.number(key, fallback);
+  if (!(frac > 0 && frac <= 1)) c.fail(fmt::format("field '{}' must be in (0, 1]", key));
+  m.positions = Positions::rotary;
+  m.rotary_dim = static_cast<int64_t>(static_cast<double>(m.head_dim) * frac);
+}
+
 // A rope_scaling object is read for its shape only: no variant adds parameters.
 void read_rope(Cfg& c) {
   (void)c.raw("rope_scaling");
@@ -121,12 +145,7 @@ void read_rope(Cfg& c) {
 // transformers' LLaMA-style decoder fields (llama, mistral, mixtral, qwen*, olmo2, gemma*,
 // deepseek*, gpt_oss share them).
 void read_llama_core(Cfg& c, ModelSpec& m, int64_t default_positions, int64_t default_vocab) {
-  m.n_layer = c.pos("num_hidden_layers");
-  m.n_embd = c.pos("hidden_size");
-  read_heads(c, m, "num_attention_heads", "num_key_value_heads", "hidden_size");
-  m.n_inner = c.pos("intermediate_size");
-  m.n_positions = c.pos("max_position_embeddings", default_positions);
-  m.vocab_size = c.pos("vocab_size", default_vocab);
+  read_sizes(c, m, SizeKeys{.positions = default_positions, .vocab = default_vocab});
   m.norm = Norm::rmsnorm;
   m.mlp = Mlp::swiglu;
   m.positions = Positions::rotary;
@@ -302,18 +321,10 @@ ModelSpec read_gemma(Cfg& c, int version) {
 
 ModelSpec read_phi(Cfg& c) {
   ModelSpec m;
-  m.n_layer = c.pos("num_hidden_layers");
-  m.n_embd = c.pos("hidden_size");
-  read_heads(c, m, "num_attention_heads", "num_key_value_heads", "hidden_size");
-  m.n_inner = c.pos("intermediate_size", 8192);
-  m.n_positions = c.pos("max_position_embeddings", 2048);
-  m.vocab_size = c.pos("vocab_size", 51200);
+  read_sizes(c, m, SizeKeys{.vocab = 51200});
   m.residual = Residual::parallel;
   m.parallel_norms = 1;
-  m.positions = Positions::rotary;
-  const double frac = c.number("partial_rotary_factor", 0.5);
-  if (!(frac > 0 && frac <= 1)) c.fail("field 'partial_rotary_factor' must be in (0, 1]");
-  m.rotary_dim = static_cast<int64_t>(static_cast<double>(m.head_dim) * frac);
+  read_rotary_fraction(c, m, "partial_rotary_factor", 0.5);
   if (c.flag("qk_layernorm", false)) m.qk_norm = QkNorm::head;
   m.activation = c.str("hidden_act", "gelu_new");
   m.tied_embeddings = c.flag("tie_word_embeddings", false);
@@ -332,9 +343,7 @@ ModelSpec read_phi3(Cfg& c) {
   m.qkv_bias = m.out_bias = m.mlp_bias = false;
   m.fused_qkv = true;
   m.fused_gate_up = true;
-  const double frac = c.number("partial_rotary_factor", 1.0);
-  if (!(frac > 0 && frac <= 1)) c.fail("field 'partial_rotary_factor' must be in (0, 1]");
-  m.rotary_dim = static_cast<int64_t>(static_cast<double>(m.head_dim) * frac);
+  read_rotary_fraction(c, m, "partial_rotary_factor", 1.0);
   m.resid_dropout = c.prob("resid_pdrop", 0.0);
   m.embd_dropout = c.prob("embd_pdrop", 0.0);
   (void)c.opt("original_max_position_embeddings");
@@ -344,16 +353,8 @@ ModelSpec read_phi3(Cfg& c) {
 
 ModelSpec read_gpt_neox(Cfg& c) {
   ModelSpec m;
-  m.n_layer = c.pos("num_hidden_layers");
-  m.n_embd = c.pos("hidden_size");
-  read_heads(c, m, "num_attention_heads", "", "hidden_size");
-  m.n_inner = c.pos("intermediate_size");
-  m.n_positions = c.pos("max_position_embeddings", 2048);
-  m.vocab_size = c.pos("vocab_size", 50432);
-  m.positions = Positions::rotary;
-  const double pct = c.number("rotary_pct", c.number("partial_rotary_factor", 0.25));
-  if (!(pct > 0 && pct <= 1)) c.fail("field 'rotary_pct' must be in (0, 1]");
-  m.rotary_dim = static_cast<int64_t>(static_cast<double>(m.head_dim) * pct);
+  read_sizes(c, m, SizeKeys{.kv = "", .vocab = 50432});
+  read_rotary_fraction(c, m, c.has("rotary_pct") ? "rotary_pct" : "partial_rotary_factor", 0.25);
   (void)c.number("rotary_emb_base", 10000);
   read_rope(c);
   if (c.flag("use_parallel_residual", true)) {
@@ -372,13 +373,8 @@ ModelSpec read_gpt_neox(Cfg& c) {
 
 ModelSpec read_opt(Cfg& c) {
   ModelSpec m;
-  m.n_layer = c.pos("num_hidden_layers");
-  m.n_embd = c.pos("hidden_size");
-  read_heads(c, m, "num_attention_heads", "", "hidden_size");
-  m.n_inner = c.pos("ffn_dim");
-  m.n_positions = c.pos("max_position_embeddings", 2048);
+  read_sizes(c, m, SizeKeys{.kv = "", .inner = "ffn_dim", .vocab = 50272});
   m.position_offset = 2;  // OPTLearnedPositionalEmbedding: num_embeddings + 2
-  m.vocab_size = c.pos("vocab_size", 50272);
   const int64_t proj = c.pos("word_embed_proj_dim", m.n_embd);
   if (proj != m.n_embd) m.embed_proj_dim = proj;
   if (!c.flag("do_layer_norm_before", true)) m.norm_place = NormPlace::post_residual;
