@@ -20,6 +20,24 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m) {
     throw Error(fmt::format("--seq: {} is longer than {}'s {} positions", s.seq, m.name,
                             m.n_positions),
                 fmt::format("use --seq {} or less", m.n_positions));
+  if (s.ep > 1 && !m.is_moe())
+    throw Error(fmt::format("--ep {}: {} is a dense model, it has no experts to place", s.ep,
+                            m.name),
+                "expert parallelism applies to Mixture-of-Experts models; leave out --ep");
+  if (m.is_moe() && m.moe.n_experts % s.ep != 0)
+    throw Error(fmt::format("--ep {}: must divide {}'s {} experts", s.ep, m.name,
+                            m.moe.n_experts),
+                "each rank of an expert-parallel group holds experts/ep whole experts");
+  if (s.moe_routing != MoeRouting::balanced && !m.is_moe())
+    throw Error(fmt::format("--moe-routing {}: {} is a dense model, nothing is routed",
+                            to_string(s.moe_routing), m.name),
+                "leave out --moe-routing");
+  if (s.target_seq > 0 && !m.encoder_decoder())
+    throw Error(fmt::format("--target-seq {}: {} is decoder-only, it has no decoder stack of "
+                            "its own length", s.target_seq, m.name),
+                "--target-seq sets the decoder length of encoder-decoder models (T5); use --seq");
+  // T5's decoder length defaults to the encoder's (--seq).
+  if (m.encoder_decoder() && s.target_seq == 0) s.target_seq = s.seq;
   return s;
 }
 
@@ -63,9 +81,11 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
 }
 
 nlohmann::json model_json(const models::ModelSpec& m, const models::ParamInventory& inv) {
-  return {{"name", m.name},
+  nlohmann::json j = {{"name", m.name},
           {"family", m.family_name()},
           {"params", inv.total},
+          {"total_params", inv.total},
+          {"active_params", inv.active},
           {"n_layer", m.n_layer},
           {"n_embd", m.n_embd},
           {"n_head", m.n_head},
@@ -78,6 +98,13 @@ nlohmann::json model_json(const models::ModelSpec& m, const models::ParamInvento
           {"params_embedding", inv.embedding},
           {"largest_module", inv.largest_module},
           {"largest_module_params", inv.largest_module_params}};
+  // Mixture of experts: a token passes top_k of the experts routed experts of each MoE layer.
+  if (m.is_moe())
+    j["moe"] = {{"experts", m.moe.n_experts},
+                {"top_k", m.moe.top_k},
+                {"active_params", inv.active},
+                {"expert_params", inv.experts}};
+  return j;
 }
 
 nlohmann::json to_json(const Estimate& e) {
@@ -96,6 +123,12 @@ nlohmann::json to_json(const Estimate& e) {
     alloc[std::string(to_string(t))] = e.memory.peak_allocated[static_cast<std::size_t>(t)];
   j["peak_allocated"] = alloc;
   j["partition_elems"] = e.schedule.partition_elems;
+  if (e.model.is_moe()) {
+    // Of partition_elems, the routed experts' (partitioned over dp/ep ranks), and the rows
+    // each MoE layer's experts process on this rank per micro-step (--moe-routing).
+    j["expert_partition_elems"] = e.schedule.expert_partition_elems;
+    j["moe_routing"] = to_string(e.strategy.moe_routing);
+  }
   j["fits"] = e.fits ? nlohmann::json(*e.fits) : nlohmann::json(nullptr);
   if (e.hardware) j["hardware"] = to_json(*e.hardware);
   j["shortfalls"] = e.shortfalls;

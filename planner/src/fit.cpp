@@ -41,10 +41,12 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
   return d;
 }
 
-using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool>;
+using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool,
+                            int64_t, bool, int64_t>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
-          g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch};
+          g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch,
+          g.ep, g.moe_worst_case, g.seq_target};
 }
 
 // What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts
@@ -80,6 +82,7 @@ struct FitEvaluator::Impl {
     models::TrainingGraph graph;
     StepCosts costs;
     std::vector<uint64_t> group_elems;
+    std::vector<uint64_t> group_expert_elems;  // of group_elems, routed experts' (MoE)
     std::map<DynKey, PerDevice> dynamic;
     std::map<HostKey, PerDevice> host_buffers;
     std::map<StatesKey, PerDevice> states;
@@ -99,6 +102,7 @@ struct FitEvaluator::Impl {
     sh.graph = models::build_training_graph(model, sh.go);
     sh.costs = step_costs(sh.graph);
     sh.group_elems = sh.costs.group_params;
+    sh.group_expert_elems = sh.costs.group_expert_params;
     sh.built = true;
   }
   // Frees the shape's graph (hundreds of MB at thousands of layers); its caches stay, and the
@@ -133,8 +137,11 @@ PerDevice FitEvaluator::memory(const Strategy& s) { return impl_->memory(impl_->
 PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
   const PlanOptions& o = options;
   const bool whole = o.profile == Profile::deepspeed;
+  // Expert parameters partition over dp/ep (schedule.hpp's partition_elems).
   const uint64_t part = s.stage >= 1
-                            ? partition_elems(sh.group_elems, s.stage, static_cast<uint64_t>(s.dp))
+                            ? partition_elems(sh.group_elems, sh.group_expert_elems, s.stage,
+                                              static_cast<uint64_t>(s.dp),
+                                              static_cast<uint64_t>(expert_dp(s)))
                             : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
   const uint32_t p_bytes = sh.graph.options.param_bytes;
   // Stages 0 and 1 differ only in states (both keep whole gradients, no buckets): one replay.
@@ -375,6 +382,21 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
   }
   const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
                                                             : r.grad_accums;
+  // Expert-parallel degrees for a data-parallel degree: those given (when they divide it), or
+  // for a Mixture-of-Experts model every divisor of dp that divides the expert count; 1 for a
+  // dense model.
+  auto eps_for = [&](int64_t dp) {
+    std::vector<int64_t> out;
+    if (!r.eps.empty()) {
+      for (int64_t ep : r.eps)
+        if (ep >= 1 && dp % ep == 0) out.push_back(ep);
+      return out;
+    }
+    if (!r.model.is_moe()) return std::vector<int64_t>{1};
+    for (int64_t ep = 1; ep <= dp; ++ep)
+      if (dp % ep == 0 && r.model.moe.n_experts % ep == 0) out.push_back(ep);
+    return out;
+  };
   std::vector<std::vector<Strategy>> rounds;
   for (const auto& mps : mp_rounds) {
     std::vector<Strategy>& round = rounds.emplace_back();
@@ -382,6 +404,8 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
       if (cl2.gpus % mp != 0)
         throw Error(fmt::format("--mp {}: does not divide --gpus {}", mp, cl2.gpus),
                     "the data-parallel degree is gpus / mp");
+      const std::vector<int64_t> eps = eps_for(cl2.gpus / mp);
+      for (int64_t ep : eps)
       for (int64_t mb : r.micro_batches)
         for (Checkpointing ck : r.checkpointing)
           for (int stage : r.stages)
@@ -402,6 +426,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   s.checkpointing = ck;
                   s.mp = mp;
                   s.dp = cl2.gpus / mp;
+                  s.ep = ep;
                   if (ck != Checkpointing::full) s.partition_activations = false;
                   if (stage < 2 || s.dp == 1 || base.overlap_comm) {
                     round.push_back(s);
@@ -815,6 +840,13 @@ std::vector<std::string> deepspeed_notes(const Strategy& s) {
                             "(mpu), not from this config",
                             s.mp));
   if (s.flash_attention) n.push_back("flash attention is chosen in the model code");
+  if (s.ep > 1)
+    n.push_back(fmt::format("the expert-parallel degree ({}) has no DeepSpeed config field: it is "
+                            "deepspeed.moe.layer.MoE(ep_size={}) in the model code, and the "
+                            "optimizer needs its expert param groups "
+                            "(deepspeed.moe.utils.split_params_into_different_moe_groups_for_"
+                            "optimizer)",
+                            s.ep, s.ep));
   return n;
 }
 

@@ -51,6 +51,11 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
                                                               : models::Recompute::none;
   g.flash_attention = s.flash_attention;
   g.tp = s.mp;
+  // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
+  // the strategy asks for; encoder-decoder models: the decoder's length.
+  g.ep = s.ep;
+  g.moe_worst_case = s.moe_routing == MoeRouting::worst;
+  g.seq_target = s.target_seq;
   g.partition_checkpoints = s.partition_activations;
   g.param_bytes = s.precision == Precision::fp32 ? 4 : 2;
   // zero-run's CPU kernels compute in fp32: 16-bit weights are converted per op (OpenBLAS
@@ -75,6 +80,34 @@ uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, ui
   }
   for (uint64_t e : group_elems) n = checked_add(n, zp::partition_elems(e, dp), "partition");
   return n;
+}
+
+uint64_t partition_elems(const std::vector<uint64_t>& group_elems,
+                         const std::vector<uint64_t>& expert_elems, int stage, uint64_t dp,
+                         uint64_t edp) {
+  if (stage == 0) return 0;
+  if (expert_elems.size() != group_elems.size())
+    throw Error("partition_elems: one expert count per group expected");
+  uint64_t dense = 0, expert = 0, n = 0;
+  for (std::size_t i = 0; i < group_elems.size(); ++i) {
+    if (expert_elems[i] > group_elems[i])
+      throw Error("partition_elems: a group has more expert elements than elements");
+    const uint64_t d = group_elems[i] - expert_elems[i];
+    if (stage < 3) {
+      dense = checked_add(dense, d, "parameters");
+      expert = checked_add(expert, expert_elems[i], "parameters");
+    } else {
+      n = checked_add(n, zp::partition_elems(d, dp), "partition");
+      n = checked_add(n, zp::partition_elems(expert_elems[i], edp), "partition");
+    }
+  }
+  if (stage < 3)
+    n = checked_add(zp::partition_elems(dense, dp), zp::partition_elems(expert, edp), "partition");
+  return n;
+}
+
+bool is_expert_tensor(const models::Tensor& t) {
+  return t.name.find(".moe.experts.") != std::string::npos;
 }
 
 uint64_t swap_file_bytes(uint64_t bytes) {
@@ -225,6 +258,7 @@ class ScheduleBuilder {
       : g_(g), s_(s), o_(o), out_(out) {
     p_bytes_ = g.options.param_bytes;
     dp_ = static_cast<uint64_t>(s.dp);
+    edp_ = static_cast<uint64_t>(expert_dp(s));
   }
 
   void build() {
@@ -249,6 +283,9 @@ class ScheduleBuilder {
       for (TensorId t : op.outputs) touch(i, t);
       std::vector<uint32_t> scratch;
       for (TensorId t : op.scratch) scratch.push_back(alloc_tensor(i, t));
+      if (const uint64_t a2a = alltoall_buffer_bytes(op); a2a > 0)
+        scratch.push_back(alloc(i, add_buffer("a2a." + op.name, Tier::gpu, Category::buffers, a2a,
+                                              op.layer)));
       if (s_.stage >= 2 && op.phase != Phase::optimizer)
         for (TensorId gt : op.grads) alloc_grad(i, gt);
       if (op.phase == Phase::optimizer) optimizer_buffers(i);
@@ -275,6 +312,7 @@ class ScheduleBuilder {
   MemorySchedule& out_;
   uint32_t p_bytes_ = 2;
   uint64_t dp_ = 1;
+  uint64_t edp_ = 1;                             // dp/ep: expert parameters' ZeRO group
   std::vector<uint32_t> buffer_of_;              // tensor -> buffer (UINT32_MAX: none)
   std::vector<std::vector<TensorId>> dies_at_;   // position -> tensors freed after it
   std::vector<int32_t> last_grad_write_;         // grad tensor -> position
@@ -282,6 +320,7 @@ class ScheduleBuilder {
   std::vector<TensorId> pending_;                // final, unreduced gradients
   std::vector<TensorId> in_flight_;              // overlap_comm: the bucket being reduced
   std::map<std::string, uint64_t> group_elems_;
+  std::map<std::string, uint64_t> group_expert_elems_;  // of group_elems_, routed experts'
   std::map<std::string, std::size_t> group_index_;
   // ZeRO-3 gather runs: consecutive ops that read the same group's weights.
   std::vector<int32_t> run_at_, run_start_, run_end_;
@@ -314,13 +353,21 @@ class ScheduleBuilder {
       const uint64_t n = t.bytes / t.elem_bytes;
       group_elems_[t.group] = checked_add(group_elems_[t.group], n, "parameters");
       out_.n_params = checked_add(out_.n_params, n, "parameters");
+      if (is_expert_tensor(t)) {
+        group_expert_elems_[t.group] = checked_add(group_expert_elems_[t.group], n, "parameters");
+        out_.n_expert_params = checked_add(out_.n_expert_params, n, "parameters");
+      }
     }
-    std::vector<uint64_t> elems;
+    std::vector<uint64_t> elems, expert;
     for (const std::string& name : g_.groups) {
       elems.push_back(group_elems_[name]);
+      expert.push_back(group_expert_elems_[name]);
       out_.groups.emplace_back(name, group_elems_[name]);
     }
-    out_.partition_elems = partition_elems(elems, s_.stage, dp_);
+    // Expert parameters partition over dp/ep ranks, the rest over dp (partition_elems in
+    // schedule.hpp: DeepSpeed-MoE's expert-data-parallel groups).
+    out_.partition_elems = partition_elems(elems, expert, s_.stage, dp_, edp_);
+    out_.expert_partition_elems = partition_elems(expert, expert, s_.stage, dp_, edp_);
   }
 
   void model_states() {
@@ -335,6 +382,36 @@ class ScheduleBuilder {
     last_grad_write_ = std::move(lv.last_grad_write);
     buffer_of_.assign(g_.tensors.size(), UINT32_MAX);
     grad_buffer_.assign(g_.tensors.size(), UINT32_MAX);
+  }
+
+  // Expert parallelism (ep > 1): each MoE layer's dispatch and combine exchange the routed
+  // rows through an all-to-all over the ep group, forward (and recomputed) and backward. The
+  // graph already holds one side of each exchange: moe.dispatch (R rows) is what the
+  // dispatch's all-to-all receives, the experts' output (R rows) what the combine's sends,
+  // and in backward moe.experts.proj.d and moe.dispatch.d are their mirror images. What it
+  // lacks is the other side, this rank's own k*B*T routed rows of C activations:
+  //   - dispatch: the send buffer, the tokens' k copies permuted by destination (DeepSpeed's
+  //     dispatched_input, sharded_moe.py MOELayer.forward, which _AllToAll sends);
+  //   - combine: the receive buffer, the experts' outputs back before the weighted sum;
+  //   - combine.bwd: the send buffer of those rows' gradients;
+  //   - dispatch.bwd: the receive buffer of the gradients of the dispatched rows.
+  // Each lives for its one op (allocated with it, freed after it, like scratch), category
+  // buffers. DeepSpeed's einsum after the combine keeps its received rows for backward (the
+  // combine weights' gradient reads them); the graph keeps the experts' output for that
+  // (R = k*B*T rows with balanced routing), so they are not counted twice. ep == 1: the
+  // dispatch is a local permutation, already the graph's moe.dispatch; nothing is added.
+  uint64_t alltoall_buffer_bytes(const Op& op) const {
+    if (s_.ep <= 1) return 0;
+    TensorId tokens = -1;  // the op's (B, T, C) side
+    switch (op.kind) {
+      case models::OpKind::moe_dispatch: tokens = op.inputs.front(); break;
+      case models::OpKind::moe_combine: tokens = op.outputs.front(); break;
+      case models::OpKind::moe_combine_bwd: tokens = op.inputs.front(); break;
+      case models::OpKind::moe_dispatch_bwd: tokens = op.outputs.front(); break;
+      default: return 0;
+    }
+    return checked_mul(g_.tensor(tokens).bytes, static_cast<uint64_t>(g_.model.moe.top_k),
+                       "all-to-all buffer bytes");
   }
 
   uint32_t alloc_tensor(int32_t pos, TensorId t) {
@@ -399,10 +476,26 @@ class ScheduleBuilder {
       for (int32_t i = run_start_[r]; i <= run_end_[r]; ++i) run_at_[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
   }
 
+  // ZeRO-3 all-gathers a group's dense parameters from the dp ranks' equal shards and its
+  // expert parameters from the dp/ep ranks of the expert-data-parallel group (schedule.hpp's
+  // partition_elems): gathered = ceil(dense/dp)*dp + ceil(expert/edp)*edp elements, of which
+  // this rank's shard is ceil(dense/dp) + ceil(expert/edp).
+  uint64_t expert_elems(const std::string& grp) const {
+    auto it = group_expert_elems_.find(grp);
+    return it == group_expert_elems_.end() ? 0 : it->second;
+  }
   uint64_t gathered_bytes(const std::string& grp) const {
-    const uint64_t e = group_elems_.at(grp);
-    return checked_mul(checked_mul(zp::partition_elems(e, dp_), dp_, "gathered elements"),
-                       p_bytes_, "gathered bytes");
+    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x;
+    const uint64_t elems =
+        checked_add(checked_mul(zp::partition_elems(d, dp_), dp_, "gathered elements"),
+                    checked_mul(zp::partition_elems(x, edp_), edp_, "gathered elements"),
+                    "gathered elements");
+    return checked_mul(elems, p_bytes_, "gathered bytes");
+  }
+  uint64_t shard_bytes(const std::string& grp) const {
+    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x;
+    return checked_mul(zp::partition_elems(d, dp_) + zp::partition_elems(x, edp_), p_bytes_,
+                       "shard bytes");
   }
   void gather(int32_t pos, const std::string& grp, int32_t hold_until) {
     auto it = holder_.find(grp);
@@ -419,7 +512,7 @@ class ScheduleBuilder {
     // all-gather in flight) until the frees of the op whose run waits for it (wait_gathered).
     if (s_.offload_param != Offload::none) {
       const uint32_t b = alloc(pos, add_buffer("param_stage." + grp, Tier::gpu, Category::buffers,
-                                               gathered_bytes(grp) / dp_));
+                                               shard_bytes(grp)));
       if (overlaps_comm(s_)) stage_in_flight_[grp] = b;
       else staged_.push_back(b);
     }

@@ -17,6 +17,7 @@ namespace zp::planner {
 
 using models::OpKind;
 using models::Phase;
+using models::TensorId;
 
 std::string_view to_string(Resource r) {
   switch (r) {
@@ -57,12 +58,19 @@ StepCosts step_costs(const models::TrainingGraph& g) {
   c.fwd_bytes.assign(n, 0);
   c.bwd_bytes.assign(n, 0);
   c.group_params.assign(n, 0);
+  c.group_expert_params.assign(n, 0);
+  c.a2a_fwd_bytes.assign(n, 0);
+  c.a2a_bwd_bytes.assign(n, 0);
   // Groups: embedding (layer -1) -> 0, block l -> l + 1, final norm and head (layer L) -> L + 1.
   auto group = [&](int32_t layer) { return static_cast<std::size_t>(std::clamp<int64_t>(layer + 1, 0, L + 1)); };
   for (const models::Tensor& t : g.tensors)
     if (t.kind == models::TensorKind::param) {
       c.group_params[group(t.layer)] += t.bytes / t.elem_bytes;
       c.n_params += t.bytes / t.elem_bytes;
+      if (is_expert_tensor(t)) {
+        c.group_expert_params[group(t.layer)] += t.bytes / t.elem_bytes;
+        c.n_expert_params += t.bytes / t.elem_bytes;
+      }
     }
   for (const models::Op& op : g.ops) {
     if (op.phase == Phase::optimizer) continue;
@@ -77,6 +85,18 @@ StepCosts step_costs(const models::TrainingGraph& g) {
       for (auto t : op.outputs) bytes += static_cast<double>(g.tensor(t).bytes);
       (fwd ? c.fwd_bytes : c.bwd_bytes)[i] += bytes;
     }
+    // The routed rows each all-to-all moves: the dispatch's output and the combine's input
+    // (R, C), and their gradients in backward.
+    TensorId routed = -1;
+    switch (op.kind) {
+      case OpKind::moe_dispatch: routed = op.outputs.front(); break;
+      case OpKind::moe_combine: routed = op.inputs.front(); break;
+      case OpKind::moe_combine_bwd: routed = op.outputs.front(); break;
+      case OpKind::moe_dispatch_bwd: routed = op.inputs.front(); break;
+      default: break;
+    }
+    if (routed >= 0)
+      (fwd ? c.a2a_fwd_bytes : c.a2a_bwd_bytes)[i] += static_cast<double>(g.tensor(routed).bytes);
     c.flops_executed += op.flops;
     if (op.phase != Phase::recompute) c.flops_model += op.flops;
   }
@@ -104,6 +124,16 @@ double bus_gbps(const Hardware& hw, int64_t ranks, const Cluster& c) {
   // one ring per NIC, each crossing the network once per node).
   if (ranks <= 1 || c.nodes <= 1) return hw.nvlink_gbps;
   return std::min(hw.nvlink_gbps, hw.internode_gbps);
+}
+
+double alltoall_seconds(double bytes, int64_t n, double gbps) {
+  if (n <= 1) return 0;
+  return bytes * static_cast<double>(n - 1) / static_cast<double>(n) / (gbps * 1e9);
+}
+
+double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& c) {
+  if (c.nodes <= 1 || ep * mp <= hw.gpus_per_node) return hw.nvlink_gbps;
+  return std::min(hw.nvlink_gbps, hw.internode_gbps / static_cast<double>(hw.gpus_per_node));
 }
 
 std::string Task::name() const {
@@ -170,6 +200,22 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const double nvme_r = hw.nvme_read_gbps * 1e9 / static_cast<double>(per_node);
   const double nvme_w = hw.nvme_write_gbps * 1e9 / static_cast<double>(per_node);
   const double dp_bus = bus_gbps(hw, dp, cl);
+  // Expert parameters: the expert-data-parallel group of dp/ep ranks (DeepSpeed-MoE).
+  const int64_t edp = expert_dp(s);
+  const double edp_bus = bus_gbps(hw, edp, cl);
+  const double a2a_gbps = alltoall_gbps(hw, s.ep, mp, cl);
+  auto expert_of = [&](std::size_t i) {
+    return c.group_expert_params.empty() ? uint64_t{0} : c.group_expert_params[i];
+  };
+  auto a2a_seconds = [&](std::size_t i, bool fwd) {
+    if (s.ep <= 1 || c.a2a_fwd_bytes.empty()) return 0.0;
+    return alltoall_seconds(fwd ? c.a2a_fwd_bytes[i] : c.a2a_bwd_bytes[i], s.ep, a2a_gbps);
+  };
+  // A collective over the group's parameters: the dense ones over dp, the experts' over dp/ep.
+  auto split_seconds = [&](double (*coll)(double, int64_t, double), double dense_bytes,
+                           double expert_bytes) {
+    return coll(dense_bytes, dp, dp_bus) + (expert_bytes > 0 ? coll(expert_bytes, edp, edp_bus) : 0.0);
+  };
   const double pbytes = s.precision == Precision::fp32 ? 4.0 : 2.0;
   const std::size_t n = c.group_params.size();
   const int n_groups = static_cast<int>(n);
@@ -187,7 +233,10 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   for (uint64_t p : c.group_params) largest = std::max(largest, p);
   const int depth = static_cast<int>(std::min<uint64_t>(s.buffers.prefetch_bucket_size / largest, 64));
   // Optimizer: elements each rank updates, bytes of fp32 states per element.
-  const uint64_t part = s.stage >= 1 ? (c.n_params + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp)
+  const uint64_t n_dense = c.n_params - c.n_expert_params;
+  const uint64_t part = s.stage >= 1 ? (n_dense + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp) +
+                                           (c.n_expert_params + static_cast<uint64_t>(edp) - 1) /
+                                               static_cast<uint64_t>(edp)
                                      : c.n_params;
   const double state_bytes = s.optimizer == OptimizerKind::sgd ? 8.0 : 12.0;
   const bool offload_opt = s.offload_optimizer != Offload::none;
@@ -212,7 +261,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const uint32_t pbytes_int = s.precision == Precision::fp32 ? 4 : 2;
   const uint64_t swap_elems = nvme_p ? param_swap_buffer_elems(s, part, pbytes_int) : 1;
   auto reads_ahead = [&](std::size_t i) {
-    const uint64_t shard = (c.group_params[i] + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp);
+    const uint64_t x = expert_of(i);
+    const uint64_t shard = (c.group_params[i] - x + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp) +
+                           (x + static_cast<uint64_t>(edp) - 1) / static_cast<uint64_t>(edp);
     const uint64_t pieces = std::max<uint64_t>(1, (shard + swap_elems - 1) / swap_elems);
     const uint64_t by_buffers = s.buffers.param_swap_buffer_count / pieces;
     return static_cast<int>(std::clamp<uint64_t>(by_buffers, 1, s.buffers.param_swap_prefetch_depth + 1));
@@ -222,7 +273,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   // Stage 3: bring group i's 16-bit parameters: (NVMe ->) host -> GPU partition, all-gather.
   auto gather = [&](std::size_t i, int after, const std::vector<int>* ready) -> int {
     if (s.stage != 3) return -1;
-    const double part_bytes = static_cast<double>(c.group_params[i]) * pbytes / static_cast<double>(dp);
+    const double x = static_cast<double>(expert_of(i)) * pbytes;
+    const double dense = static_cast<double>(c.group_params[i]) * pbytes - x;
+    const double part_bytes = dense / static_cast<double>(dp) + x / static_cast<double>(edp);
     int dep = after;
     if (offload_p) {
       const int q = static_cast<int>(staged.size());
@@ -239,8 +292,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
     // The first micro-step's gathers move the parameters of the update they wait for (ready).
     if (dp > 1)
       dep = sch.add("all-gather", static_cast<int>(i), Resource::net,
-                    allgather_seconds(static_cast<double>(c.group_params[i]) * pbytes, dp, dp_bus), {dep},
-                    ready);
+                    split_seconds(allgather_seconds, dense, x), {dep}, ready);
     return dep;
   };
   // overlap_comm (DeepSpeed's zero_optimization.overlap_comm; unset: on for stage 3 only):
@@ -277,38 +329,50 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(p);
         const int g = gather(i, prefetch_after(p, before_fwd), reads_wait);
-        const int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true),
-                              {g, overlap || p > 0 ? -1 : reduced},
-                              p == 0 && m == 0 ? params_ready : nullptr);
+        int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true),
+                        {g, overlap || p > 0 ? -1 : reduced},
+                        p == 0 && m == 0 ? params_ready : nullptr);
+        if (const double a = a2a_seconds(i, true); a > 0)
+          t = sch.add("all-to-all", p, Resource::gpu, a, {t});
         pass_compute.push_back(t);
       }
       // Backward, with bucketed reduction.
       const int before_bwd = pass_compute.back();
       pass_compute.clear();
-      uint64_t bucket = 0;
+      uint64_t bucket = 0, bucket_expert = 0;
       int n_bucket = 0;
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
         const int g = gather(i, prefetch_after(p, before_bwd), reads_wait);
-        const int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false),
-                              {g, overlap ? -1 : reduced});
+        int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false),
+                        {g, overlap ? -1 : reduced});
+        if (const double a = a2a_seconds(i, false); a > 0)
+          t = sch.add("all-to-all", static_cast<int>(i), Resource::gpu, a, {t});
         pass_compute.push_back(t);
         last_gpu = t;
         bucket += c.group_params[i];
+        bucket_expert += expert_of(i);
         if (bucket < s.buffers.reduce_bucket_size && i != 0) continue;
         int done = t;
         if (dp > 1 && (s.stage >= 2 || last_micro)) {
-          const double bytes = static_cast<double>(bucket) * pbytes;
-          done = s.stage == 0 ? sch.add("all-reduce", n_bucket, Resource::net, allreduce_seconds(bytes, dp, dp_bus), {t})
+          // Expert gradients are reduced over their dp/ep expert-data-parallel ranks.
+          const double xb = static_cast<double>(bucket_expert) * pbytes;
+          const double db = static_cast<double>(bucket) * pbytes - xb;
+          done = s.stage == 0 ? sch.add("all-reduce", n_bucket, Resource::net,
+                                        split_seconds(allreduce_seconds, db, xb), {t})
                               : sch.add("reduce-scatter", n_bucket, Resource::net,
-                                        reduce_scatter_seconds(bytes, dp, dp_bus), {t});
+                                        split_seconds(reduce_scatter_seconds, db, xb), {t});
         }
         if (offload_opt)  // the rank's share of the bucket goes to the host in 16 bits
           done = sch.add("d2h grads", n_bucket, Resource::d2h,
-                         static_cast<double>(bucket) / static_cast<double>(dp) * pbytes / d2h, {done});
+                         (static_cast<double>(bucket - bucket_expert) / static_cast<double>(dp) +
+                          static_cast<double>(bucket_expert) / static_cast<double>(edp)) *
+                             pbytes / d2h,
+                         {done});
         grads_done.push_back(done);
         reduced = done;
         bucket = 0;
+        bucket_expert = 0;
         ++n_bucket;
       }
     }
@@ -321,7 +385,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       int done = a;
       if (dp > 1 && (s.stage == 1 || s.stage == 2))
         done = sch.add("all-gather params", 0, Resource::net,
-                       allgather_seconds(static_cast<double>(c.n_params) * pbytes, dp, dp_bus), {a});
+                       split_seconds(allgather_seconds, static_cast<double>(n_dense) * pbytes,
+                                     static_cast<double>(c.n_expert_params) * pbytes),
+                       {a});
       upd.push_back(done);
     } else {
       // CPU Adam in chunks, pipelined with the NVMe traffic and the copy back.
@@ -344,7 +410,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       int done = last_copy >= 0 ? last_copy : last;
       if (dp > 1 && (s.stage == 1 || s.stage == 2))
         done = sch.add("all-gather params", 0, Resource::net,
-                       allgather_seconds(static_cast<double>(c.n_params) * pbytes, dp, dp_bus), {done});
+                       split_seconds(allgather_seconds, static_cast<double>(n_dense) * pbytes,
+                                     static_cast<double>(c.n_expert_params) * pbytes),
+                       {done});
       upd.push_back(done);
       upd.push_back(last);
     }
@@ -393,7 +461,7 @@ nlohmann::json trace_json(const Timeline& t) {
   for (std::size_t i = 0; i < t.tasks.size(); ++i) {
     const Task& k = t.tasks[i];
     const std::string_view kind = k.kind;
-    const bool per_group = kind == "fwd" || kind == "bwd" || kind == "all-gather" ||
+    const bool per_group = kind == "fwd" || kind == "bwd" || kind == "all-gather" || kind == "all-to-all" ||
                            kind == "h2d params" || kind == "nvme read params";
     const std::string what = per_group ? fmt::format("{} {}", k.kind, group_name(k.index))
                                        : fmt::format("{} {}", k.kind, k.index);

@@ -38,12 +38,18 @@ constexpr std::array<std::pair<std::string_view, Checkpointing>, 3> kCheckpointi
      {"selective", Checkpointing::selective}}};
 constexpr std::array<std::pair<std::string_view, Offload>, 3> kOffloads = {
     {{"none", Offload::none}, {"cpu", Offload::cpu}, {"nvme", Offload::nvme}}};
+constexpr std::array<std::pair<std::string_view, MoeRouting>, 2> kMoeRoutings = {
+    {{"balanced", MoeRouting::balanced}, {"worst", MoeRouting::worst}}};
 }  // namespace
 
 std::string_view to_string(Precision p) { return name_of(p, kPrecisions); }
 std::string_view to_string(OptimizerKind o) { return name_of(o, kOptimizers); }
 std::string_view to_string(Checkpointing c) { return name_of(c, kCheckpointing); }
 std::string_view to_string(Offload o) { return name_of(o, kOffloads); }
+std::string_view to_string(MoeRouting r) { return name_of(r, kMoeRoutings); }
+std::optional<MoeRouting> moe_routing_from_string(std::string_view s) {
+  return lookup(s, kMoeRoutings);
+}
 std::optional<Precision> precision_from_string(std::string_view s) { return lookup(s, kPrecisions); }
 std::optional<OptimizerKind> optimizer_from_string(std::string_view s) {
   return lookup(s, kOptimizers);
@@ -76,6 +82,15 @@ void validate(const Strategy& s) {
   if (s.seq < 0)
     throw Error(fmt::format("--seq: must be >= 1, got {}", s.seq),
                 "tokens per sequence; leave it out to use the model's context length");
+  positive(s.ep, "--ep", "the expert-parallel degree, 1 without expert parallelism");
+  if (s.dp % s.ep != 0)
+    throw Error(fmt::format("--ep {}: must divide --dp {}", s.ep, s.dp),
+                "the experts are split over ep ranks of the data-parallel group, so dp/ep "
+                "expert-data-parallel groups hold each expert's ZeRO partitions");
+  if (s.target_seq < 0)
+    throw Error(fmt::format("--target-seq: must be >= 1, got {}", s.target_seq),
+                "the decoder's tokens per sequence of an encoder-decoder model; leave it out "
+                "to use --seq");
   if (s.offload_param != Offload::none && s.stage != 3)
     throw Error(fmt::format("--offload-param {}: needs --stage 3, got stage {}",
                             to_string(s.offload_param), s.stage),
@@ -326,6 +341,9 @@ json to_json(const Strategy& s) {
           {"offload_param", to_string(s.offload_param)},
           {"dpu", s.dpu},
           {"partition_activations", s.partition_activations},
+          {"ep", s.ep},
+          {"moe_routing", to_string(s.moe_routing)},
+          {"target_seq", s.target_seq},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"buffers",
@@ -346,7 +364,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   reject_unknown(j,
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
-                  "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers"},
+                  "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers",
+                  "ep", "moe_routing", "target_seq"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -356,6 +375,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.micro_batch = f.positive_int("micro_batch", 1);
   s.seq = f.nonneg_int("seq", 0);
   s.grad_accum = f.positive_int("grad_accum", 1);
+  s.ep = f.positive_int("ep", 1);
+  s.target_seq = f.nonneg_int("target_seq", 0);
   auto enum_field = [&](std::string_view key, auto parse, auto fallback, std::string_view expected) {
     if (!f.has(key)) return fallback;
     auto v = parse(f.string(key));
@@ -372,6 +393,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                    "\"none\", \"cpu\" or \"nvme\"");
   s.offload_param = enum_field("offload_param", offload_from_string, s.offload_param,
                                "\"none\", \"cpu\" or \"nvme\"");
+  s.moe_routing = enum_field("moe_routing", moe_routing_from_string, s.moe_routing,
+                             "\"balanced\" or \"worst\"");
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
@@ -414,6 +437,9 @@ std::string describe(const Strategy& s) {
   if (s.seq > 0) out += fmt::format(" T={}", s.seq);
   if (s.grad_accum > 1) out += fmt::format(", grad-accum {}", s.grad_accum);
   if (s.mp > 1) out += fmt::format(", mp {}", s.mp);
+  if (s.ep > 1) out += fmt::format(", ep {}", s.ep);
+  if (s.moe_routing == MoeRouting::worst) out += ", worst-case routing";
+  if (s.target_seq > 0 && s.target_seq != s.seq) out += fmt::format(", target T={}", s.target_seq);
   if (s.checkpointing != Checkpointing::none)
     out += fmt::format(", checkpointing {}", to_string(s.checkpointing));
   if (s.flash_attention) out += ", flash-attention";

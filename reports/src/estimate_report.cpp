@@ -153,12 +153,30 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   const bool md = f == Format::markdown;
   std::string out;
   const auto& m = e.model;
-  out += fmt::format("{}model:{}     {} ({}), {} params, L={} C={} NH={}{}\n", md ? "- **" : "",
-                     md ? "**" : "", m.name, m.family_name(), format_count(e.params.total),
+  // MoE models: the parameters a token passes (k of the E routed experts per MoE layer).
+  const std::string active =
+      m.is_moe() ? fmt::format(" ({} active)", format_count(static_cast<uint64_t>(e.params.active)))
+                 : "";
+  out += fmt::format("{}model:{}     {} ({}), {} params{}, L={} C={} NH={}{}\n", md ? "- **" : "",
+                     md ? "**" : "", m.name, m.family_name(), format_count(e.params.total), active,
                      m.n_layer, m.n_embd, m.n_head,
                      m.n_kv_head != m.n_head ? fmt::format(" KVH={}", m.n_kv_head) : "");
   out += fmt::format("{}strategy:{}  {}\n", md ? "- **" : "", md ? "**" : "",
                      planner::describe(e.strategy));
+  if (m.is_moe()) {
+    // The routed rows a rank's experts process per MoE layer and micro-step (graph.cpp's
+    // routed_rows): balanced, as many as it sends (k*B*T); worst, with ep > 1, every token of
+    // the ep group sending this rank min(k, E/ep) of its choices.
+    const auto& s = e.strategy;
+    const int64_t tokens = s.micro_batch * s.seq, local = m.moe.n_experts / s.ep;
+    const bool worst = s.moe_routing == planner::MoeRouting::worst && s.ep > 1;
+    const int64_t rows = worst ? s.ep * tokens * std::min(m.moe.top_k, local) : m.moe.top_k * tokens;
+    out += fmt::format(
+        "{}experts:{}   {} routed, top {}; ep {} ({} per rank), expert states partitioned over "
+        "dp/ep = {} ranks; {} routing: {} rows per rank per MoE layer\n",
+        md ? "- **" : "", md ? "**" : "", m.moe.n_experts, m.moe.top_k, s.ep, local,
+        planner::expert_dp(s), planner::to_string(s.moe_routing), rows);
+  }
   if (e.hardware)
     out += fmt::format("{}hardware:{}  {}: {}\n", md ? "- **" : "", md ? "**" : "",
                        e.hardware->name, e.hardware->description);

@@ -2,6 +2,8 @@
 // for every kind of bad input (never a crash, never output on stdout).
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "process.hpp"
@@ -178,4 +180,101 @@ TEST_CASE("--help teaches and exits 0") {
   CHECK(r.rc == 0);
   CHECK(r.out.find("Examples:") != std::string::npos);
   CHECK(r.out.find("--offload-optimizer") != std::string::npos);
+}
+
+// A small Mixtral (2 layers, C=64, 4 experts of width 128, top-2, V=100, untied): 38208 dense
+// parameters (embedding 6400, per block q/k/v/o 12288 + norms 128 + router 256, head 6400 +
+// norm 64) and 4 x 3 x 128 x 64 = 98304 expert parameters per layer.
+constexpr const char* kMoeConfig =
+    R"({"model_type":"mixtral","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,)"
+    R"("num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100,"num_local_experts":4,)"
+    R"("num_experts_per_tok":2,"max_position_embeddings":64,"tie_word_embeddings":false})";
+
+TEST_CASE("moe: --ep, --moe-routing and --target-seq, in the text and the JSON") {
+  zp::test::TempDir dir;
+  const std::string moe = dir.write("moe.json", kMoeConfig);
+  Result r = zero_plan({"estimate", "--model", moe, "--stage", "2", "--dp", "8", "--ep", "2",
+                        "--seq", "16"});
+  REQUIRE(r.rc == 0);
+  // 38208 + 2 x 98304 = 234816 parameters, 38208 + 2 x 2/4 x 98304 = 136512 active.
+  CHECK(r.out.find("234.8 K params (136.5 K active)") != std::string::npos);
+  CHECK(r.out.find("ep 2") != std::string::npos);
+  CHECK(r.out.find("balanced routing: 32 rows per rank") != std::string::npos);  // 2 x 16
+  r = zero_plan({"estimate", "--model", moe, "--stage", "2", "--dp", "8", "--ep", "2", "--seq",
+                 "16", "--moe-routing", "worst", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["strategy"]["ep"] == 2);
+  CHECK(j["strategy"]["moe_routing"] == "worst");
+  CHECK(j["model"]["total_params"] == 234816);
+  CHECK(j["model"]["active_params"] == 136512);
+  CHECK(j["model"]["moe"] == nlohmann::json{{"experts", 4}, {"top_k", 2}, {"active_params", 136512},
+                                            {"expert_params", 196608}});
+  // Stage 2: dense 38208 / 8 plus this rank's 2 x 2 experts (98304) over dp/ep = 4 ranks.
+  CHECK(j["partition_elems"] == 38208 / 8 + 98304 / 4);
+  // A dense model reports no moe object and all its parameters active.
+  r = zero_plan({"estimate", "--model", "gpt2", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK_FALSE(j["model"].contains("moe"));
+  CHECK(j["model"]["active_params"] == j["model"]["params"]);
+  CHECK(j["strategy"]["ep"] == 1);
+  // T5's decoder length.
+  const std::string t5 = dir.write("t5.json",
+      R"({"model_type":"t5","d_model":64,"d_ff":128,"d_kv":16,"num_layers":2,"num_decoder_layers":2,)"
+      R"("num_heads":4,"vocab_size":100})");
+  r = zero_plan({"estimate", "--model", t5, "--seq", "32", "--target-seq", "8", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(r.out)["strategy"]["target_seq"] == 8);
+}
+
+TEST_CASE("moe: bad expert-parallel flags exit 2 naming the flag") {
+  zp::test::TempDir dir;
+  const std::string moe = dir.write("moe.json", kMoeConfig);
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--dp", "8", "--ep", "3"}),
+                  "--ep 3: must divide --dp 8");
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--dp", "8", "--ep", "8"}),
+                  "--ep 8: must divide");  // 4 experts
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--ep", "0"}), "--ep: must be >= 1");
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--ep", "two"}), "--ep");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--dp", "2", "--ep", "2"}),
+                  "--ep 2: gpt2 is a dense model");
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--moe-routing", "random"}),
+                  "--moe-routing: unknown value 'random'");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--moe-routing", "worst"}),
+                  "--moe-routing worst");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--target-seq", "8"}),
+                  "--target-seq 8: gpt2 is decoder-only");
+  check_bad_input(zero_plan({"plan", "--model", moe, "--dp", "4", "--ep", "3", "-o",
+                             dir.file("p.json")}),
+                  "--ep 3");
+  check_bad_input(zero_plan({"fit", "--model", moe, "--hardware", "h100-80g", "--gpus", "4",
+                             "--ep", "3"}),
+                  "--ep 3: must divide --dp 4");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "4",
+                             "--ep", "2"}),
+                  "--ep 2: gpt2 is a dense model");
+}
+
+TEST_CASE("moe: fit searches ep and names the winner's") {
+  zp::test::TempDir dir;
+  const std::string moe = dir.write("moe.json", kMoeConfig);
+  const std::string ds = dir.file("ds.json");
+  Result r = zero_plan({"fit", "--model", moe, "--hardware", "h100-80g", "--gpus", "4", "--seq",
+                        "16", "--stage", "2", "--micro-batch", "1", "--checkpointing", "none",
+                        "--no-overlap-comm", "--offload-optimizer", "none", "--top", "10",
+                        "--format", "json"});
+  REQUIRE(r.rc == 0);
+  auto j = nlohmann::json::parse(r.out);
+  // ep 1, 2 and 4 (the divisors of dp 4 that divide 4 experts), one configuration each.
+  CHECK(j["n_searched"] == 3);
+  std::set<int64_t> eps;
+  for (const auto& c : j["candidates"]) eps.insert(c["strategy"]["ep"].get<int64_t>());
+  CHECK(eps == std::set<int64_t>{1, 2, 4});
+  // Pinned: only that degree; the text names it and the DeepSpeed notes say where it goes.
+  r = zero_plan({"fit", "--model", moe, "--hardware", "h100-80g", "--gpus", "4", "--seq", "16",
+                 "--stage", "2", "--ep", "4", "--emit-deepspeed", ds});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("dp 4 ep 4") != std::string::npos);
+  CHECK(r.err.find("ep_size=4") != std::string::npos);
 }

@@ -47,6 +47,18 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "stages 2-3: reduce gradient buckets and wait for prefetched all-gathers while "
                "compute goes on (zero_optimization.overlap_comm) [off for stages 0-2, on for 3]")
       ->group(g);
+  app.add_option("--ep", f.ep,
+                 "expert-parallel degree (Mixture-of-Experts models): each MoE layer's experts "
+                 "split over ep ranks; expert parameters ZeRO-partitioned over dp/ep; divides "
+                 "--dp and the expert count [1]")
+      ->group(g);
+  app.add_option("--moe-routing", f.moe_routing,
+                 "routed-token activations to size (MoE): balanced (k*B*T rows per rank) or "
+                 "worst (every token of the ep group choosing this rank's experts) [balanced]")
+      ->group(g);
+  app.add_option("--target-seq", f.target_seq,
+                 "decoder tokens per sequence of an encoder-decoder model (T5) [--seq]")
+      ->group(g);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -100,7 +112,9 @@ int64_t parse_int(const std::string& flag, const std::string& value) {
 }
 }  // namespace
 
-Strategy StrategyFlags::resolve() const {
+Strategy StrategyFlags::resolve() const { return resolve_for_gpus(0); }
+
+Strategy StrategyFlags::resolve_for_gpus(int64_t gpus) const {
   Strategy s;
   if (!ds_config.empty())
     s = planner::apply_deepspeed_config(s, parse_json_text(read_text_file(ds_config), ds_config),
@@ -114,6 +128,13 @@ Strategy StrategyFlags::resolve() const {
   }
   if (given("--dp")) s.dp = parse_int("--dp", dp);
   if (given("--mp")) s.mp = parse_int("--mp", mp);
+  if (!given("--dp") && gpus > 0 && s.mp >= 1 && gpus % s.mp == 0) s.dp = gpus / s.mp;
+  if (given("--ep")) s.ep = parse_int("--ep", ep);
+  if (given("--moe-routing"))
+    s.moe_routing = parse_enum<planner::MoeRouting>("--moe-routing", moe_routing,
+                                                    planner::moe_routing_from_string,
+                                                    "balanced or worst");
+  if (given("--target-seq")) s.target_seq = parse_int("--target-seq", target_seq);
   if (given("--micro-batch")) s.micro_batch = parse_int("--micro-batch", micro_batch);
   if (given("--seq")) s.seq = parse_int("--seq", seq);
   if (given("--grad-accum")) s.grad_accum = parse_int("--grad-accum", grad_accum);

@@ -24,6 +24,7 @@ inline constexpr int kExitBadInput = 2;
 struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config;
+  std::string ep, moe_routing, target_seq;
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
   std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count, offload_tile_size;
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;
@@ -33,6 +34,9 @@ struct StrategyFlags {
 
   // Defaults, then the DeepSpeed config (--ds-config), then explicit flags.
   planner::Strategy resolve() const;
+  // The same where the data-parallel degree defaults to gpus / mp (zero-plan fit, which
+  // derives dp from --gpus) instead of 1, so --ep is checked against that dp.
+  planner::Strategy resolve_for_gpus(int64_t gpus) const;
   bool given(const std::string& flag) const;
 };
 

@@ -67,7 +67,9 @@ int64_t count_flag(const std::string& text, const char* flag) {
 std::string row_strategy(const planner::Strategy& s) {
   std::string out = fmt::format("stage {}", s.stage);
   if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
-  out += fmt::format(" dp {} B={}", s.dp, s.micro_batch);
+  out += fmt::format(" dp {}", s.dp);
+  if (s.ep > 1) out += fmt::format(" ep {}", s.ep);
+  out += fmt::format(" B={}", s.micro_batch);
   if (s.checkpointing != planner::Checkpointing::none)
     out += fmt::format(" ckpt {}", planner::to_string(s.checkpointing));
   if (s.offload_optimizer != planner::Offload::none)
@@ -153,7 +155,7 @@ int FitCommand::run() const {
   r.options = target.resolve(planner::Backend::cuda);
   if (r.options.backend != planner::Backend::cuda)
     throw Error("--device cpu: fit plans GPU training", "leave out --device");
-  const planner::Strategy s = flags.resolve();
+  const planner::Strategy s = flags.resolve_for_gpus(r.gpus);
   r.base = s;
   if (flags.given("--stage")) r.stages = {s.stage};
   if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
@@ -162,6 +164,7 @@ int FitCommand::run() const {
   if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
   if (flags.dpu) r.dpu = {true};
   if (flags.given("--mp")) r.mps = {s.mp};
+  if (flags.given("--ep")) r.eps = {s.ep};
   if (flags.given("--dp")) {
     if (s.dp * s.mp != r.gpus)
       throw Error(fmt::format("--dp {} x --mp {} = {} GPUs, but --gpus is {}", s.dp, s.mp,

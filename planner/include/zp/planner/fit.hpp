@@ -1,5 +1,6 @@
 // zp/planner/fit.hpp: the search behind `zero-plan fit`: every stage x offload x micro-batch x
-// checkpointing x DPU (x model-parallel degree when nothing fits without it) on a machine,
+// checkpointing x DPU (x expert-parallel degree for Mixture-of-Experts models; x model-parallel
+// degree when nothing fits without it) on a machine,
 // what fits, ranked by simulated throughput, with the reason each wins or loses; the largest
 // model of a family that fits; the winner as a DeepSpeed config; DeepSpeed's own estimators.
 // Not a memory model of its own: memory is estimate.hpp's, decomposed so that the graph and
@@ -56,6 +57,10 @@ struct FitRequest {
   // Model-parallel degrees. Empty: 1, and only when nothing fits, the powers of two up to a
   // node's GPUs that divide the GPUs and the heads, smallest first.
   std::vector<int64_t> mps;
+  // Expert-parallel degrees (Mixture-of-Experts models). Empty: every divisor of the
+  // data-parallel degree that divides the expert count (1 for a dense model); given values
+  // are used where they divide the data-parallel degree.
+  std::vector<int64_t> eps;
   std::size_t top = 5;
   // Threads that build the per-shape graphs and replays and simulate the candidates;
   // 0: std::thread::hardware_concurrency(). The result does not depend on it.

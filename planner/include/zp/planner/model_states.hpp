@@ -48,7 +48,8 @@ Breakdown stage_bytes(uint64_t n, uint64_t part, int stage, const BytesPerParam&
 //     (ZeRO-Infinity paper sec. 5; seed 003).
 PerDevice model_state_bytes(uint64_t n_params, const Strategy& s);
 // The same with the partition size given (zeroplan's stage 3 partitions each gather group
-// separately: see schedule.hpp's partition_elems).
+// separately, and a Mixture-of-Experts model partitions its expert parameters over dp/ep
+// ranks: see schedule.hpp's partition_elems).
 PerDevice model_state_bytes(uint64_t n_params, uint64_t partition_elems, const Strategy& s);
 
 // The ZeRO paper's table (sec. 5, table 1 and seed 004), extended with stage 0.

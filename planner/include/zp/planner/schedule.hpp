@@ -70,6 +70,8 @@ struct MemorySchedule {
   std::vector<MemEvent> events;     // in execution order
   uint64_t n_params = 0;            // Psi on this rank (after tensor parallelism)
   uint64_t partition_elems = 0;     // elements of each partitioned state a rank owns
+  uint64_t n_expert_params = 0;     // of n_params, routed-expert elements (this rank's E/ep)
+  uint64_t expert_partition_elems = 0;  // of partition_elems, expert elements (over dp/ep)
   std::vector<std::pair<std::string, uint64_t>> groups;  // ZeRO-3 gather groups, elements
   std::vector<std::string> op_names;  // by position, for the timeline
 };
@@ -78,6 +80,28 @@ struct MemorySchedule {
 // multiple of dp, as DeepSpeed's stage 1/2 flat groups); stage 3 splits each gather group
 // separately (so each group all-gathers as equal blocks). 0 for stage 0.
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp);
+
+// The same for a Mixture-of-Experts model under DeepSpeed-MoE's grouping (Rajbhandari et al.
+// 2022, "DeepSpeed-MoE", sec. 4; deepspeed/moe/utils.py
+// split_params_into_different_moe_groups_for_optimizer): `expert_elems[i]` of group i's
+// `group_elems[i]` elements are routed-expert parameters (this rank's E/ep experts), the rest
+// are dense. Dense elements are partitioned over the dp ranks, expert elements over the
+// expert-data-parallel group of edp = dp/ep ranks (the ranks holding the same experts):
+//   stages 1-2: DeepSpeed keeps the expert parameters in optimizer param groups of their own
+//     (one flat buffer each, partitioned over its own group: stage_1_and_2.py gives a MoE
+//     group the expert-data-parallel process group), so
+//       part = ceil(sum dense / dp) + ceil(sum expert / edp);
+//   stage 3: every parameter is partitioned over its own group (stage3.py: an expert
+//     parameter's ds_process_group is its expert-data-parallel group), per gather group
+//       part = sum_i ceil(dense_i / dp) + ceil(expert_i / edp).
+// A dense model (every expert_elems 0) gives partition_elems(group_elems, stage, dp).
+uint64_t partition_elems(const std::vector<uint64_t>& group_elems,
+                         const std::vector<uint64_t>& expert_elems, int stage, uint64_t dp,
+                         uint64_t edp);
+
+// Whether a graph tensor holds routed-expert parameters (or their gradients): the graph names
+// them h.<l>.moe.experts.fc / .proj (ParamTensor::expert in the inventory).
+bool is_expert_tensor(const models::Tensor& t);
 
 // Elements of one pinned host tile through which an offloaded optimizer returns the updated
 // 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements,

@@ -34,6 +34,15 @@ struct StepCosts {
   std::vector<double> fwd_bytes, bwd_bytes;  // HBM bytes of memory-bound ops, per group
   std::vector<uint64_t> group_params;        // parameters per group on this rank (after mp)
   uint64_t n_params = 0;                     // sum of group_params
+  // Mixture of experts: of group_params, the routed experts' (this rank's E/ep), which ZeRO
+  // partitions and reduces over the dp/ep expert-data-parallel ranks instead of dp.
+  std::vector<uint64_t> group_expert_params;
+  uint64_t n_expert_params = 0;
+  // Bytes of the routed rows (rows x C x activation bytes, the graph's (R, C) tensor) that
+  // each all-to-all of the group moves with expert parallelism, summed over the group's
+  // all-to-alls: forward (dispatch + combine), backward (the same again, and the recomputed
+  // forward's under full recomputation). 0 without MoE layers.
+  std::vector<double> a2a_fwd_bytes, a2a_bwd_bytes;
   uint64_t boundary_bytes = 0;               // one (B, T, C) activation: Megatron's all-reduces
   double flops_executed = 0;                 // forward + backward + recompute, one micro-step
   double flops_model = 0;                    // forward + backward
@@ -88,11 +97,25 @@ double allgather_seconds(double bytes, int64_t n, double bus_gbps);
 // ring crosses the network, so the node's NICs (one ring per NIC) bound it.
 double bus_gbps(const Hardware& hw, int64_t ranks, const Cluster& c);
 
+// Expert parallelism's all-to-all: each of the n ranks keeps 1/n of its `bytes` and sends the
+// rest, so (n-1)/n of them cross the links (and as many arrive), at `gbps` per rank.
+double alltoall_seconds(double bytes, int64_t n, double gbps);
+// Bandwidth per rank of an all-to-all over an expert-parallel group of `ep` data-parallel
+// ranks (each mp GPUs wide: the group spans ep x mp consecutive GPUs): NVLink when they sit in
+// one node, otherwise each GPU's share of its node's network (internode_gbps / gpus_per_node;
+// every GPU of the node exchanges at once), at most NVLink.
+double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& c);
+
 // Simulates steady-state steps: tasks issue in program order, each resource runs them first
 // come first served (a CUDA stream, a copy engine, the CPU's Adam threads, the NVMe queue), a
 // task starts when its dependencies are done and its resource is free. The dependencies:
 // - forward per group, then backward in reverse; Megatron's two all-reduces per block and
-//   pass (mp > 1) block the GPU stream;
+//   pass (mp > 1) block the GPU stream; so do expert parallelism's all-to-alls (ep > 1; an
+//   "all-to-all" task after the group's compute: the experts wait for their rows), forward
+//   dispatch + combine and backward the same again, alltoall_seconds of each one's routed
+//   rows over the ep ranks at alltoall_gbps;
+// - expert parameters (MoE) are gathered, reduced and partitioned over the dp/ep ranks of
+//   their expert-data-parallel group, the others over dp;
 // - stage 3: each group is all-gathered before use, prefetch_bucket_size elements ahead; with
 //   offload_param the partition first crosses PCIe (and is read from NVMe);
 // - gradients reduced per reduce_bucket_size bucket as soon as the bucket is full, overlapping

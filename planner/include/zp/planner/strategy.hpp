@@ -22,15 +22,21 @@ enum class Precision { fp32, fp16, bf16 };
 enum class OptimizerKind { adam, adamw, sgd };  // sgd: with momentum (one fp32 buffer)
 enum class Checkpointing { none, full, selective };
 enum class Offload { none, cpu, nvme };
+// Which routed-token activations a Mixture-of-Experts plan sizes (--moe-routing): balanced,
+// each rank's experts receive as many rows as it sends (k*B*T); worst, every token of the
+// expert-parallel group chooses this rank's experts.
+enum class MoeRouting { balanced, worst };
 
 std::string_view to_string(Precision p);
 std::string_view to_string(OptimizerKind o);
 std::string_view to_string(Checkpointing c);
 std::string_view to_string(Offload o);
+std::string_view to_string(MoeRouting r);
 std::optional<Precision> precision_from_string(std::string_view s);
 std::optional<OptimizerKind> optimizer_from_string(std::string_view s);
 std::optional<Checkpointing> checkpointing_from_string(std::string_view s);
 std::optional<Offload> offload_from_string(std::string_view s);
+std::optional<MoeRouting> moe_routing_from_string(std::string_view s);
 
 // Sizes of the communication and prefetch buffers, in elements, with DeepSpeed's names and
 // defaults (deepspeed/runtime/zero/config.py).
@@ -81,6 +87,14 @@ struct Strategy {
   Offload offload_param = Offload::none;
   bool dpu = false;               // one-step delayed parameter update (ZeRO-Offload sec. 5.2)
   bool partition_activations = false;  // ZeRO-R P_a: checkpoints split over the mp ranks
+  // Expert parallelism (Mixture-of-Experts models; DeepSpeed-MoE, Rajbhandari et al. 2022
+  // sec. 4): each MoE layer's routed experts are split over ep ranks (E/ep each), and the
+  // expert parameters' ZeRO partitions span the expert-data-parallel group of dp/ep ranks
+  // instead of dp. Divides dp and the expert count; 1 for a dense model.
+  int64_t ep = 1;
+  MoeRouting moe_routing = MoeRouting::balanced;
+  // Encoder-decoder models (T5): the decoder's tokens per sequence; 0 means seq.
+  int64_t target_seq = 0;
   // zero_optimization.overlap_comm: stages 2-3 reduce a gradient bucket while backward goes
   // on (the bucket stays alive until the next one is issued, so two can be alive at once),
   // and stage 3 waits for a prefetched all-gather only when its run starts. Unset: DeepSpeed's
@@ -103,8 +117,14 @@ bool overlaps_comm(const Strategy& s);
 // profile's replay models DeepSpeed's allocator, not this engine's buckets).
 bool holds_buckets_in_flight(const Strategy& s);
 
-// Contradictions and out-of-range values as zp::Error naming the flag.
+// Contradictions and out-of-range values as zp::Error naming the flag. Checks that need the
+// model (--ep against the expert count, --target-seq against a decoder-only model) are
+// resolve_for_model's (estimate.hpp).
 void validate(const Strategy& s);
+
+// The expert-data-parallel degree dp/ep: the ranks over which expert parameters (and their
+// gradients, master weights and optimizer states) are ZeRO-partitioned.
+inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1); }
 
 // Fills a strategy from a DeepSpeed config (its JSON object). Fields it reads:
 // zero_optimization.{stage, offload_optimizer.{device, buffer_count},
@@ -119,7 +139,8 @@ Strategy apply_deepspeed_config(Strategy base, const nlohmann::json& ds, const s
 nlohmann::json to_json(const Strategy& s);
 Strategy strategy_from_json(const nlohmann::json& j, const std::string& origin);
 
-// One line for humans: "stage 2, dp 8, bf16, adam, B=1 T=1024, offload optimizer=cpu".
+// One line for humans: "stage 2, dp 8, bf16, adam, B=1 T=1024, offload optimizer=cpu"
+// (", ep 4" and ", worst-case routing" for expert parallelism).
 std::string describe(const Strategy& s);
 
 }  // namespace zp::planner
