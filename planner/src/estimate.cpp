@@ -16,7 +16,9 @@ namespace zp::planner {
 Strategy resolve_for_model(Strategy s, const models::ModelSpec& m) {
   validate(s);
   if (s.seq == 0) s.seq = m.n_positions;
-  if (s.seq > m.n_positions)
+  // A learned position table has n_positions rows: no longer sequence has a position. Rotary,
+  // ALiBi and relative positions have no table (estimate() notes the longer context).
+  if (s.seq > m.n_positions && m.positions == models::Positions::learned)
     throw Error(fmt::format("--seq: {} is longer than {}'s {} positions", s.seq, m.name,
                             m.n_positions),
                 fmt::format("use --seq {} or less", m.n_positions));
@@ -67,6 +69,13 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.params = models::count_params(m);
   e.strategy = resolve_for_model(s, m);
   e.options = o;
+  if (e.strategy.seq > m.n_positions)
+    e.model.notes.push_back(fmt::format(
+        "--seq {} is longer than the {} positions the config gives (max_position_embeddings "
+        "or n_positions); {} positions have no table, so the plan takes it as written",
+        e.strategy.seq, m.n_positions,
+        m.positions == models::Positions::rotary ? "rotary"
+        : m.positions == models::Positions::alibi ? "ALiBi" : "relative"));
   const models::TrainingGraph g = models::build_training_graph(m, graph_options(m, e.strategy, o));
   e.activations = summarize_activations(g);
   e.schedule = build_schedule(g, e.strategy, o);
@@ -97,7 +106,9 @@ nlohmann::json model_json(const models::ModelSpec& m, const models::ParamInvento
           {"params_per_layer", inv.per_layer},
           {"params_embedding", inv.embedding},
           {"largest_module", inv.largest_module},
-          {"largest_module_params", inv.largest_module_params}};
+          {"largest_module_params", inv.largest_module_params},
+          {"n_decoder_layer", m.n_decoder_layer},
+          {"notes", m.notes}};
   // Mixture of experts: a token passes top_k of the experts routed experts of each MoE layer.
   if (m.is_moe())
     j["moe"] = {{"experts", m.moe.n_experts},

@@ -105,7 +105,9 @@ std::string render_catalog(Format f) {
                                   : fmt::format("{} ({} kv)", m.n_head, m.n_kv_head);
     t.add({e.name, m.family_name(),
            f == Format::csv ? fmt::format("{}", inv.total) : format_count(inv.total),
-           fmt::format("{}", m.n_layer), fmt::format("{}", m.n_embd), heads,
+           m.encoder_decoder() ? fmt::format("{}+{}", m.n_layer, m.n_decoder_layer)
+                               : fmt::format("{}", m.n_layer),
+           fmt::format("{}", m.n_embd), heads,
            fmt::format("{}", m.n_positions), e.description});
   }
   return t.render(f);
@@ -159,7 +161,9 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
                  : "";
   out += fmt::format("{}model:{}     {} ({}), {} params{}, L={} C={} NH={}{}\n", md ? "- **" : "",
                      md ? "**" : "", m.name, m.family_name(), format_count(e.params.total), active,
-                     m.n_layer, m.n_embd, m.n_head,
+                     m.encoder_decoder() ? fmt::format("{}+{}", m.n_layer, m.n_decoder_layer)
+                                         : fmt::format("{}", m.n_layer),
+                     m.n_embd, m.n_head,
                      m.n_kv_head != m.n_head ? fmt::format(" KVH={}", m.n_kv_head) : "");
   out += fmt::format("{}strategy:{}  {}\n", md ? "- **" : "", md ? "**" : "",
                      planner::describe(e.strategy));
@@ -180,6 +184,10 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   if (e.hardware)
     out += fmt::format("{}hardware:{}  {}: {}\n", md ? "- **" : "", md ? "**" : "",
                        e.hardware->name, e.hardware->description);
+  // What the config reader accepted without modelling it (quantization, ignored fields, the
+  // MTP module), and a context longer than the config's.
+  for (const std::string& note : m.notes)
+    out += fmt::format("{}note:{}      {}\n", md ? "- **" : "", md ? "**" : "", note);
   out += "\n";
   Table t({"per device (one rank)", "gpu", "cpu", "nvme"},
           {Align::left, Align::right, Align::right, Align::right});
