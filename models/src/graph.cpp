@@ -5,6 +5,7 @@
 #include "zp/models/graph.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <map>
 
@@ -81,6 +82,7 @@ struct BlockActs {
   TensorId mlp_raw = kNone, mlp_post_stats = kNone;
   TensorId mlp_mask = kNone;
   // MoE: router logits and probabilities, the k choices, the routed rows through the experts.
+  TensorId r_mask = kNone, r_combine = kNone;  // capacity-factor gating (DeepSpeed's einsums)
   TensorId r_probs = kNone, r_idx = kNone, r_w = kNone, xe = kNone, e_gate = kNone,
            e_up = kNone, e_act = kNone, ye = kNone;
   TensorId s_gate = kNone, s_up = kNone, s_act = kNone, s_out = kNone, s_g = kNone;
@@ -860,17 +862,7 @@ class Builder {
   // Routed rows each rank's experts process per micro-step: top-k copies of its B*T tokens,
   // and with expert parallelism the rows the all-to-all brings from the other ranks: as many
   // as it sends (balanced routing) or, at worst, every rank's tokens choosing its experts.
-  int64_t routed_rows() const {
-    const int64_t k = m_.moe.top_k, tokens = B * T;
-    if (o_.ep > 1 && o_.moe_worst_case) {
-      // Every token of every rank of the expert-parallel group sends this rank as many of its
-      // k choices as it has experts.
-      const int64_t local = m_.moe.n_experts / o_.ep;
-      return checked_mul(checked_mul(o_.ep, tokens, "routed rows"), std::min(k, local),
-                         "routed rows");
-    }
-    return checked_mul(k, tokens, "routed rows");
-  }
+  int64_t routed_rows() const { return models::routed_rows(m_, o_, B * T); }
 
   // Mixture of experts: router, top-k, dispatch of the routed rows to the experts, the experts'
   // gated MLPs on those rows, the weighted combine; shared experts on every token.
@@ -883,17 +875,28 @@ class Builder {
     a.r_probs = tensor(h + ".moe.probs", {B, T, Ex}, 4, k.block, l);
     a.r_idx = tensor(h + ".moe.topk", {B, T, K}, 4, k.block, l);
     a.r_w = tensor(h + ".moe.weights", {B, T, K}, 4, k.block, l);
-    op(h + ".moe.route" + re, OpKind::moe_route, ph, l, {logits}, {a.r_probs, a.r_idx, a.r_w},
-       {}, {}, {}, 6.0 * double(B * T * Ex));
+    std::vector<TensorId> route_out = {a.r_probs, a.r_idx, a.r_w};
+    if (o_.moe_capacity_factor > 0) {
+      // DeepSpeed's einsum gating: dispatch "sec,sm->ecm" and combine "sec,ecm->sm" save the
+      // (S, E, capacity) mask and weights, cast to the activation type (type_as(input)).
+      const int64_t cap = moe_capacity(m_, o_, B * T);
+      a.r_mask = tensor(h + ".moe.dispatch_mask", {B * T, Ex, cap}, ab, k.block, l);
+      a.r_combine = tensor(h + ".moe.combine_weights", {B * T, Ex, cap}, ab, k.block, l);
+      route_out.push_back(a.r_mask);
+      route_out.push_back(a.r_combine);
+    }
+    op(h + ".moe.route" + re, OpKind::moe_route, ph, l, {logits}, route_out, {}, {}, {},
+       6.0 * double(B * T * Ex));
     a.xe = tensor(h + ".moe.dispatch", {R, C}, ab, k.block, l);
-    op(h + ".moe.dispatch" + re, OpKind::moe_dispatch, ph, l, {in, a.r_idx}, {a.xe}, {}, {}, {},
-       double(R * C));
+    op(h + ".moe.dispatch" + re, OpKind::moe_dispatch, ph, l,
+       {in, a.r_mask != kNone ? a.r_mask : a.r_idx}, {a.xe}, {}, {}, {}, double(R * C));
     a.ye = dense_mlp(h + ".moe.experts", l, ph, k, a.xe, p.e_fc, p.e_proj, Fe, a.e_gate, a.e_up,
                      a.e_act, R);
     g_.tensors[static_cast<std::size_t>(a.ye)].kind = k.block;  // the combine's backward reads it
     TensorId out = tensor(h + ".moe.out", {B, T, C}, ab, TensorKind::activation, l);
-    op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l, {a.ye, a.r_w, a.r_idx}, {out}, {}, {},
-       {}, 2.0 * double(R * C));
+    op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l,
+       {a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx}, {out}, {}, {}, {},
+       2.0 * double(R * C));
     if (p.s_fc.w != kNone) {
       TensorId s_out = dense_mlp(h + ".moe.shared", l, ph, k, in, p.s_fc, p.s_proj, Fs, a.s_gate,
                                  a.s_up, a.s_act);
@@ -938,11 +941,13 @@ class Builder {
     const TensorId d_ye = tensor(h + ".moe.experts.proj.d", {R, C}, ab, TensorKind::act_grad, l);
     const TensorId d_w = tensor(h + ".moe.weights.d", {B, T, K}, 4, TensorKind::act_grad, l);
     op(h + ".moe.combine.bwd", OpKind::moe_combine_bwd, Phase::backward, l,
-       {d_out, a.ye, a.r_w, a.r_idx}, {d_ye, d_w}, {}, {}, {}, 4.0 * double(R * C));
+       {d_out, a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx}, {d_ye, d_w}, {}, {}, {},
+       4.0 * double(R * C));
     Target d_xe = target(tensor(h + ".moe.dispatch.d", {R, C}, ab, TensorKind::act_grad, l));
     dense_mlp_bwd(h + ".moe.experts", l, d_ye, a.xe, d_xe, p.e_fc, p.e_proj, Fe, a.e_gate,
                   a.e_up, a.e_act, R);
-    op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l, {d_xe.id, a.r_idx},
+    op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l,
+       {d_xe.id, a.r_mask != kNone ? a.r_mask : a.r_idx},
        {need(d_in, l)}, {}, {}, {}, double(R * C));
     (void)written;
     const TensorId d_logits = tensor(h + ".moe.router.d", {B, T, Ex}, ab, TensorKind::act_grad, l);
@@ -1270,6 +1275,31 @@ class Builder {
 
 }  // namespace
 
+int64_t moe_capacity(const ModelSpec& m, const GraphOptions& o, int64_t tokens) {
+  if (!m.is_moe() || o.moe_capacity_factor <= 0) return 0;
+  // sharded_moe.py _capacity with capacity_factor * k (topkgating):
+  // ceil(tokens / E * cf * k), at least min_capacity.
+  const double cap = std::ceil(double(tokens) * double(m.moe.top_k) * o.moe_capacity_factor /
+                               double(m.moe.n_experts));
+  if (!(cap < 9e18)) throw Error("--moe-capacity-factor: the expert capacity overflows");
+  return std::max<int64_t>(o.moe_min_capacity, static_cast<int64_t>(cap));
+}
+
+int64_t routed_rows(const ModelSpec& m, const GraphOptions& o, int64_t tokens) {
+  if (!m.is_moe()) return 0;
+  const int64_t k = m.moe.top_k;
+  if (o.moe_capacity_factor > 0)
+    return checked_mul(m.moe.n_experts, moe_capacity(m, o, tokens), "routed rows");
+  if (o.ep > 1 && o.moe_worst_case) {
+    // Every token of every rank of the expert-parallel group sends this rank as many of its
+    // k choices as it has experts.
+    const int64_t local = m.moe.n_experts / o.ep;
+    return checked_mul(checked_mul(o.ep, tokens, "routed rows"), std::min(k, local),
+                       "routed rows");
+  }
+  return checked_mul(k, tokens, "routed rows");
+}
+
 TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in) {
   GraphOptions o = o_in;
   if (o.seq == 0) o.seq = m.n_positions;
@@ -1280,6 +1310,9 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
   if (o.ep > 1 && !m.is_moe())
     throw Error(fmt::format("--ep {}: {} has no experts to place", o.ep, m.name),
                 "expert parallelism applies to Mixture-of-Experts models; leave out --ep");
+  if (!(o.moe_capacity_factor >= 0) || !std::isfinite(o.moe_capacity_factor))
+    throw Error(fmt::format("--moe-capacity-factor: must be >= 0, got {}", o.moe_capacity_factor),
+                "0 routes every token (dropless); DeepSpeed's default capacity_factor is 1.0");
   if (o.seq_target < 0) throw Error(fmt::format("--target-seq: must be >= 1, got {}", o.seq_target));
   if (o.act_bytes != 2 && o.act_bytes != 4)
     throw Error(fmt::format("activation bytes must be 2 or 4, got {}", o.act_bytes));

@@ -26,6 +26,10 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m) {
     throw Error(fmt::format("--ep {}: {} is a dense model, it has no experts to place", s.ep,
                             m.name),
                 "expert parallelism applies to Mixture-of-Experts models; leave out --ep");
+  if (s.moe_capacity_factor > 0 && !m.is_moe())
+    throw Error(fmt::format("--moe-capacity-factor: {} is a dense model, it has no experts",
+                            m.name),
+                "the capacity factor applies to Mixture-of-Experts models; leave it out");
   if (m.is_moe() && m.moe.n_experts % s.ep != 0)
     throw Error(fmt::format("--ep {}: must divide {}'s {} experts", s.ep, m.name,
                             m.moe.n_experts),

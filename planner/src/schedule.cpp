@@ -55,6 +55,7 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   // the strategy asks for; encoder-decoder models: the decoder's length.
   g.ep = s.ep;
   g.moe_worst_case = s.moe_routing == MoeRouting::worst;
+  g.moe_capacity_factor = s.moe_capacity_factor;
   g.seq_target = s.target_seq;
   g.partition_checkpoints = s.partition_activations;
   g.param_bytes = s.precision == Precision::fp32 ? 4 : 2;
@@ -410,8 +411,14 @@ class ScheduleBuilder {
       case models::OpKind::moe_dispatch_bwd: tokens = op.outputs.front(); break;
       default: return 0;
     }
-    return checked_mul(g_.tensor(tokens).bytes, static_cast<uint64_t>(g_.model.moe.top_k),
-                       "all-to-all buffer bytes");
+    // The routed rows of this rank's tokens: k per token dropless; with a capacity factor,
+    // DeepSpeed's (E, capacity, C) dispatched tensor, however the tokens route.
+    const models::Tensor& x = g_.tensor(tokens);
+    const int64_t n_tokens = x.shape[0] * x.shape[1];
+    const uint64_t rows = g_.options.moe_capacity_factor > 0
+                              ? static_cast<uint64_t>(models::routed_rows(g_.model, g_.options, n_tokens))
+                              : static_cast<uint64_t>(g_.model.moe.top_k * n_tokens);
+    return checked_mul(x.bytes / static_cast<uint64_t>(n_tokens), rows, "all-to-all buffer bytes");
   }
 
   uint32_t alloc_tensor(int32_t pos, TensorId t) {

@@ -1,6 +1,8 @@
 // strategy.cpp: strategy names, validation, JSON, and reading DeepSpeed configs.
 #include "zp/planner/strategy.hpp"
 
+#include <cmath>
+
 #include <array>
 #include <set>
 
@@ -83,6 +85,9 @@ void validate(const Strategy& s) {
     throw Error(fmt::format("--seq: must be >= 1, got {}", s.seq),
                 "tokens per sequence; leave it out to use the model's context length");
   positive(s.ep, "--ep", "the expert-parallel degree, 1 without expert parallelism");
+  if (!(s.moe_capacity_factor >= 0) || !std::isfinite(s.moe_capacity_factor))
+    throw Error(fmt::format("--moe-capacity-factor: must be >= 0, got {}", s.moe_capacity_factor),
+                "0 routes every token (dropless); DeepSpeed's default capacity_factor is 1.0");
   if (s.dp % s.ep != 0)
     throw Error(fmt::format("--ep {}: must divide --dp {}", s.ep, s.dp),
                 "the experts are split over ep ranks of the data-parallel group, so dp/ep "
@@ -343,6 +348,7 @@ json to_json(const Strategy& s) {
           {"partition_activations", s.partition_activations},
           {"ep", s.ep},
           {"moe_routing", to_string(s.moe_routing)},
+          {"moe_capacity_factor", s.moe_capacity_factor},
           {"target_seq", s.target_seq},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
@@ -365,7 +371,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers",
-                  "ep", "moe_routing", "target_seq"},
+                  "ep", "moe_routing", "moe_capacity_factor", "target_seq"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -395,6 +401,12 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                "\"none\", \"cpu\" or \"nvme\"");
   s.moe_routing = enum_field("moe_routing", moe_routing_from_string, s.moe_routing,
                              "\"balanced\" or \"worst\"");
+  if (f.has("moe_capacity_factor")) {
+    const json& v = j.at("moe_capacity_factor");
+    if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
+      f.fail("moe_capacity_factor", "a number >= 0 (0: dropless)");
+    s.moe_capacity_factor = v.get<double>();
+  }
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
@@ -439,6 +451,7 @@ std::string describe(const Strategy& s) {
   if (s.mp > 1) out += fmt::format(", mp {}", s.mp);
   if (s.ep > 1) out += fmt::format(", ep {}", s.ep);
   if (s.moe_routing == MoeRouting::worst) out += ", worst-case routing";
+  if (s.moe_capacity_factor > 0) out += fmt::format(", capacity factor {}", s.moe_capacity_factor);
   if (s.target_seq > 0 && s.target_seq != s.seq) out += fmt::format(", target T={}", s.target_seq);
   if (s.checkpointing != Checkpointing::none)
     out += fmt::format(", checkpointing {}", to_string(s.checkpointing));

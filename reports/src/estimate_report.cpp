@@ -173,13 +173,18 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
     // the ep group sending this rank min(k, E/ep) of its choices.
     const auto& s = e.strategy;
     const int64_t tokens = s.micro_batch * s.seq, local = m.moe.n_experts / s.ep;
-    const bool worst = s.moe_routing == planner::MoeRouting::worst && s.ep > 1;
-    const int64_t rows = worst ? s.ep * tokens * std::min(m.moe.top_k, local) : m.moe.top_k * tokens;
+    const auto go = planner::graph_options(m, s, e.options);
+    const int64_t rows = models::routed_rows(m, go, tokens);
+    const std::string routing =
+        s.moe_capacity_factor > 0
+            ? fmt::format("capacity factor {} ({} rows per expert, tokens beyond dropped)",
+                          s.moe_capacity_factor, models::moe_capacity(m, go, tokens))
+            : fmt::format("dropless, {} routing", planner::to_string(s.moe_routing));
     out += fmt::format(
         "{}experts:{}   {} routed, top {}; ep {} ({} per rank), expert states partitioned over "
-        "dp/ep = {} ranks; {} routing: {} rows per rank per MoE layer\n",
+        "dp/ep = {} ranks; {}: {} rows per rank per MoE layer\n",
         md ? "- **" : "", md ? "**" : "", m.moe.n_experts, m.moe.top_k, s.ep, local,
-        planner::expert_dp(s), planner::to_string(s.moe_routing), rows);
+        planner::expert_dp(s), routing, rows);
   }
   if (e.hardware)
     out += fmt::format("{}hardware:{}  {}: {}\n", md ? "- **" : "", md ? "**" : "",

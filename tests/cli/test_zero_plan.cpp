@@ -239,6 +239,8 @@ TEST_CASE("moe: bad expert-parallel flags exit 2 naming the flag") {
   check_bad_input(zero_plan({"estimate", "--model", moe, "--ep", "two"}), "--ep");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--dp", "2", "--ep", "2"}),
                   "--ep 2: gpt2 is a dense model");
+  check_bad_input(zero_plan({"estimate", "--model", moe, "--moe-capacity-factor", "1.2x"}),
+                  "--moe-capacity-factor: expected a number >= 0, got '1.2x'");
   check_bad_input(zero_plan({"estimate", "--model", moe, "--moe-routing", "random"}),
                   "--moe-routing: unknown value 'random'");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--moe-routing", "worst"}),

@@ -194,6 +194,52 @@ TEST_CASE("moe: balanced and worst-case routed rows") {
         estimate(m, s, nullptr).per_device[Tier::gpu][Category::activations]);
 }
 
+TEST_CASE("moe: DeepSpeed's capacity factor fixes the dispatched rows and adds its gating") {
+  const auto m = moe_model();
+  const int64_t B = 2, T = 16, tokens = B * T;
+  // capacity = max(4, ceil(k * tokens * cf / E)) rows per expert (sharded_moe.py _capacity with
+  // capacity_factor * k): 2 * 32 * 1.25 / 4 = 20; with cf 0.1: ceil(1.6) = 2, raised to 4.
+  for (const auto& [cf, cap] : {std::pair{1.25, int64_t{20}}, std::pair{0.1, int64_t{4}}}) {
+    CAPTURE(cf);
+    for (int64_t ep : {1, 2}) {
+      Strategy s = moe_strategy(2, 4, ep, B, T);
+      s.moe_capacity_factor = cf;
+      s.moe_routing = MoeRouting::worst;  // no effect: the capacity bounds every expert
+      const auto go = graph_options(m, s, {});
+      CHECK(zp::models::moe_capacity(m, go, tokens) == cap);
+      const auto g = zp::models::build_training_graph(m, go);
+      // Each rank's experts take E/ep experts x (ep ranks x capacity) rows = E x capacity.
+      CHECK(find_tensor(g, "h.0.moe.dispatch")->shape ==
+            std::vector<int64_t>{static_cast<int64_t>(E) * cap, static_cast<int64_t>(C)});
+      // The einsum gating's (S, E, capacity) mask and weights, in the activation type.
+      const auto* mask = find_tensor(g, "h.1.moe.dispatch_mask");
+      REQUIRE(mask != nullptr);
+      CHECK(mask->shape == std::vector<int64_t>{tokens, static_cast<int64_t>(E), cap});
+      CHECK(mask->bytes == uint64_t(tokens) * E * uint64_t(cap) * 2);
+      CHECK(find_tensor(g, "h.1.moe.combine_weights")->bytes == mask->bytes);
+      // The all-to-all exchanges that dispatched tensor: E x capacity rows of C.
+      const Built b = build(s);
+      for (const auto& buf : b.sched.buffers)
+        if (buf.name.rfind("a2a.", 0) == 0) CHECK(buf.bytes == E * uint64_t(cap) * C * 2);
+    }
+  }
+  // Dropless models hold neither gating tensor.
+  const auto g = zp::models::build_training_graph(m, graph_options(m, moe_strategy(2, 4, 1), {}));
+  CHECK(find_tensor(g, "h.0.moe.dispatch_mask") == nullptr);
+  // A negative or non-finite factor, or one on a dense model, is refused naming the flag.
+  Strategy bad = moe_strategy(2, 4, 1);
+  bad.moe_capacity_factor = -1;
+  CHECK(error_of([&] { validate(bad); }).find("--moe-capacity-factor") != std::string::npos);
+  Strategy dense;
+  dense.moe_capacity_factor = 1;
+  CHECK(error_of([&] { (void)estimate(zp::models::load_model("gpt2"), dense, nullptr); })
+            .find("--moe-capacity-factor: gpt2 is a dense model") != std::string::npos);
+  // It survives the plan file's JSON.
+  Strategy j = moe_strategy(3, 8, 2);
+  j.moe_capacity_factor = 1.25;
+  CHECK(strategy_from_json(to_json(j), "plan.json") == j);
+}
+
 TEST_CASE("moe: the all-to-all send and receive buffers of each MoE layer") {
   const uint64_t B = 2, T = 16;
   // One buffer of this rank's k*B*T routed rows of C bf16 activations per exchange.

@@ -1,6 +1,8 @@
 // cli.cpp: the shared strategy flags and the error convention of zero-plan and zero-run.
 #include "cli.hpp"
 
+#include <cmath>
+
 #include <cstdio>
 #include <iostream>
 
@@ -55,6 +57,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--moe-routing", f.moe_routing,
                  "routed-token activations to size (MoE): balanced (k*B*T rows per rank) or "
                  "worst (every token of the ep group choosing this rank's experts) [balanced]")
+      ->group(g);
+  app.add_option("--moe-capacity-factor", f.moe_capacity_factor,
+                 "DeepSpeed-MoE's token dropping: each expert takes at most "
+                 "ceil(k*B*T*factor/E) rows (at least 4); 0 routes every token (dropless) [0]")
       ->group(g);
   app.add_option("--target-seq", f.target_seq,
                  "decoder tokens per sequence of an encoder-decoder model (T5) [--seq]")
@@ -135,6 +141,21 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus) const {
                                                     planner::moe_routing_from_string,
                                                     "balanced or worst");
   if (given("--target-seq")) s.target_seq = parse_int("--target-seq", target_seq);
+  if (given("--moe-capacity-factor")) {
+    double v = -1;
+    try {
+      std::size_t used = 0;
+      v = std::stod(moe_capacity_factor, &used);
+      if (used != moe_capacity_factor.size()) v = -1;
+    } catch (const std::exception&) {
+      v = -1;
+    }
+    if (!(v >= 0) || !std::isfinite(v))
+      throw Error(fmt::format("--moe-capacity-factor: expected a number >= 0, got '{}'",
+                              moe_capacity_factor),
+                  "e.g. 1.25 (DeepSpeed's capacity_factor), or 0 for dropless routing");
+    s.moe_capacity_factor = v;
+  }
   if (given("--micro-batch")) s.micro_batch = parse_int("--micro-batch", micro_batch);
   if (given("--seq")) s.seq = parse_int("--seq", seq);
   if (given("--grad-accum")) s.grad_accum = parse_int("--grad-accum", grad_accum);

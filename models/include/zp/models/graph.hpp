@@ -77,6 +77,12 @@ struct GraphOptions {
   // moe_worst_case sizes them for every token of the ep group choosing this rank's experts.
   int64_t ep = 1;
   bool moe_worst_case = false;
+  // DeepSpeed-MoE's token dropping (deepspeed/moe/sharded_moe.py): with a capacity factor
+  // cf > 0 every expert takes capacity = max(min_capacity, ceil(k * B*T * cf / E)) rows, the
+  // dispatched tensor is (E, capacity, C) on every rank whatever the routing, and the einsum
+  // gating saves a (B*T, E, capacity) dispatch mask and combine weights. 0: dropless.
+  double moe_capacity_factor = 0;
+  int64_t moe_min_capacity = 4;
   // ZeRO-R P_a: activation checkpoints (block inputs under full recompute) partitioned over
   // the t model-parallel ranks, all-gathered before the block is recomputed.
   bool partition_checkpoints = false;
@@ -140,6 +146,13 @@ struct TrainingGraph {
   const Tensor& tensor(TensorId t) const { return tensors[static_cast<std::size_t>(t)]; }
   const Op& op(OpId o) const { return ops[static_cast<std::size_t>(o)]; }
 };
+
+// Rows the routed experts of one rank process per MoE layer and micro-step (B*T tokens each
+// choosing k experts): dropless, k*B*T (balanced) or, with moe_worst_case and ep > 1, every
+// token of the ep group sending this rank min(k, E/ep) of its choices; with a capacity factor,
+// E * capacity (DeepSpeed's dispatched tensor). 0 for a dense model.
+int64_t routed_rows(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
+int64_t moe_capacity(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
 
 // Builds the graph; zp::Error for shapes that do not divide (heads by t, MLP width by t) and
 // sizes that overflow.

@@ -93,6 +93,9 @@ struct Strategy {
   // instead of dp. Divides dp and the expert count; 1 for a dense model.
   int64_t ep = 1;
   MoeRouting moe_routing = MoeRouting::balanced;
+  // DeepSpeed-MoE's capacity_factor (MoE(..., capacity_factor=, drop_tokens=True)): each expert
+  // takes at most ceil(k*B*T*cf/E) rows (at least 4), the rest are dropped; 0: dropless.
+  double moe_capacity_factor = 0;
   // Encoder-decoder models (T5): the decoder's tokens per sequence; 0 means seq.
   int64_t target_seq = 0;
   // zero_optimization.overlap_comm: stages 2-3 reduce a gradient bucket while backward goes
