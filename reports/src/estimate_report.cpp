@@ -1,6 +1,7 @@
 // estimate_report.cpp: rendering of zero-plan's table, models and estimate outputs.
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -122,16 +123,62 @@ std::string render_inventory(const models::ModelSpec& m, Format f) {
       j["tensors"].push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}, {"layer", t.layer}});
     return j.dump(2) + "\n";
   }
-  Table t({"tensor", "shape", "params", "repeats"},
-          {Align::left, Align::left, Align::right, Align::right});
+  // Tensors that differ only in their block or expert index are one row, "*" standing for the
+  // index, with how many there are (MoE and dense layers, T5's encoder and decoder, the first
+  // layer's relative bias each get their own rows).
+  auto pattern = [](const std::string& name) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < name.size()) {
+      const std::size_t dot = name.find('.', i);
+      const std::string part = name.substr(i, dot == std::string::npos ? std::string::npos : dot - i);
+      const bool index = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+      out += index ? "*" : part;
+      if (dot == std::string::npos) break;
+      out += '.';
+      i = dot + 1;
+    }
+    return out;
+  };
+  struct Row {
+    std::string name, shape;
+    int64_t numel = 0, count = 0;
+  };
+  std::vector<Row> rows;
+  std::map<std::pair<std::string, std::string>, std::size_t> row_of;
   for (const auto& x : inv.tensors) {
-    if (x.layer > 0) continue;  // block 0 stands for all blocks
     std::string shape = "(";
     for (std::size_t i = 0; i < x.shape.size(); ++i) shape += fmt::format("{}{}", i ? ", " : "", x.shape[i]);
     shape += ")";
-    t.add({x.name, shape, fmt::format("{}", x.numel),
-           x.layer == 0 ? fmt::format("x {}", m.n_layer) : "1"});
+    const auto key = std::make_pair(pattern(x.name), shape);
+    const auto it = row_of.find(key);
+    if (it == row_of.end()) {
+      row_of[key] = rows.size();
+      rows.push_back({x.name, shape, x.numel, 1});
+    } else {
+      // "*" where the members differ (the block, the expert), their common name elsewhere.
+      Row& r = rows[it->second];
+      std::string merged;
+      std::size_t i = 0, j = 0;
+      while (i <= r.name.size() && j <= x.name.size()) {
+        const std::size_t di = std::min(r.name.find('.', i), r.name.size());
+        const std::size_t dj = std::min(x.name.find('.', j), x.name.size());
+        const std::string a = r.name.substr(i, di - i), b = x.name.substr(j, dj - j);
+        merged += a == b ? a : "*";
+        if (di == r.name.size()) break;
+        merged += '.';
+        i = di + 1;
+        j = dj + 1;
+      }
+      r.name = merged;
+      ++r.count;
+    }
   }
+  Table t({"tensor", "shape", "params", "repeats"},
+          {Align::left, Align::left, Align::right, Align::right});
+  for (const Row& r : rows)
+    t.add({r.name, r.shape, fmt::format("{}", r.numel),
+           r.count > 1 ? fmt::format("x {}", r.count) : "1"});
   std::string out = t.render(f);
   if (f != Format::csv)
     out += fmt::format("\ntotal {} parameters ({}); per block {}; largest module {} ({} params)\n",

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -60,8 +62,27 @@ TEST_CASE("models and estimate outputs") {
   CHECK(j["models"].size() == 24);  // models/CMakeLists.txt ZP_CATALOG_CONFIGS
   r = zero_plan({"models", "gpt2", "--format", "csv"});
   REQUIRE(r.rc == 0);
-  CHECK(r.out.find("transformer.h.0.attn.c_attn.weight,\"(768, 2304)\",1769472,x 12") !=
+  CHECK(r.out.find("transformer.h.*.attn.c_attn.weight,\"(768, 2304)\",1769472,x 12") !=
         std::string::npos);
+  // Rows of blocks that differ (DeepSeek's 3 dense and 58 MoE layers, T5's encoder, decoder
+  // and first-layer bias) add up, params x repeats, to the published total.
+  for (const auto& [name, total] : {std::pair<std::string, int64_t>{"deepseek-v3", 671'026'404'352},
+                                    {"t5-11b", 11'307'321'344}}) {
+    CAPTURE(name);
+    r = zero_plan({"models", name, "--format", "csv"});
+    REQUIRE(r.rc == 0);
+    int64_t sum = 0;
+    std::istringstream lines(r.out);
+    std::string line;
+    std::getline(lines, line);  // header
+    while (std::getline(lines, line)) {
+      const std::size_t rep = line.rfind(','), num = line.rfind(',', rep - 1);
+      const int64_t params = std::stoll(line.substr(num + 1, rep - num - 1));
+      const std::string times = line.substr(rep + 1);
+      sum += params * (times.rfind("x ", 0) == 0 ? std::stoll(times.substr(2)) : 1);
+    }
+    CHECK(sum == total);
+  }
 
   r = zero_plan({"estimate", "--model", "llama-2-7b", "--stage", "3", "--dp", "8",
                  "--hardware", "a100-80g", "--format", "json"});
