@@ -689,12 +689,14 @@ ModelSpec parse_object(const json& j, const std::string& origin) {
   m.name = origin;
   if (const json* q = c.raw("quantization_config")) m.notes.push_back(quantization_note(*q));
   check_fields(j, c, m);
-  if (m.mtp_layers > 0)
-    m.notes.push_back(fmt::format("{} multi-token-prediction module{} counted apart, not "
-                                  "planned (num_nextn_predict_layers)", m.mtp_layers,
-                                  m.mtp_layers > 1 ? "s" : ""));
   m.source_config = j.dump();
-  (void)count_params(m);  // rejects shapes whose counts overflow, at the point of entry
+  // Counting rejects shapes whose counts overflow, at the point of entry.
+  const ParamInventory inv = count_params(m);
+  if (m.mtp_layers > 0)
+    m.notes.push_back(fmt::format(
+        "{} multi-token-prediction module{} (num_nextn_predict_layers): {} parameters, not in "
+        "the total and not planned (its embedding and head are the main model's)",
+        m.mtp_layers, m.mtp_layers > 1 ? "s" : "", inv.mtp));
   return m;
 }
 

@@ -58,6 +58,15 @@ TEST_CASE("papers' models land on their nominal sizes") {
   near("deepseek-v3", 671e9);
   const auto ds = count_params(load_model("deepseek-v3"));
   CHECK(std::fabs(double(ds.active) - 37e9) / 37e9 < 0.02);
+  // Its MTP module (V3 report sec. 2.2), counted by hand from the config: one MoE block (MLA:
+  // q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o; two norms; router; 256 routed and one shared
+  // expert of 3 x 2048 x 7168), enorm and hnorm, eh_proj (7168 x 14336), the head's norm.
+  const int64_t C = 7168;
+  const int64_t mla = 1536 * C + 1536 + 24576 * 1536 + 576 * C + 512 + 32768 * 512 + C * 16384;
+  const int64_t moe_block = mla + 2 * C + 256 * C + 257 * 3 * 2048 * C;
+  CHECK(ds.mtp == moe_block + 3 * C + 2 * C * C);
+  // The published "671B + 14B MTP" counts the MTP's own copies of the embedding and head.
+  CHECK(std::fabs(double(ds.mtp + 2 * 129280 * C) - 14e9) / 14e9 < 0.05);
 }
 
 TEST_CASE("published totals of families outside the catalog") {
