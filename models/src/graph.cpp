@@ -331,6 +331,10 @@ class Builder {
   void op(std::string name, OpKind kind, Phase phase, int layer, std::vector<TensorId> in,
           std::vector<TensorId> out, std::vector<TensorId> scratch, std::vector<TensorId> params,
           std::vector<TensorId> grads, double flops) {
+    for (TensorId t : params)
+      if (t == kNone) throw Error(fmt::format("internal: op {} reads a weight the recipe lacks", name));
+    for (TensorId t : grads)
+      if (t == kNone) throw Error(fmt::format("internal: op {} writes a gradient the recipe lacks", name));
     // fp32 scratch for 16-bit weights: one copy per weight read, then one fp32 gradient per
     // weight gradient written, in that order after the op's own scratch.
     if (o_.f32_weight_scratch && o_.param_bytes != 4 && phase != Phase::optimizer) {

@@ -47,7 +47,8 @@ namespace {
 
 class Walker {
  public:
-  Walker(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f) : m_(m), f_(f) {}
+  Walker(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f, bool norms_first)
+      : m_(m), f_(f), norms_first_(norms_first) {}
 
   void run() {
     const int64_t C = m_.n_embd, V = m_.vocab_size;
@@ -97,17 +98,14 @@ class Walker {
   }
 
   void block(int64_t l, bool decoder) {
-    const bool neox_order = m_.model_type == "gpt_neox";
-    const bool norms_first = m_.model_type == "gpt2" || m_.model_type == "opt" ||
-                             m_.model_type == "falcon" || m_.model_type == "bloom" ||
-                             m_.model_type == "t5" || neox_order;
-    if (norms_first) {
+    if (norms_first_) {
       block_norms(l);
       attention(l);
       if (decoder) cross_attention(l);
       mlp(l);
     } else {
       attention(l);
+      if (decoder) cross_attention(l);
       mlp(l);
       block_norms(l);
     }
@@ -261,12 +259,14 @@ class Walker {
 
   const ModelSpec& m_;
   const std::function<void(const SlotTensor&)>& f_;
+  bool norms_first_ = false;
 };
 
 }  // namespace
 
-void walk_params(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f) {
-  Walker(m, f).run();
+void walk_params(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f,
+                 bool norms_first) {
+  Walker(m, f, norms_first).run();
 }
 
 }  // namespace detail
@@ -279,7 +279,8 @@ namespace {
 struct Scheme {
   std::string embed, pos, layer_prefix, final_norm, head;
   std::map<std::string, std::string, std::less<>> slots;  // slot base -> module (or module|leaf)
-  bool conv1d = false;  // GPT-2's Conv1D stores linear weights (in, out)
+  bool conv1d = false;       // GPT-2's Conv1D stores linear weights (in, out)
+  bool norms_first = false;  // a block registers its norms before attention and MLP
 };
 
 using SlotMap = std::map<std::string, std::string, std::less<>>;
@@ -344,13 +345,14 @@ Scheme scheme_of(const ModelSpec& m) {
     return {"transformer.wte", "transformer.wpe", "transformer.h.{}", "transformer.ln_f", "lm_head",
             {{"norm_attn", "ln_1"}, {"norm_mlp", "ln_2"}, {"attn.qkv", "attn.c_attn"},
              {"attn.o", "attn.c_proj"}, {"mlp.up", "mlp.c_fc"}, {"mlp.down", "mlp.c_proj"}},
-            true};
+            true, true};
   if (t == "gpt_neox")
     return {"gpt_neox.embed_in", "", "gpt_neox.layers.{}", "gpt_neox.final_layer_norm",
             "embed_out",
             {{"norm_attn", "input_layernorm"}, {"norm_mlp", "post_attention_layernorm"},
              {"attn.qkv", "attention.query_key_value"}, {"attn.o", "attention.dense"},
-             {"mlp.up", "mlp.dense_h_to_4h"}, {"mlp.down", "mlp.dense_4h_to_h"}}};
+             {"mlp.up", "mlp.dense_h_to_4h"}, {"mlp.down", "mlp.dense_4h_to_h"}},
+            false, true};
   if (t == "opt")
     return {"model.decoder.embed_tokens", "model.decoder.embed_positions",
             "model.decoder.layers.{}", "model.decoder.final_layer_norm", "lm_head",
@@ -358,12 +360,14 @@ Scheme scheme_of(const ModelSpec& m) {
              {"attn.q", "self_attn.q_proj"}, {"attn.k", "self_attn.k_proj"},
              {"attn.v", "self_attn.v_proj"}, {"attn.o", "self_attn.out_proj"},
              {"mlp.up", "fc1"}, {"mlp.down", "fc2"},
-             {"embed_proj", "model.decoder.project_in"}, {"head_proj", "model.decoder.project_out"}}};
+             {"embed_proj", "model.decoder.project_in"}, {"head_proj", "model.decoder.project_out"}},
+            false, true};
   if (t == "falcon" || t == "bloom") {
     Scheme s{"transformer.word_embeddings", "", "transformer.h.{}", "transformer.ln_f", "lm_head",
              {{"attn.qkv", "self_attention.query_key_value"}, {"attn.o", "self_attention.dense"},
               {"mlp.up", "mlp.dense_h_to_4h"}, {"mlp.down", "mlp.dense_4h_to_h"},
-              {"embed_norm", "transformer.word_embeddings_layernorm"}}};
+              {"embed_norm", "transformer.word_embeddings_layernorm"}},
+             false, true};
     const bool two = m.residual == Residual::parallel && m.parallel_norms == 2;
     s.slots["norm_attn"] = two ? "ln_attn" : "input_layernorm";
     s.slots["norm_mlp"] = two ? "ln_mlp" : "post_attention_layernorm";
@@ -383,7 +387,8 @@ Scheme scheme_of(const ModelSpec& m) {
              {"mlp.up", m.mlp == Mlp::swiglu ? "layer.{ff}.DenseReluDense.wi_1"
                                               : "layer.{ff}.DenseReluDense.wi"},
              {"mlp.down", "layer.{ff}.DenseReluDense.wo"},
-             {"enc_final_norm", "encoder.final_layer_norm"}}};
+             {"enc_final_norm", "encoder.final_layer_norm"}},
+            false, true};
   }
   Scheme s{"model.embed_tokens", "", "model.layers.{}",
            t == "phi" ? "model.final_layernorm" : "model.norm", "lm_head", llama_slots(m)};
@@ -489,7 +494,7 @@ ParamInventory count_params(const ModelSpec& m) {
     const int layer = static_cast<int>(x.layer);
     inv.tensors.push_back({leaf.empty() ? module : module + "." + leaf, module, std::move(shape),
                            n, layer, std::string(x.slot), x.split, x.routed});
-  });
+  }, s.norms_first);
   // Active parameters: a token passes k of the E routed experts of each MoE layer.
   int64_t inactive = 0;
   for (const auto& [l, n] : routed_by_layer)

@@ -22,6 +22,10 @@ struct SlotTensor {
 };
 
 // Calls `f` for every tensor of `m`, tied ones once. Sizes are overflow-checked by the caller.
-void walk_params(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f);
+// norms_first: a block's norms before its attention and MLP (the module order of GPT-2, OPT,
+// Falcon, BLOOM, GPT-NeoX and T5; LLaMA-style modules register them last). Only the order of
+// the calls changes.
+void walk_params(const ModelSpec& m, const std::function<void(const SlotTensor&)>& f,
+                 bool norms_first = false);
 
 }  // namespace zp::models::detail
