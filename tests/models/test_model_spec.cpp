@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "error_of.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 
@@ -15,16 +16,7 @@ using namespace zp::models;
 namespace {
 int64_t params_of(const std::string& name) { return count_params(load_model(name)).total; }
 
-// The message of the zp::Error `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zp::test::error_of;
 }  // namespace
 
 TEST_CASE("catalog counts equal the published Hugging Face parameter counts") {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.hpp"
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
@@ -18,15 +19,7 @@ using namespace zp::planner;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zp::test::error_of;
 
 // A GPT-2 shaped family (GPT-2's vocabulary and 1024 positions) of width C: the models of the
 // ZeRO-Offload paper's experiments (GPT-2 like, sec. 6.1).

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.hpp"
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
@@ -72,15 +73,7 @@ const zp::models::Tensor* find_tensor(const zp::models::TrainingGraph& g, const 
   return nullptr;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zp::test::error_of;
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.hpp"
 #include "zp/error.hpp"
 #include "zp/json_fields.hpp"
 #include "zp/models/model_spec.hpp"
@@ -15,15 +16,7 @@ namespace {
 Strategy from_ds(const char* text) {
   return apply_deepspeed_config(Strategy{}, zp::parse_json_text(text, "ds.json"), "ds.json");
 }
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zp::test::error_of;
 }  // namespace
 
 TEST_CASE("DeepSpeed config fills the strategy") {
