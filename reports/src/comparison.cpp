@@ -34,6 +34,7 @@ Comparison comparison_from_estimate(const planner::Estimate& e) {
   Comparison c;
   c.model = e.model.name;
   c.n_params = e.params.total;
+  c.n_expert_params = e.params.experts;
   c.strategy = e.strategy;
   c.device = std::string(planner::to_string(e.options.backend));
   c.has_measured = false;

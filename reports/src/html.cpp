@@ -4,10 +4,12 @@
 #include "zp/reports/html.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "zp/checked.hpp"
 #include "zp/planner/model_states.hpp"
 #include "zp/reports/junit.hpp"
 
@@ -32,8 +34,15 @@ std::vector<ZeroCurve> zero_curves(const Comparison& c) {
       s.stage = stage;
       s.dp = static_cast<int64_t>(d);
       z.dp.push_back(d);
+      // Expert parallelism (the run's ep, or the largest part of it that divides d): a rank
+      // holds the dense parameters and E/ep of the experts, their states partitioned over d
+      // and d/ep ranks (DeepSpeed-MoE; planner::partition_elems).
+      const uint64_t ep = std::gcd(d, static_cast<uint64_t>(std::max<int64_t>(c.strategy.ep, 1)));
+      const uint64_t dense = c.n_params - c.n_expert_params, expert = c.n_expert_params / ep;
+      const uint64_t held = dense + expert;
+      const uint64_t part = zp::partition_elems(dense, d) + zp::partition_elems(expert, d / ep);
       z.bytes_per_device.push_back(
-          planner::model_state_bytes(c.n_params, s)[planner::Tier::gpu].total());
+          planner::model_state_bytes(held, part, s)[planner::Tier::gpu].total());
     }
     out.push_back(std::move(z));
   }

@@ -55,6 +55,7 @@ struct StepRecord {
 struct Comparison {
   std::string model;            // name
   uint64_t n_params = 0;
+  uint64_t n_expert_params = 0;  // of n_params, the routed experts' (MoE models; 0 otherwise)
   planner::Strategy strategy;
   std::string device = "cpu";   // backend
   std::vector<RankMemory> ranks;
