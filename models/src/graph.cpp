@@ -488,6 +488,7 @@ class Builder {
     TensorId x = emb;
     if (embed_proj_.w != kNone) {  // OPT's project_in: saved as its input for the backward
       g_.tensors[static_cast<std::size_t>(emb)].kind = TensorKind::saved;
+      embed_raw_ = emb;
       x = tensor(name + ".proj", {B, T, C}, ab, drop ? TensorKind::activation : TensorKind::saved,
                  layer);
       matmul(name + ".proj", emb, x, embed_proj_, layer, Phase::forward, E, C);
@@ -499,7 +500,6 @@ class Builder {
       embed_norm_in_ = g_.ops.back().inputs.front();
       if (drop) g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::activation;
     }
-    embed_out_ = x;
     if (!drop) return x;
     const TensorId mask = tensor(name + ".drop.mask", {B, T, C}, 1, TensorKind::saved, layer);
     const TensorId out = tensor(name + ".drop.out", {B, T, C}, ab, TensorKind::saved, layer);
@@ -509,7 +509,8 @@ class Builder {
     mask_out = mask;
     return out;
   }
-  TensorId embed_norm_stats_ = kNone, embed_norm_in_ = kNone, embed_out_ = kNone;
+  TensorId embed_norm_stats_ = kNone, embed_norm_in_ = kNone;
+  TensorId embed_raw_ = kNone;  // the lookup's output, project_in's input (OPT)
 
   void embedding_bwd(TensorId tokens, TensorId dres, const std::string& name, TensorId mask) {
     std::vector<TensorId> gs = {wte_.g};
@@ -528,8 +529,7 @@ class Builder {
     }
     if (embed_proj_.w != kNone) {
       const TensorId de = tensor(name + ".proj.d", {B, T, E}, ab, TensorKind::act_grad, layer);
-      const TensorId emb = g_.ops.front().outputs.front();
-      matmul_bwd(name + ".proj", d, emb, de, embed_proj_, layer, E, C);
+      matmul_bwd(name + ".proj", d, embed_raw_, de, embed_proj_, layer, E, C);
       d = de;
     }
     std::vector<TensorId> in = {d, tokens};
@@ -927,7 +927,6 @@ class Builder {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     const int64_t Ex = m_.moe.n_experts, K = m_.moe.top_k, R = routed_rows();
     // Shared experts first (they were added last), writing d_in; the routed path accumulates.
-    bool written = false;
     if (p.s_fc.w != kNone) {
       TensorId d_s = d_out;
       if (p.s_gate.w != kNone) {
@@ -936,11 +935,9 @@ class Builder {
         op(h + ".moe.shared.scale.bwd", OpKind::gate_mul_bwd, Phase::backward, l,
            {d_out, a.s_out, a.s_g}, {d_s, d_g}, {}, {}, {}, 6.0 * double(B * T * C));
         matmul_bwd(h + ".moe.shared.gate", d_g, in, need(d_in, l), p.s_gate, l, C, 1);
-        written = true;
       }
       dense_mlp_bwd(h + ".moe.shared", l, d_s, in, d_in, p.s_fc, p.s_proj, Fs, a.s_gate, a.s_up,
                     a.s_act);
-      written = true;
     }
     const TensorId d_ye = tensor(h + ".moe.experts.proj.d", {R, C}, ab, TensorKind::act_grad, l);
     const TensorId d_w = tensor(h + ".moe.weights.d", {B, T, K}, 4, TensorKind::act_grad, l);
@@ -953,7 +950,6 @@ class Builder {
     op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l,
        {d_xe.id, a.r_mask != kNone ? a.r_mask : a.r_idx},
        {need(d_in, l)}, {}, {}, {}, double(R * C));
-    (void)written;
     const TensorId d_logits = tensor(h + ".moe.router.d", {B, T, Ex}, ab, TensorKind::act_grad, l);
     op(h + ".moe.route.bwd", OpKind::moe_route_bwd, Phase::backward, l, {d_w, a.r_probs, a.r_idx},
        {d_logits}, {}, {}, {}, 6.0 * double(B * T * Ex));

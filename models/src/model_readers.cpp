@@ -253,7 +253,7 @@ ModelSpec read_mixtral(Cfg& c) {
 // with use_sliding_window, on layers from max_window_layers on.
 ModelSpec read_qwen(Cfg& c, bool qwen3) {
   ModelSpec m;
-  read_llama_core(c, m, 32768, qwen3 ? 151936 : 151936);
+  read_llama_core(c, m, 32768, 151936);
   if (!qwen3) {
     m.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
     m.out_bias = false;
@@ -295,7 +295,7 @@ ModelSpec read_olmo2(Cfg& c) {
 // Gemma 1/2/3: tied head, head_dim given, GeGLU; 2 and 3 sandwich each sublayer in norms.
 ModelSpec read_gemma(Cfg& c, int version) {
   ModelSpec m;
-  read_llama_core(c, m, 8192, version == 1 ? 256000 : 256000);
+  read_llama_core(c, m, 8192, 256000);
   m.tied_embeddings = c.flag("tie_word_embeddings", true);
   const std::string act = c.str("hidden_activation", "");
   if (!act.empty()) m.activation = act;
@@ -608,7 +608,7 @@ bool could_change_size(std::string_view key) {
   static constexpr std::string_view kWords[] = {
       "size", "dim", "num_", "n_", "layer", "head", "hidden", "inner", "intermediate",
       "expert", "vocab", "width", "rank", "embed", "position", "ffn", "d_", "bias", "proj",
-      "moe", "kv", "lora", "shared", "block", "group", "window", "moe"};
+      "moe", "kv", "lora", "shared", "block", "group", "window"};
   std::string k(key);
   std::transform(k.begin(), k.end(), k.begin(), [](unsigned char ch) { return std::tolower(ch); });
   return std::any_of(std::begin(kWords), std::end(kWords),
