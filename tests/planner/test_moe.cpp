@@ -227,6 +227,15 @@ TEST_CASE("moe: DeepSpeed's capacity factor fixes the dispatched rows and adds i
   dense.moe_capacity_factor = 1;
   CHECK(error_of([&] { (void)estimate(zp::models::load_model("gpt2"), dense, nullptr); })
             .find("--moe-capacity-factor: gpt2 is a dense model") != std::string::npos);
+  // fit's evaluator keys its shapes by the factor too: one evaluator, both factors, each equal
+  // to its own estimate.
+  FitEvaluator ev(m, PlanOptions{});
+  for (double cf : {0.0, 1.25, 0.0}) {
+    Strategy c = moe_strategy(2, 4, 2, B, T);
+    c.moe_capacity_factor = cf;
+    CAPTURE(cf);
+    CHECK(ev.memory(resolve_for_model(c, m)) == estimate(m, c, nullptr).per_device);
+  }
   // It survives the plan file's JSON.
   Strategy j = moe_strategy(3, 8, 2);
   j.moe_capacity_factor = 1.25;
