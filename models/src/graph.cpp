@@ -997,6 +997,15 @@ class Builder {
     return out;
   }
 
+  // A sublayer's post norm (sandwich, post_sublayer): the sublayer's output `raw` is kept for
+  // the norm's backward; the normed output only feeds the residual.
+  TensorId post_norm(const std::string& name, TensorId raw, int l, Phase ph, const Kinds& k,
+                     TensorId& raw_out, TensorId& stats, const Param& p) {
+    g_.tensors[static_cast<std::size_t>(raw)].kind = k.block;
+    raw_out = raw;
+    return norm(name, raw, l, ph, TensorKind::activation, stats, p);
+  }
+
   BlockActs block(int l, TensorId x, Phase ph, Kinds k) {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     const std::string h = fmt::format("h.{}", l);
@@ -1020,11 +1029,7 @@ class Builder {
         const bool sw = m_.norm_place == NormPlace::sandwich;
         a.n1 = norm(h + ".norm1", x, l, ph, k.block, a.n1_stats, p.n1);
         TensorId att = attention(h, l, ph, k, a.n1, a);
-        if (sw) {
-          g_.tensors[static_cast<std::size_t>(att)].kind = k.block;
-          a.attn_raw = att;
-          att = norm(h + ".norm1.post", att, l, ph, TensorKind::activation, a.attn_post_stats, p.n1_post);
-        }
+        if (sw) att = post_norm(h + ".norm1.post", att, l, ph, k, a.attn_raw, a.attn_post_stats, p.n1_post);
         a.res2 = residual(h + ".res2", l, ph, {x, att}, k.block);
         TensorId r = a.res2;
         if (decoder_block(l)) {
@@ -1035,24 +1040,16 @@ class Builder {
         }
         a.n2 = norm(h + ".norm2", r, l, ph, k.block, a.n2_stats, p.n2);
         TensorId mo = mlp(h, l, ph, k, a.n2, a);
-        if (sw) {
-          g_.tensors[static_cast<std::size_t>(mo)].kind = k.block;
-          a.mlp_raw = mo;
-          mo = norm(h + ".norm2.post", mo, l, ph, TensorKind::activation, a.mlp_post_stats, p.n2_post);
-        }
+        if (sw) mo = post_norm(h + ".norm2.post", mo, l, ph, k, a.mlp_raw, a.mlp_post_stats, p.n2_post);
         a.out = residual(h + ".out", l, ph, {r, mo}, out_kind);
         return a;
       }
       case NormPlace::post_sublayer: {
-        TensorId att = attention(h, l, ph, k, x, a);
-        g_.tensors[static_cast<std::size_t>(att)].kind = k.block;
-        a.attn_raw = att;
-        att = norm(h + ".norm1.post", att, l, ph, TensorKind::activation, a.attn_post_stats, p.n1_post);
+        const TensorId att = post_norm(h + ".norm1.post", attention(h, l, ph, k, x, a), l, ph, k,
+                                       a.attn_raw, a.attn_post_stats, p.n1_post);
         a.res2 = residual(h + ".res2", l, ph, {x, att}, k.block);
-        TensorId mo = mlp(h, l, ph, k, a.res2, a);
-        g_.tensors[static_cast<std::size_t>(mo)].kind = k.block;
-        a.mlp_raw = mo;
-        mo = norm(h + ".norm2.post", mo, l, ph, TensorKind::activation, a.mlp_post_stats, p.n2_post);
+        const TensorId mo = post_norm(h + ".norm2.post", mlp(h, l, ph, k, a.res2, a), l, ph, k,
+                                      a.mlp_raw, a.mlp_post_stats, p.n2_post);
         a.out = residual(h + ".out", l, ph, {a.res2, mo}, out_kind);
         return a;
       }
