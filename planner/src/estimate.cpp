@@ -85,6 +85,9 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.schedule = build_schedule(g, e.strategy, o);
   e.memory = replay(e.schedule, o);
   e.per_device = e.memory.per_device;
+  // The device total of both profiles (zeroplan's outside-arena part is a bound).
+  e.memory.device = outside_allocator(e.strategy, o);
+  e.memory.device.reserved = e.memory.peak_reserved[0];
   if (hw != nullptr) {
     e.hardware = *hw;
     e.shortfalls = shortfalls(e.per_device, e.strategy, *hw);
@@ -137,6 +140,23 @@ nlohmann::json to_json(const Estimate& e) {
   for (Tier t : kTiers)
     alloc[std::string(to_string(t))] = e.memory.peak_allocated[static_cast<std::size_t>(t)];
   j["peak_allocated"] = alloc;
+  // The three figures a user compares with: torch.cuda.max_memory_allocated (peak_allocated),
+  // max_memory_reserved (peak_reserved; the cpu and nvme tiers reserve what they allocate),
+  // and nvidia-smi's device total (the reservation plus the context, cuBLAS's workspace and
+  // NCCL; null on the cpu backend, which has no device).
+  nlohmann::json reserved = nlohmann::json::object();
+  for (Tier t : kTiers)
+    reserved[std::string(to_string(t))] = e.memory.peak_reserved[static_cast<std::size_t>(t)];
+  j["peak_reserved"] = reserved;
+  const DeviceTotal& d = e.memory.device;
+  j["device_total"] = e.options.backend == Backend::cpu
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json{{"bytes", d.total()},
+                                           {"reserved", d.reserved},
+                                           {"context", d.context},
+                                           {"cublas_workspace", d.cublas_workspace},
+                                           {"nccl", d.nccl},
+                                           {"bound", e.options.profile == Profile::zeroplan}};
   j["partition_elems"] = e.schedule.partition_elems;
   if (e.model.is_moe()) {
     // Of partition_elems, the routed experts' (partitioned over dp/ep ranks), and the rows

@@ -592,9 +592,22 @@ class ScheduleBuilder {
 
 }  // namespace
 
+DeviceTotal outside_allocator(const Strategy& s, const PlanOptions& o) {
+  if (o.backend == Backend::cpu) return {};
+  if (o.profile == Profile::zeroplan) {
+    const CudaOutsideArenaBound b = cuda_outside_arena_bound(s);
+    return {.context = b.context, .cublas_workspace = b.cublas_workspace,
+            .nccl = b.nccl_buffers + b.nccl_nvls};
+  }
+  return {.context = kCudaContextBytes, .cublas_workspace = kCublasWorkspaceBytes,
+          .nccl = s.dp > 1 ? kTorchNcclBytes : 0};
+}
+
 MemorySchedule build_schedule(const TrainingGraph& g, const Strategy& s, const PlanOptions& o) {
   MemorySchedule out;
   ScheduleBuilder(g, s, o, out).build();
+  // The deepspeed profile's peak is the device total; zeroplan's stays its arena.
+  if (o.profile != Profile::zeroplan) out.outside = outside_allocator(s, o);
   return out;
 }
 
@@ -661,12 +674,16 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
     const std::size_t i = static_cast<std::size_t>(t);
     r.peak_allocated[i] = peak_total[i];
     const uint64_t reserved = t == Tier::gpu ? peak_reserved[i] : peak_total[i];
+    r.peak_reserved[i] = reserved;
     // Allocator overhead: what the allocator reserves beyond the bytes in use at the peak;
-    // on PyTorch, also the CUDA context (kCudaContextBytes), held all along.
-    const uint64_t context = t == Tier::gpu && use_caching ? kCudaContextBytes : 0;
-    r.per_device[t][Category::overhead] = reserved - peak_total[i] + context;
-    r.per_device.set_peak(t, reserved + context);
+    // on PyTorch, also what the process holds outside it (the CUDA context, cuBLAS's
+    // workspace, NCCL), held all along.
+    const uint64_t outside = t == Tier::gpu ? s.outside.outside() : 0;
+    r.per_device[t][Category::overhead] = reserved - peak_total[i] + outside;
+    r.per_device.set_peak(t, reserved + outside);
   }
+  r.device = s.outside;
+  r.device.reserved = r.peak_reserved[0];
   return r;
 }
 

@@ -253,10 +253,25 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   // The categories peak at different moments: each row is its own high-water, the peak is
   // the high-water of the sum (plus the allocator's overhead), and here is where it happens.
   const auto& mem = e.memory;
+  const bool cuda = e.options.backend == planner::Backend::cuda;
   if (mem.peak_pos >= 0 && static_cast<std::size_t>(mem.peak_pos) < e.schedule.op_names.size())
-    out += fmt::format("\ngpu peak at op {} ({} in use, {} reserved)\n",
-                       e.schedule.op_names[static_cast<std::size_t>(mem.peak_pos)],
-                       format_bytes(mem.peak_allocated[0]), format_bytes(e.per_device.peak(Tier::gpu)));
+    out += fmt::format("\ngpu peak at op {}", e.schedule.op_names[static_cast<std::size_t>(mem.peak_pos)]);
+  // The three figures a user can measure, each named by what measures it (PyTorch's
+  // counters and nvidia-smi for the deepspeed profile; our arena and its bound for zeroplan).
+  if (!cuda) {
+    out += fmt::format(" ({} in use, {} reserved)\n", format_bytes(mem.peak_allocated[0]),
+                       format_bytes(mem.peak_reserved[0]));
+  } else {
+    const auto& d = mem.device;
+    const bool torch = e.options.profile != planner::Profile::zeroplan;
+    out += fmt::format(
+        "\ngpu: {} allocated{}, {} reserved{}, {} on the device ({}: + context {}, cuBLAS "
+        "workspace {}, NCCL {})\n",
+        format_bytes(mem.peak_allocated[0]), torch ? " (max_memory_allocated)" : "",
+        format_bytes(d.reserved), torch ? " (max_memory_reserved)" : " (arena)",
+        format_bytes(d.total()), torch ? "nvidia-smi" : "at most", format_bytes(d.context),
+        format_bytes(d.cublas_workspace), format_bytes(d.nccl));
+  }
   if (!e.activations.saved_per_layer.empty())
     out += fmt::format("saved for backward at the end of forward: {} ({} per block)\n",
                        format_bytes(e.activations.saved_total),

@@ -101,6 +101,39 @@ TEST_CASE("models and estimate outputs") {
   CHECK(j["per_device"].contains("cpu"));
   CHECK(j["per_device"].contains("nvme"));
 
+  // The three figures a user measures: allocated <= reserved <= the device total, whose
+  // parts (the reservation, the context, cuBLAS's workspace, NCCL with 8 ranks) add up to the
+  // deepspeed profile's peak; the text names each by what measures it.
+  for (const char* profile : {"zeroplan", "deepspeed"}) {
+    CAPTURE(profile);
+    r = zero_plan({"estimate", "--model", "llama-2-7b", "--stage", "3", "--dp", "8",
+                   "--profile", profile, "--format", "json"});
+    REQUIRE(r.rc == 0);
+    j = nlohmann::json::parse(r.out);
+    const uint64_t alloc = j["peak_allocated"]["gpu"], reserved = j["peak_reserved"]["gpu"];
+    const auto& dev = j["device_total"];
+    CHECK(alloc <= reserved);
+    CHECK(dev["reserved"] == reserved);
+    CHECK(dev["nccl"].get<uint64_t>() > 0);
+    CHECK(dev["bytes"] == reserved + dev["context"].get<uint64_t>() +
+                              dev["cublas_workspace"].get<uint64_t>() + dev["nccl"].get<uint64_t>());
+    CHECK(j["peak_reserved"]["cpu"] == j["peak_allocated"]["cpu"]);
+    if (std::string(profile) == "deepspeed") {
+      CHECK(dev["bound"] == false);
+      CHECK(j["per_device"]["gpu"]["total"] == dev["bytes"]);
+    } else {
+      CHECK(dev["bound"] == true);
+      CHECK(j["per_device"]["gpu"]["total"] == reserved);
+    }
+  }
+  r = zero_plan({"estimate", "--model", "gpt2", "--profile", "deepspeed"});
+  REQUIRE(r.rc == 0);
+  for (const char* s : {"(max_memory_allocated)", "(max_memory_reserved)", "(nvidia-smi: + context"})
+    CHECK(r.out.find(s) != std::string::npos);
+  r = zero_plan({"estimate", "--model", "gpt2", "--device", "cpu", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(r.out)["device_total"].is_null());
+
   r = zero_plan({"estimate", "--model", "gpt2"});
   CHECK(r.rc == 0);
   CHECK(j.contains("fits"));

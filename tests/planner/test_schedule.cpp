@@ -227,18 +227,26 @@ TEST_CASE("profile deepspeed adds the fp32 gradient partition and uses the cachi
         CachingAllocatorModel::round_size(4 * part));
   // On top of the caching allocator, the CUDA context and PyTorch's kernels: 1343 MiB, what
   // nvidia-smi shows after torch.ones((1, 1)).to("cuda") on a V100 (Hugging Face
-  // transformers docs, "Model training anatomy"), 1343 x 1048576 bytes.
-  const uint64_t context = 1'408'237'568;
+  // transformers docs, "Model training anatomy"), 1343 x 1048576 bytes; cuBLAS's 32 MiB
+  // workspace; and with two ranks NCCL's 1.45 GiB measured after the first barrier
+  // (ml-engineering, "torch.distributed memory usage"): 1.45 x 2^30 bytes, rounded down.
+  const uint64_t context = 1'408'237'568, cublas = 33'554'432, nccl = 1'556'925'644;
   // The caching allocator reserves whole segments (2 MiB small, 20 MiB large): the reserved
-  // peak less the context is a multiple of 2 MiB and above the bytes in use; the overhead is
-  // the rest of the segments and the context.
-  const uint64_t peak = ds.rep.per_device.peak(Tier::gpu);
-  REQUIRE(peak > context);
-  const uint64_t reserved = peak - context;
+  // peak is a multiple of 2 MiB and above the bytes in use; the overhead is the rest of the
+  // segments and what is outside the allocator; the peak is the device total.
+  const uint64_t reserved = ds.rep.peak_reserved[0];
   CHECK(reserved % (2u << 20) == 0);
   CHECK(reserved >= ds.rep.peak_allocated[0]);
+  CHECK(ds.rep.device.reserved == reserved);
+  CHECK(ds.rep.device.context == context);
+  CHECK(ds.rep.device.cublas_workspace == cublas);
+  CHECK(ds.rep.device.nccl == nccl);
+  CHECK(ds.rep.per_device.peak(Tier::gpu) == reserved + context + cublas + nccl);
   CHECK(ds.rep.per_device[Tier::gpu][Category::overhead] ==
-        reserved - ds.rep.peak_allocated[0] + context);
+        reserved - ds.rep.peak_allocated[0] + context + cublas + nccl);
+  // One rank has no NCCL communicator to pay for.
+  s.dp = 1;
+  CHECK(run(s, {Profile::deepspeed, Backend::cuda}).rep.device.nccl == 0);
   // The zeroplan profile predicts the cpu backend's arena: no CUDA context there.
   CHECK(ours.rep.per_device[Tier::gpu][Category::overhead] ==
         ours.rep.per_device.peak(Tier::gpu) - ours.rep.peak_allocated[0]);

@@ -65,6 +65,19 @@ struct MemEvent {
   uint32_t buffer = 0;
 };
 
+// What one GPU holds in nvidia-smi's view: the allocator's reserved peak, and what the
+// process holds outside it. The deepspeed profile (PyTorch): the CUDA context with the
+// kernels (kCudaContextBytes), cuBLAS's workspace (kCublasWorkspaceBytes; PyTorch takes it
+// from its caching allocator at the first GEMM, a single block the schedule does not list),
+// and NCCL's buffers with dp > 1 (kTorchNcclBytes). The zeroplan profile on CUDA: the upper
+// bound of cuda_outside_arena_bound (what the runtime measures beside its arena). On the cpu
+// backend there is no device: all zero.
+struct DeviceTotal {
+  uint64_t reserved = 0, context = 0, cublas_workspace = 0, nccl = 0;
+  uint64_t outside() const { return context + cublas_workspace + nccl; }
+  uint64_t total() const { return reserved + outside(); }
+};
+
 struct MemorySchedule {
   std::vector<MemBuffer> buffers;
   std::vector<MemEvent> events;     // in execution order
@@ -74,6 +87,10 @@ struct MemorySchedule {
   uint64_t expert_partition_elems = 0;  // of partition_elems, expert elements (over dp/ep)
   std::vector<std::pair<std::string, uint64_t>> groups;  // ZeRO-3 gather groups, elements
   std::vector<std::string> op_names;  // by position, for the timeline
+  // GPU memory outside the allocator that replay() adds to the peak: outside_allocator()
+  // under the deepspeed profile, nothing under zeroplan (whose device total is reported
+  // apart, as a bound). Empty for schedules of model states alone (fit's partial replays).
+  DeviceTotal outside;
 };
 
 // Partitioned elements a rank owns: stages 1-2 split the flat parameter buffer (padded to a
@@ -174,7 +191,12 @@ struct TimelineSample {
 
 struct MemoryReport {
   PerDevice per_device;               // high-water per category; peak = reserved high-water
+                                      // plus, on the gpu tier, what is outside the allocator
   std::array<uint64_t, kTiers.size()> peak_allocated{};  // high-water of bytes in use
+                                                         // (torch.cuda.max_memory_allocated)
+  std::array<uint64_t, kTiers.size()> peak_reserved{};   // high-water of the allocator's
+                                                         // reservation (max_memory_reserved)
+  DeviceTotal device;                 // the gpu tier as nvidia-smi sees it
   std::vector<TimelineSample> timeline;  // per position, at its high point (after its
                                          // allocations, before its frees)
   int32_t peak_pos = -1;              // where the gpu tier peaked
@@ -255,9 +277,22 @@ inline CudaOutsideArenaBound cuda_outside_arena_bound(const Strategy& s, const N
                             : 0};
 }
 
+// NCCL's device memory in a PyTorch process, as measured: on 2 GPUs, the device memory in use
+// rose from 0.55 GiB after `import torch.distributed` to 2.00 GiB after the first
+// `dist.barrier()` (+1.45 GiB: the communicator's buffers and NCCL's kernels), and fell to
+// 1.28 GiB after destroy_process_group (stas00/ml-engineering, training/performance/
+// README.md, "torch.distributed memory usage"). Used for the deepspeed profile's device total
+// with more than one data-parallel rank; NCCL allocates it with cudaMalloc, outside PyTorch's
+// caching allocator, so max_memory_reserved never sees it but nvidia-smi does.
+inline constexpr uint64_t kTorchNcclBytes = uint64_t{1450} * (uint64_t{1} << 30) / 1000;
+
+DeviceTotal outside_allocator(const Strategy& s, const PlanOptions& o);
+
 // Replays the schedule: the gpu tier through the arena (zeroplan) or the caching allocator
 // (deepspeed); cpu and nvme tiers count bytes (their allocators round but do not fragment).
-// Under the deepspeed profile the gpu tier's overhead (and peak) also holds kCudaContextBytes.
+// Under the deepspeed profile the gpu tier's overhead (and peak) also holds what the process
+// holds outside the allocator (MemorySchedule::outside, set by build_schedule), so its peak
+// is the device total a user sees in nvidia-smi.
 MemoryReport replay(const MemorySchedule& s, const PlanOptions& o);
 
 // Chrome Trace Event JSON ("ph":"C" counters, one series per category and tier, "ph":"X" ops)
