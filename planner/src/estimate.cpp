@@ -13,9 +13,33 @@
 
 namespace zp::planner {
 
-Strategy resolve_for_model(Strategy s, const models::ModelSpec& m) {
+Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
+                           std::vector<std::string>* assumed) {
+  auto note = [&](std::string line) {
+    if (assumed != nullptr) assumed->push_back(std::move(line));
+  };
   validate(s);
-  if (s.seq == 0) s.seq = m.n_positions;
+  if (s.seq == 0) {
+    s.seq = std::min<int64_t>(m.n_positions, kDefaultSeq);
+    note(s.seq < m.n_positions
+             ? fmt::format("--seq {} (the model's context is {}; --seq sets the length you "
+                           "train at)", s.seq, m.n_positions)
+             : fmt::format("--seq {} (the model's context)", s.seq));
+  }
+  // "auto" bucket sizes of a Trainer's DeepSpeed config, from the hidden size as the Trainer
+  // sets them (strategy.hpp BufferSizes).
+  const uint64_t h = static_cast<uint64_t>(m.n_embd);
+  if (s.buffers.reduce_bucket_size == 0) {
+    s.buffers.reduce_bucket_size = checked_mul(h, h, "reduce_bucket_size");
+    note(fmt::format("zero_optimization.reduce_bucket_size \"auto\": hidden_size^2 = {}, as "
+                     "the Trainer sets it", s.buffers.reduce_bucket_size));
+  }
+  if (s.buffers.prefetch_bucket_size == 0) {
+    s.buffers.prefetch_bucket_size =
+        checked_mul(checked_mul(h, h, "stage3_prefetch_bucket_size"), 9, "stage3_prefetch_bucket_size") / 10;
+    note(fmt::format("zero_optimization.stage3_prefetch_bucket_size \"auto\": 0.9 x "
+                     "hidden_size^2 = {}, as the Trainer sets it", s.buffers.prefetch_bucket_size));
+  }
   // A learned position table has n_positions rows: no longer sequence has a position. Rotary,
   // ALiBi and relative positions have no table (estimate() notes the longer context).
   if (s.seq > m.n_positions && m.positions == models::Positions::learned)
@@ -67,11 +91,12 @@ std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const
 }
 
 Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
-                  const PlanOptions& o) {
+                  const PlanOptions& o, std::vector<std::string> assumed) {
   Estimate e;
   e.model = m;
   e.params = models::count_params(m);
-  e.strategy = resolve_for_model(s, m);
+  e.assumed = std::move(assumed);
+  e.strategy = resolve_for_model(s, m, &e.assumed);
   e.options = o;
   if (e.strategy.seq > m.n_positions)
     e.model.notes.push_back(fmt::format(
@@ -164,6 +189,7 @@ nlohmann::json to_json(const Estimate& e) {
     j["expert_partition_elems"] = e.schedule.expert_partition_elems;
     j["moe_routing"] = to_string(e.strategy.moe_routing);
   }
+  j["assumed"] = e.assumed;
   j["fits"] = e.fits ? nlohmann::json(*e.fits) : nlohmann::json(nullptr);
   if (e.hardware) j["hardware"] = to_json(*e.hardware);
   j["shortfalls"] = e.shortfalls;

@@ -110,8 +110,8 @@ void validate(const Strategy& s) {
   if (s.partition_activations && s.checkpointing != Checkpointing::full)
     throw Error("--partition-activations: needs --checkpointing full",
                 "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
-  if (s.buffers.reduce_bucket_size == 0 || s.buffers.allgather_bucket_size == 0 ||
-      s.buffers.prefetch_bucket_size == 0 || s.buffers.max_live_parameters == 0)
+  // reduce and prefetch 0: "auto", the Hugging Face Trainer's sizes (resolve_for_model).
+  if (s.buffers.allgather_bucket_size == 0 || s.buffers.max_live_parameters == 0)
     throw Error("bucket sizes must be at least 1 element",
                 "DeepSpeed's defaults are reduce/allgather 5e8, prefetch 5e7, max live 1e9");
   if (s.buffers.optimizer_swap_chunk_size == 0 || s.buffers.optimizer_swap_chunk_size % 1024 != 0)
@@ -212,7 +212,11 @@ Offload read_offload(const json& zo, std::string_view key, const std::string& or
 
 }  // namespace
 
-Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& origin) {
+Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& origin,
+                                std::vector<std::string>* assumed) {
+  auto note = [&](std::string line) {
+    if (assumed != nullptr) assumed->push_back(std::move(line));
+  };
   if (!ds.is_object())
     throw Error(fmt::format("{}: a DeepSpeed config must be a JSON object", origin));
   reject_unknown(ds,
@@ -230,29 +234,47 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
   Fields top(ds, origin);
   if (!is_auto(ds, "train_micro_batch_size_per_gpu"))
     s.micro_batch = top.positive_int("train_micro_batch_size_per_gpu", s.micro_batch);
+  else
+    note(fmt::format("train_micro_batch_size_per_gpu \"auto\" (the Trainer's "
+                     "per_device_train_batch_size): B={}; --micro-batch settles it", s.micro_batch));
   if (!is_auto(ds, "gradient_accumulation_steps"))
     s.grad_accum = top.positive_int("gradient_accumulation_steps", s.grad_accum);
+  else
+    note(fmt::format("gradient_accumulation_steps \"auto\": {}; --grad-accum settles it",
+                     s.grad_accum));
   // train_batch_size = micro * accum * dp is DeepSpeed's consistency rule; the data-parallel
   // degree comes from the launcher (--dp), so the field is type-checked and not used.
   if (!is_auto(ds, "train_batch_size")) (void)top.positive_int("train_batch_size", 1);
 
-  bool fp16 = false, bf16 = false;
+  bool fp16 = false, bf16 = false, fp16_auto = false, bf16_auto = false;
   if (const json* f = top.object("fp16")) {
     Fields ff(*f, origin, "fp16.");
-    if (!is_auto(*f, "enabled")) fp16 = ff.boolean("enabled", false);
+    fp16_auto = is_auto(*f, "enabled");
+    if (!fp16_auto) fp16 = ff.boolean("enabled", false);
   }
   if (const json* b = top.object("bf16")) {
     Fields bf(*b, origin, "bf16.");
-    if (!is_auto(*b, "enabled")) bf16 = bf.boolean("enabled", false);
+    bf16_auto = is_auto(*b, "enabled");
+    if (!bf16_auto) bf16 = bf.boolean("enabled", false);
   }
   if (fp16 && bf16)
     throw Error(fmt::format("{}: fp16.enabled and bf16.enabled are both true", origin),
                 "DeepSpeed trains in one 16-bit format; enable one of them");
-  // DeepSpeed without fp16/bf16 sections trains in fp32.
-  if (top.has("fp16") || top.has("bf16"))
-    s.precision = fp16 ? Precision::fp16 : (bf16 ? Precision::bf16 : Precision::fp32);
-  else
+  // DeepSpeed without fp16/bf16 sections trains in fp32. An "auto" the Trainer fills from its
+  // --fp16/--bf16 arguments: a format enabled elsewhere in the file decides; otherwise the
+  // plan keeps its precision (bf16 unless given) and says so.
+  if (fp16 || bf16) {
+    s.precision = fp16 ? Precision::fp16 : Precision::bf16;
+  } else if (fp16_auto || bf16_auto) {
+    note(fmt::format("{} \"auto\" (the Trainer fills it from --fp16/--bf16): {}; --precision "
+                     "fp16|bf16|fp32 settles it",
+                     fp16_auto && bf16_auto ? "fp16.enabled and bf16.enabled"
+                     : fp16_auto            ? "fp16.enabled"
+                                            : "bf16.enabled",
+                     to_string(s.precision)));
+  } else {
     s.precision = Precision::fp32;
+  }
 
   if (const json* o = top.object("optimizer")) {
     Fields of(*o, origin, "optimizer.");
@@ -314,6 +336,12 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     s.offload_param = read_offload(*zo, "offload_param", origin, s.buffers);
     if (z.boolean("cpu_offload", false)) s.offload_optimizer = Offload::cpu;  // legacy spelling
     if (z.boolean("cpu_offload_params", false)) s.offload_param = Offload::cpu;
+    // The two sizes the Trainer derives from the hidden size become 0 ("auto", set by
+    // resolve_for_model); the other "auto"s keep DeepSpeed's defaults.
+    for (const auto& [key, into] : {std::pair<std::string_view, uint64_t*>{"reduce_bucket_size",
+                                                                           &s.buffers.reduce_bucket_size},
+                                    {"stage3_prefetch_bucket_size", &s.buffers.prefetch_bucket_size}})
+      if (is_auto(*zo, key)) *into = 0;
     auto bucket = [&](std::string_view key, uint64_t& into) {
       if (!is_auto(*zo, key) && z.has(key)) {
         const uint64_t v = z.byte_count(key, into);

@@ -233,6 +233,14 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
         md ? "- **" : "", md ? "**" : "", m.moe.n_experts, m.moe.top_k, s.ep, local,
         planner::expert_dp(s), routing, rows);
   }
+  // Every default the plan took rather than the user (left-out flags, a DeepSpeed config's
+  // "auto" values, the sequence length).
+  if (!e.assumed.empty()) {
+    out += fmt::format("{}assumed:{}   ", md ? "- **" : "", md ? "**" : "");
+    for (std::size_t i = 0; i < e.assumed.size(); ++i)
+      out += (i == 0 ? "" : md ? "; " : ";\n           ") + e.assumed[i];
+    out += "\n";
+  }
   if (e.hardware)
     out += fmt::format("{}hardware:{}  {}: {}\n", md ? "- **" : "", md ? "**" : "",
                        e.hardware->name, e.hardware->description);

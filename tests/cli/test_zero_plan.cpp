@@ -141,6 +141,45 @@ TEST_CASE("models and estimate outputs") {
   CHECK(nlohmann::json::parse(r.out)["fits"].is_null());
 }
 
+TEST_CASE("defaults as users run: SDPA under the deepspeed profile, --seq at most 4096, all said") {
+  // The published Llama-3.1-8B config with no flags: T = 4096 of its 131072, not T x T
+  // attention over the whole context (34 TiB per GPU before).
+  Result r = zero_plan({"estimate", "--model", "llama-3.1-8b", "--profile", "deepspeed",
+                        "--format", "json"});
+  REQUIRE(r.rc == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["strategy"]["seq"] == 4096);
+  CHECK(j["strategy"]["flash_attention"] == true);
+  CHECK(j["per_device"]["gpu"]["total"].get<uint64_t>() < (uint64_t{1} << 40));
+  std::string assumed;
+  for (const auto& a : j["assumed"]) assumed += a.get<std::string>() + "\n";
+  for (const char* s : {"--stage 0", "--dp 1", "--micro-batch 1", "--precision bf16",
+                        "--attention sdpa", "--seq 4096 (the model's context is 131072"})
+    CHECK(assumed.find(s) != std::string::npos);
+  // The text headline names them too.
+  r = zero_plan({"estimate", "--model", "llama-3.1-8b", "--profile", "deepspeed"});
+  CHECK(r.out.find("assumed:   --stage 0, --dp 1") != std::string::npos);
+  // Eager on request; the zeroplan profile predicts zero-run's eager kernels by default.
+  r = zero_plan({"estimate", "--model", "gpt2", "--profile", "deepspeed", "--attention", "eager",
+                 "--format", "json"});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(r.out)["strategy"]["flash_attention"] == false);
+  r = zero_plan({"estimate", "--model", "gpt2", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["strategy"]["flash_attention"] == false);
+  CHECK(j["assumed"][0].get<std::string>().find("--attention eager (zero-run's kernels)") !=
+        std::string::npos);
+  // Given flags are not assumed.
+  r = zero_plan({"estimate", "--model", "gpt2", "--stage", "2", "--dp", "4", "--micro-batch", "2",
+                 "--precision", "fp16", "--optimizer", "adamw", "--checkpointing", "full",
+                 "--attention", "sdpa", "--seq", "512", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(r.out)["assumed"].empty());
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--attention", "fast"}),
+                  "--attention: unknown value 'fast'");
+}
+
 TEST_CASE("ds-config with flags overriding it") {
   zp::test::TempDir dir;
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},

@@ -37,9 +37,44 @@ TEST_CASE("DeepSpeed config fills the strategy") {
   CHECK(s.offload_optimizer == Offload::cpu);
   CHECK(s.offload_param == Offload::nvme);
   CHECK(s.buffers.reduce_bucket_size == 50'000'000);
-  CHECK(s.buffers.prefetch_bucket_size == BufferSizes{}.prefetch_bucket_size);
+  // "auto": the Trainer sets it from the hidden size; 0 until the model is known.
+  CHECK(s.buffers.prefetch_bucket_size == 0);
   CHECK(from_ds("{}").precision == Precision::fp32);  // DeepSpeed's default
   CHECK(from_ds(R"({"bf16": {"enabled": true}})").precision == Precision::bf16);
+}
+
+TEST_CASE("DeepSpeed config: \"auto\" values are said, and the model settles the buckets") {
+  std::vector<std::string> assumed;
+  const Strategy s = apply_deepspeed_config(
+      Strategy{},
+      zp::parse_json_text(R"({"train_micro_batch_size_per_gpu": "auto",
+        "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                              "stage3_prefetch_bucket_size": "auto"}})",
+                          "ds.json"),
+      "ds.json", &assumed);
+  // Both formats "auto": the plan keeps its bf16 (not DeepSpeed's fp32 of a config without
+  // either section) and says which flag settles it.
+  CHECK(s.precision == Precision::bf16);
+  REQUIRE(assumed.size() == 2);
+  CHECK(assumed[0].find("train_micro_batch_size_per_gpu \"auto\"") == 0);
+  CHECK(assumed[1].find("fp16.enabled and bf16.enabled \"auto\"") == 0);
+  CHECK(assumed[1].find("--precision") != std::string::npos);
+  // One format enabled, the other "auto": the enabled one.
+  CHECK(from_ds(R"({"fp16": {"enabled": true}, "bf16": {"enabled": "auto"}})").precision ==
+        Precision::fp16);
+  // The Trainer's sizes for gpt2-tiny (hidden 64): reduce 64^2 = 4096, prefetch 0.9 x 4096
+  // = 3686.4, which the Trainer truncates to 3686.
+  const Strategy r = resolve_for_model(s, zp::models::load_model("gpt2-tiny"), &assumed);
+  CHECK(r.buffers.reduce_bucket_size == 4096);
+  CHECK(r.buffers.prefetch_bucket_size == 3686);
+  CHECK(assumed.back().find("stage3_prefetch_bucket_size \"auto\"") != std::string::npos);
+  // Left out, --seq is the context up to 4096 tokens: gpt2-tiny's 64, llama-3.1-8b's 4096 of
+  // 131072 (and the headline says which).
+  CHECK(r.seq == 64);
+  const Strategy l = resolve_for_model(Strategy{}, zp::models::load_model("llama-3.1-8b"), &assumed);
+  CHECK(l.seq == 4096);
+  CHECK(assumed.back().find("--seq 4096 (the model's context is 131072") == 0);
 }
 
 TEST_CASE("DeepSpeed config: the offload sections' buffer settings") {

@@ -12,6 +12,8 @@
 #include "zp/json_fields.hpp"
 #include "zp/units.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace zp::cli {
 
 using planner::Strategy;
@@ -25,7 +27,7 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--dp", f.dp, "data-parallel degree: ranks sharing the ZeRO partitions [1]")->group(g);
   app.add_option("--mp", f.mp, "model (tensor) parallel degree [1]")->group(g);
   app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step [1]")->group(g);
-  app.add_option("--seq", f.seq, "tokens per sequence [the model's context length]")->group(g);
+  app.add_option("--seq", f.seq, "tokens per sequence [the model's context, at most 4096]")->group(g);
   app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step [1]")->group(g);
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16 (16-bit: fp32 master weights) [bf16]")
       ->group(g);
@@ -33,8 +35,13 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--checkpointing", f.checkpointing,
                  "activation recomputation: none, full (per layer) or selective (attention) [none]")
       ->group(g);
-  app.add_flag("--flash-attention", f.flash_attention, "fused attention: no T x T tensors kept")
+  app.add_option("--attention", f.attention,
+                 "eager (softmax of T x T scores kept for backward, transformers' "
+                 "attn_implementation=\"eager\"), sdpa (PyTorch's fused scaled_dot_product_"
+                 "attention, transformers' default: no T x T tensor kept) or flash (the same "
+                 "memory) [sdpa with --profile deepspeed, eager with zeroplan: zero-run's kernels]")
       ->group(g);
+  app.add_flag("--flash-attention", f.flash_attention, "the same as --attention flash")->group(g);
   app.add_option("--offload-optimizer", f.offload_optimizer,
                  "none, cpu (ZeRO-Offload) or nvme (ZeRO-Infinity) [none]")->group(g);
   app.add_option("--offload-param", f.offload_param, "none, cpu or nvme; needs --stage 3 [none]")
@@ -118,13 +125,19 @@ int64_t parse_int(const std::string& flag, const std::string& value) {
 }
 }  // namespace
 
-Strategy StrategyFlags::resolve() const { return resolve_for_gpus(0); }
+Strategy StrategyFlags::resolve(const planner::PlanOptions& o,
+                                std::vector<std::string>* assumed) const {
+  return resolve_for_gpus(0, o, assumed);
+}
 
-Strategy StrategyFlags::resolve_for_gpus(int64_t gpus) const {
+Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOptions& o,
+                                         std::vector<std::string>* assumed) const {
   Strategy s;
-  if (!ds_config.empty())
-    s = planner::apply_deepspeed_config(s, parse_json_text(read_text_file(ds_config), ds_config),
-                                        ds_config);
+  nlohmann::json ds;
+  if (!ds_config.empty()) {
+    ds = parse_json_text(read_text_file(ds_config), ds_config);
+    s = planner::apply_deepspeed_config(s, ds, ds_config, assumed);
+  }
   if (given("--stage")) {
     // Accept only 0..3 written as an integer; "4" and "two" get the same one-line error.
     if (stage.size() != 1 || stage[0] < '0' || stage[0] > '3')
@@ -168,7 +181,19 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus) const {
   if (given("--checkpointing"))
     s.checkpointing = parse_enum<planner::Checkpointing>(
         "--checkpointing", checkpointing, planner::checkpointing_from_string, "none, full or selective");
-  if (flash_attention) s.flash_attention = true;
+  if (given("--attention")) {
+    if (attention == "eager") s.flash_attention = false;
+    else if (attention == "sdpa" || attention == "flash") s.flash_attention = true;
+    else
+      throw Error(fmt::format("--attention: unknown value '{}'", attention),
+                  "expected eager, sdpa or flash");
+    if (flash_attention && attention == "eager")
+      throw Error("--flash-attention contradicts --attention eager", "give one of them");
+  } else if (flash_attention) {
+    s.flash_attention = true;
+  } else if (o.profile != planner::Profile::zeroplan) {
+    s.flash_attention = true;  // transformers' default attention keeps no T x T tensor
+  }
   if (given("--offload-optimizer"))
     s.offload_optimizer = parse_enum<planner::Offload>(
         "--offload-optimizer", offload_optimizer, planner::offload_from_string, "none, cpu or nvme");
@@ -205,6 +230,46 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus) const {
             ? 0
             : parse_count(param_swap_prefetch_depth, "--param-swap-prefetch-depth");
   planner::validate(s);
+  if (assumed != nullptr) {
+    // A flag given settles the DeepSpeed config's "auto" for its field.
+    for (const auto& [flag, field] : {std::pair<const char*, const char*>{"--precision", "fp16.enabled"},
+                                      {"--precision", "bf16.enabled"},
+                                      {"--micro-batch", "train_micro_batch_size_per_gpu"},
+                                      {"--grad-accum", "gradient_accumulation_steps"}})
+      if (given(flag))
+        std::erase_if(*assumed, [&](const std::string& l) { return l.rfind(field, 0) == 0; });
+    // The flags left out whose value the plan took anyway (the DeepSpeed config's fields
+    // count as given; its "auto"s were noted by apply_deepspeed_config).
+    auto in_ds = [&](std::initializer_list<const char*> path) {
+      const nlohmann::json* j = &ds;
+      for (const char* k : path) {
+        if (!j->is_object() || !j->contains(k)) return false;
+        j = &(*j)[k];
+      }
+      return true;
+    };
+    std::vector<std::string> left;
+    if (!given("--stage") && !in_ds({"zero_optimization", "stage"}))
+      left.push_back(fmt::format("--stage {}", s.stage));
+    if (!given("--dp")) left.push_back(fmt::format("--dp {}", s.dp));
+    if (!given("--micro-batch") && !in_ds({"train_micro_batch_size_per_gpu"}))
+      left.push_back(fmt::format("--micro-batch {}", s.micro_batch));
+    if (!given("--precision") && ds_config.empty())
+      left.push_back(fmt::format("--precision {}", planner::to_string(s.precision)));
+    if (!given("--optimizer") && !in_ds({"optimizer"}))
+      left.push_back(fmt::format("--optimizer {}", planner::to_string(s.optimizer)));
+    if (!given("--checkpointing"))
+      left.push_back(fmt::format("--checkpointing {}", planner::to_string(s.checkpointing)));
+    if (!given("--attention") && !flash_attention)
+      left.push_back(o.profile == planner::Profile::zeroplan
+                         ? std::string("--attention eager (zero-run's kernels)")
+                         : std::string("--attention sdpa (transformers' default)"));
+    if (!left.empty()) {
+      std::string line;
+      for (const std::string& l : left) line += (line.empty() ? "" : ", ") + l;
+      assumed->insert(assumed->begin(), line);
+    }
+  }
   return s;
 }
 

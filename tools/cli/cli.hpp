@@ -24,7 +24,7 @@ inline constexpr int kExitBadInput = 2;
 struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config;
-  std::string ep, moe_routing, moe_capacity_factor, target_seq;
+  std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
   std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count, offload_tile_size;
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;
@@ -32,11 +32,16 @@ struct StrategyFlags {
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given
   CLI::App* app = nullptr;  // to ask which flags were given
 
-  // Defaults, then the DeepSpeed config (--ds-config), then explicit flags.
-  planner::Strategy resolve() const;
+  // Defaults, then the DeepSpeed config (--ds-config), then explicit flags. The profile
+  // decides the attention left unsaid: eager (zero-run's kernels) for zeroplan, SDPA
+  // (transformers' default, no T x T tensor kept) for deepspeed. With `assumed`, one line per
+  // default taken (a flag left out and not in the DeepSpeed config, the config's "auto"s).
+  planner::Strategy resolve(const planner::PlanOptions& o = {},
+                            std::vector<std::string>* assumed = nullptr) const;
   // The same where the data-parallel degree defaults to gpus / mp (zero-plan fit, which
   // derives dp from --gpus) instead of 1, so --ep is checked against that dp.
-  planner::Strategy resolve_for_gpus(int64_t gpus) const;
+  planner::Strategy resolve_for_gpus(int64_t gpus, const planner::PlanOptions& o = {},
+                                     std::vector<std::string>* assumed = nullptr) const;
   bool given(const std::string& flag) const;
 };
 

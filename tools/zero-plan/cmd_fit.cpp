@@ -155,7 +155,7 @@ int FitCommand::run() const {
   r.options = target.resolve(planner::Backend::cuda);
   if (r.options.backend != planner::Backend::cuda)
     throw Error("--device cpu: fit plans GPU training", "leave out --device");
-  const planner::Strategy s = flags.resolve_for_gpus(r.gpus);
+  const planner::Strategy s = flags.resolve_for_gpus(r.gpus, r.options);
   r.base = s;
   if (flags.given("--stage")) r.stages = {s.stage};
   if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};

@@ -123,10 +123,12 @@ int main(int argc, char** argv) {
     } else if (est->parsed()) {
       const auto fmt_ = zp::cli::parse_format(est_format);
       const auto m = models::load_model(est_model);
-      const auto s = est_flags.resolve();
+      const auto o = est_target.resolve(planner::Backend::cuda);
+      std::vector<std::string> assumed;
+      const auto s = est_flags.resolve(o, &assumed);
       std::optional<planner::Hardware> hw;
       if (!est_hw.empty()) hw = planner::load_hardware(est_hw);
-      const auto e = planner::estimate(m, s, hw ? &*hw : nullptr, est_target.resolve(planner::Backend::cuda));
+      const auto e = planner::estimate(m, s, hw ? &*hw : nullptr, o, std::move(assumed));
       if (!est_timeline.empty())
         zp::cli::emit(est_timeline, planner::timeline_trace(e.schedule, e.memory).dump() + "\n");
       if (!est_report.empty()) {
@@ -144,8 +146,8 @@ int main(int argc, char** argv) {
       return fit_cmd.run();
     } else if (plan->parsed()) {
       const auto m = models::load_model(plan_model);
-      const auto p = planner::make_plan(m, plan_flags.resolve(),
-                                        plan_target.resolve(planner::Backend::cpu),
+      const auto o = plan_target.resolve(planner::Backend::cpu);
+      const auto p = planner::make_plan(m, plan_flags.resolve(o), o,
                                         parse_count(plan_seed, "--seed"));
       zp::cli::emit(plan_output, planner::to_json(p).dump(2) + "\n");
     } else if (check->app->parsed()) {

@@ -36,16 +36,22 @@ struct Estimate {
   std::optional<Hardware> hardware;
   std::optional<bool> fits;           // unknown without hardware
   std::vector<std::string> shortfalls;  // "gpu: needs 45.2 GiB, has 31.75 GiB"
+  // Every default the plan took rather than the user: "--seq 4096 (...)", a DeepSpeed
+  // config's "auto" values; the CLI adds the flags left out. Shown in the headline.
+  std::vector<std::string> assumed;
 };
 
-// Resolves defaults that depend on the model (seq 0 -> the model's context length) and
-// checks the strategy against the model (seq within the model's positions).
-Strategy resolve_for_model(Strategy s, const models::ModelSpec& m);
+// Resolves defaults that depend on the model (seq 0 -> min(the model's context,
+// kDefaultSeq); "auto" bucket sizes 0 -> the Hugging Face Trainer's h*h and 0.9*h*h) and
+// checks the strategy against the model (seq within the model's positions). Each default it
+// takes adds a line to `assumed` when given.
+Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
+                           std::vector<std::string>* assumed = nullptr);
 
 // Builds the training graph, the step's memory schedule, and replays it through the
 // allocator model of the profile.
 Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
-                  const PlanOptions& o = {});
+                  const PlanOptions& o = {}, std::vector<std::string> assumed = {});
 
 // Checks a per-device prediction against a machine: the gpu tier against one GPU, the cpu
 // and nvme tiers times the ranks on a node against the node's memory and drives.

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -40,6 +41,10 @@ std::optional<MoeRouting> moe_routing_from_string(std::string_view s);
 
 // Sizes of the communication and prefetch buffers, in elements, with DeepSpeed's names and
 // defaults (deepspeed/runtime/zero/config.py).
+// reduce_bucket_size and prefetch_bucket_size 0 mean "auto" (a DeepSpeed config written for
+// the Hugging Face Trainer): resolve_for_model sets them as the Trainer does from the model's
+// hidden size h (transformers integrations/deepspeed.py, HfTrainerDeepSpeedConfig.
+// trainer_config_finalize): h*h and 0.9*h*h.
 struct BufferSizes {
   uint64_t reduce_bucket_size = 500'000'000;          // zero_optimization.reduce_bucket_size
   uint64_t allgather_bucket_size = 500'000'000;       // zero_optimization.allgather_bucket_size
@@ -71,6 +76,13 @@ struct BufferSizes {
   uint64_t param_swap_prefetch_depth = 2;
   bool operator==(const BufferSizes&) const = default;
 };
+
+// The tokens per sequence a plan takes when --seq is left out: the model's context, but at
+// most kDefaultSeq. 4096 is the context Llama 2 was pretrained at (Touvron et al. 2023,
+// sec. 2.2) and as long as the common fine-tuning lengths (2048-4096); models with 32k-128k
+// contexts are rarely trained at their full length, and at 131072 tokens the T x T scores
+// of eager attention alone need terabytes. The headline says what was assumed.
+inline constexpr int64_t kDefaultSeq = 4096;
 
 struct Strategy {
   int stage = 0;                  // 0 plain data parallel, 1 P_os, 2 P_os+g, 3 P_os+g+p
@@ -136,8 +148,12 @@ inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1
 // stage3_max_live_parameters, overlap_comm}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps, optimizer.type, activation_checkpointing. DeepSpeed fields
 // that do not change memory are accepted and ignored; unknown fields are an error. "auto"
-// (the Hugging Face Trainer's placeholder) leaves the field as it was.
-Strategy apply_deepspeed_config(Strategy base, const nlohmann::json& ds, const std::string& origin);
+// (the Hugging Face Trainer's placeholder) leaves the field as it was, except the two bucket
+// sizes the Trainer derives from the model (BufferSizes: 0, set by resolve_for_model); each
+// "auto" adds a line to `assumed` (when given) saying what the plan takes for it and which
+// flag settles it.
+Strategy apply_deepspeed_config(Strategy base, const nlohmann::json& ds, const std::string& origin,
+                                std::vector<std::string>* assumed = nullptr);
 
 nlohmann::json to_json(const Strategy& s);
 Strategy strategy_from_json(const nlohmann::json& j, const std::string& origin);
