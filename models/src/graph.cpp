@@ -241,7 +241,10 @@ class Builder {
           TensorId in = checkpoints[static_cast<std::size_t>(l)];
           if (in != a.x) in = gather_checkpoint(in, static_cast<int>(l));
           a = block(static_cast<int>(l), in, Phase::recompute, Kinds{});
-        } else if (rc == Recompute::selective) {
+        } else if (rc == Recompute::selective && !o_.flash_attention) {
+          // Flash attention keeps no core to recompute: its backward recomputes the scores
+          // from the saved log-sum-exp itself (Dao et al. 2022, sec. 3.1), so selective
+          // recomputation (Korthikanti et al. 2022 sec. 5) has nothing left to redo.
           recompute_core(static_cast<int>(l), a);
         }
         block_bwd(static_cast<int>(l), a, d);

@@ -6,6 +6,7 @@
 
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
+#include "zp/models/model_spec.hpp"
 #include "zp/planner/schedule.hpp"
 
 using namespace zp::models;
@@ -116,6 +117,30 @@ TEST_CASE("flash attention keeps no s^2 tensor; tensor parallelism splits eq. (2
   GraphOptions bad = opts(b);
   bad.tp = 3;
   CHECK_THROWS_AS(build_training_graph(gpt(h, a, 2, s), bad), zp::Error);
+}
+
+TEST_CASE("selective recomputation with flash attention recomputes no T x T scores") {
+  // The planner bug of issue 18: llama-3.1-8b at seq 8192, B=2 with --flash-attention
+  // --checkpointing selective peaked at h.31.attn.softmax.re, a (B, NH, T, T) softmax that
+  // flash attention never materializes. With flash there is no core left to recompute, so
+  // the graph keeps exactly what flash without recomputation keeps and has no T x T tensor.
+  const ModelSpec m = load_model("llama-3.1-8b");
+  GraphOptions o = opts(2);
+  o.seq = 8192;
+  o.flash_attention = true;
+  o.recompute = Recompute::selective;
+  const TrainingGraph g = build_training_graph(m, o);
+  for (const Tensor& t : g.tensors) {  // no (.., T, T) tensor at all
+    CAPTURE(t.name);
+    const auto& sh = t.shape;
+    CHECK_FALSE((sh.size() >= 2 && sh[sh.size() - 1] == 8192 && sh[sh.size() - 2] == 8192));
+  }
+  for (const Op& op : g.ops) CHECK(op.phase != Phase::recompute);
+  o.recompute = Recompute::none;
+  const auto none = summarize_activations(build_training_graph(m, o));
+  const auto sel = summarize_activations(g);
+  CHECK(sel.peak == none.peak);
+  CHECK(sel.saved_total == none.saved_total);
 }
 
 TEST_CASE("P_a partitions the checkpoints over the model-parallel ranks") {
