@@ -1,0 +1,184 @@
+// Predictions held against published measurements of real training runs: the cases of
+// ../shared/research/measured-memory.md (a collection of measured per-GPU memory with each
+// run's settings and source), each named by its id, with its source next to it.
+//
+// A case is a test when the planner can express its settings: the prediction of the quantity
+// the source measured (allocated, reserved, or the device total nvidia-smi shows) within 5%
+// and never more than 2% below the measurement, and every fits / out-of-memory boundary right.
+// The cases it cannot express yet are listed below with what is missing, and a test checks
+// that every case of the file's index is either tested or listed, so none is dropped silently.
+// README's "Predictions against published runs" table shows the same.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/hardware.hpp"
+
+using namespace zp::planner;
+using zp::models::load_model;
+
+namespace {
+
+Hardware published_hw(const std::string& name) {
+  return load_hardware(std::string(ZP_TEST_DATA) + "/published/" + name + ".json");
+}
+
+// DeepSpeed on PyTorch on GPUs: the deepspeed profile, SDPA unless a case says otherwise.
+Estimate ds_estimate(const std::string& model, Strategy s, const Hardware& hw) {
+  return estimate(load_model(model), s, &hw, PlanOptions{Profile::deepspeed, Backend::cuda});
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+// ---- fits / out-of-memory boundaries ------------------------------------------------------
+
+TEST_CASE("C-06: llama-7b full fine-tune on 8x V100-32GB: ZeRO-2 runs out of memory, ZeRO-3 runs") {
+  // Source: https://github.com/hiyouga/LlamaFactory/issues/1221 (measured-memory.md C-06,
+  // medium-low). llama-7b (LLaMA-1 7B: the tensor shapes of llama-2-7b), ZeRO-2 with the
+  // README's config, batch 1 per GPU, fp16 (V100s have no bf16); the run fails in the Adam
+  // step "tried to allocate 3.14 GiB" with 28.28 GiB allocated; ZeRO-3 runs. The sequence
+  // length is not stated: LLaMA-Factory's cutoff_len default, 1024.
+  const Hardware hw = load_hardware("v100-32g");
+  Strategy s;
+  s.dp = 8;
+  s.micro_batch = 1;
+  s.seq = 1024;
+  s.precision = Precision::fp16;
+  s.flash_attention = true;
+  s.stage = 2;
+  const Estimate z2 = ds_estimate("llama-2-7b", s, hw);
+  CHECK(z2.fits == false);
+  // The allocation that failed: DeepSpeed's step upcasts this rank's 16-bit gradient
+  // partition to fp32 (stage_1_and_2.py step: single_partition_of_fp32_groups[i].grad),
+  // 4 x ceil(P/8) bytes, which the message prints as 3.14 GiB.
+  const uint64_t psi = static_cast<uint64_t>(z2.params.total);
+  bool found = false;
+  for (const MemBuffer& b : z2.schedule.buffers)
+    if (b.name == "fp32_grad_partition") {
+      CHECK(b.bytes == 4 * ((psi + 7) / 8));
+      CHECK(std::abs(static_cast<double>(b.bytes) / kGiB - 3.14) < 0.005);
+      found = true;
+    }
+  CHECK(found);
+  s.stage = 3;
+  CHECK(ds_estimate("llama-2-7b", s, hw).fits == true);
+}
+
+TEST_CASE("DS-16: Llama-3-8B on 8x RTX 3090: ZeRO-3 runs out of memory, with full offload it fits") {
+  // Source: https://github.com/hiyouga/LlamaFactory/issues/5977 (measured-memory.md DS-16,
+  // low; named in section C's boundaries). Meta-Llama-3-8B-Instruct (the shapes of
+  // llama-3.1-8b), full fine-tune, fp16, cutoff_len 1024, batch 1 per GPU, gradient
+  // accumulation 2, gradient checkpointing on, SDPA attention; 8x RTX 3090 24 GB. ZeRO-3
+  // without offload runs out of memory; with offload_param and offload_optimizer on cpu it
+  // runs ("about 13G per card": not tested, the tool is not stated and the samples are far
+  // shorter than 1024 tokens).
+  const Hardware hw = published_hw("rtx3090-x8");
+  Strategy s;
+  s.stage = 3;
+  s.dp = 8;
+  s.micro_batch = 1;
+  s.grad_accum = 2;
+  s.seq = 1024;
+  s.precision = Precision::fp16;
+  s.checkpointing = Checkpointing::full;
+  s.flash_attention = true;
+  CHECK(ds_estimate("llama-3.1-8b", s, hw).fits == false);
+  s.offload_optimizer = Offload::cpu;
+  s.offload_param = Offload::cpu;
+  CHECK(ds_estimate("llama-3.1-8b", s, hw).fits == true);
+}
+
+TEST_CASE("C-05: GPT-2-XL on 2x Titan RTX: plain data parallel fails at batch 1, ZeRO-3 offload fits 16") {
+  // Source: huggingface/blog accelerate-deepspeed.md (measured-memory.md C-05, medium).
+  // GPT-2-XL (1.5B), block_size 128, 2x Titan RTX 24 GB: DDP runs out of memory at batch 1 on
+  // one GPU; ZeRO-3 with parameters and optimizer offloaded to the CPU trains at batch 16 per
+  // GPU. DDP with fp16 autocast holds fp32 weights, fp32 gradients and Adam's two fp32
+  // moments, 16 bytes per parameter; DeepSpeed's stage 0 in fp16 holds 16-bit weights and
+  // gradients, fp32 master weights and the moments, also 16 bytes per parameter: the same
+  // model states, which alone (24.9 GB) pass 24 GB.
+  const Hardware hw = published_hw("titan-rtx-x2");
+  Strategy s;
+  s.dp = 2;
+  s.micro_batch = 1;
+  s.seq = 128;
+  s.precision = Precision::fp16;
+  s.flash_attention = true;
+  s.stage = 0;
+  CHECK(ds_estimate("gpt2-xl", s, hw).fits == false);
+  s.stage = 3;
+  s.micro_batch = 16;
+  s.offload_optimizer = Offload::cpu;
+  s.offload_param = Offload::cpu;
+  CHECK(ds_estimate("gpt2-xl", s, hw).fits == true);
+}
+
+// ---- the cases the planner cannot express yet ---------------------------------------------
+
+namespace {
+
+// Every case of measured-memory.md's index (and section C's boundaries), with what the planner
+// still lacks to express it; an empty reason means a test above covers it.
+const std::map<std::string, std::string>& cases() {
+  static const std::map<std::string, std::string> m = {
+      {"DS-03", "after-init memory of DeepSpeed 0.3.16-0.4.0 (its stage 3 with cpu offload "
+                "allocated two partition-sized 16-bit buffers at init, fixed in 0.4.1): needs a "
+                "DeepSpeed version and an after-init figure"},
+      {"DS-04", "as DS-03 (after init, DeepSpeed 0.3.17)"},
+      {"DS-05", "as DS-03 (after init, DeepSpeed 0.3.17)"},
+      {"DS-06", "as DS-03 (after init, DeepSpeed 0.3.17)"},
+      {"DS-08", "contradicted as inferred: without gradient checkpointing, GPT-2 3.56B at batch 4 "
+                "x 1024 tokens keeps 33 GB of activations (Korthikanti et al. eq. 1), more than "
+                "the 32 GB V100 the source ran on at 'about 25GB'; the run's settings differed"},
+      {"DS-09", "DeepSpeed-Ulysses sequence parallelism (issue 20)"},
+      {"DS-10", "activation checkpoints offloaded to the CPU (cpu_checkpointing) and "
+                "memory-centric tiling"},
+      {"DS-11", "LoRA adapters trained with the base weights, and Hugging Face's eager graph"},
+      {"DS-12", "Hugging Face's eager graph (fp32 logits upcast and log_softmax kept for the "
+                "loss); the sequence length and bucket sizes are inferred"},
+      {"DS-13", "low confidence: architecture unknown"},
+      {"DS-14", "the padded lengths (group_by_length over 10 samples) are not stated"},
+      {"DS-15", "host memory of 2021 ZeRO-Offload processes (each loads the whole model)"},
+      {"DS-17", "low confidence: model and config unknown"},
+      {"DS-18", "low confidence: BERT-large with sparse attention, sequence length unknown"},
+      {"FS-03", "the fsdp profile, float8 linears and context parallelism"},
+      {"FS-04", "the fsdp profile (torchtune's pure bf16 FSDP)"},
+      {"FS-05", "PagedAdamW and the optimizer step fused into backward"},
+      {"FS-06", "the fsdp profile and PagedAdamW"},
+      {"FS-07", "low confidence: batch and sequence per row unknown"},
+      {"FS-08", "the fsdp profile; the sequence length is not stated"},
+      {"HF-01", "BERT (an encoder with a classification head), fp16 autocast, Adafactor and "
+                "8-bit Adam"},
+      {"HF-02", "low confidence: dynamic padding, precision inferred"},
+      {"C-02", "the model configurations are in the paper's tables only"},
+      {"C-05", ""},
+      {"C-06", ""},
+      {"C-07", "as DS-10 (cpu_checkpointing)"},
+      {"DS-16", ""},
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("every published case is tested or says what the planner lacks") {
+  // The ids of measured-memory.md's index (L-01..L-05, LoRA, are kept apart by the file).
+  const std::set<std::string> index = {
+      "DS-03", "DS-04", "DS-05", "DS-06", "DS-08", "DS-09", "DS-10", "DS-11", "DS-12",
+      "DS-13", "DS-14", "DS-15", "DS-16", "DS-17", "DS-18", "FS-03", "FS-04", "FS-05",
+      "FS-06", "FS-07", "FS-08", "HF-01", "HF-02", "C-02",  "C-05",  "C-06",  "C-07"};
+  std::set<std::string> listed;
+  for (const auto& [id, why] : cases()) listed.insert(id);
+  CHECK(listed == index);
+  std::size_t tested = 0;
+  for (const auto& [id, why] : cases()) {
+    if (why.empty()) ++tested;
+    else MESSAGE(id << " not yet expressible: " << why);
+  }
+  CHECK(tested == 3);
+}
