@@ -42,11 +42,11 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
 }
 
 using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool,
-                            int64_t, bool, int64_t, double>;
+                            int64_t, bool, int64_t, double, bool>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
           g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch,
-          g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor};
+          g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor, g.hf_modeling};
 }
 
 // What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts

@@ -34,6 +34,7 @@ json to_json(const Plan& p) {
           {"strategy", to_json(p.strategy)},
           {"profile", to_string(p.options.profile)},
           {"backend", to_string(p.options.backend)},
+          {"model_code", to_string(p.options.model_code)},
           {"seed", p.seed},
           {"prediction",
            {{"per_device", to_json(p.predicted)},
@@ -44,7 +45,7 @@ json to_json(const Plan& p) {
 Plan plan_from_json(const json& j, const std::string& origin) {
   if (!j.is_object()) throw Error(fmt::format("{}: a plan must be a JSON object", origin));
   static const std::set<std::string> known = {"schema", "model", "strategy", "profile",
-                                              "backend", "seed", "prediction"};
+                                              "backend", "model_code", "seed", "prediction"};
   for (const auto& [key, value] : j.items())
     if (!known.contains(key))
       throw Error(fmt::format("{}: unknown field '{}'", origin, key),
@@ -69,7 +70,9 @@ Plan plan_from_json(const json& j, const std::string& origin) {
   if (!prof) f.fail("profile", "\"zeroplan\" or \"deepspeed\"");
   auto back = backend_from_string(f.string("backend", "cpu"));
   if (!back) f.fail("backend", "\"cpu\" or \"cuda\"");
-  p.options = {*prof, *back};
+  auto code = model_code_from_string(f.string("model_code", "fused"));
+  if (!code) f.fail("model_code", "\"fused\" or \"transformers\"");
+  p.options = {*prof, *back, *code};
   p.seed = f.byte_count("seed", 1234);
   if (const json* pred = f.object("prediction")) {
     Fields pf(*pred, origin, "prediction.");

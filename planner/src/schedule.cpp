@@ -30,6 +30,12 @@ std::optional<Profile> profile_from_string(std::string_view s) {
   if (s == "deepspeed") return Profile::deepspeed;
   return std::nullopt;
 }
+std::string_view to_string(ModelCode c) { return c == ModelCode::fused ? "fused" : "transformers"; }
+std::optional<ModelCode> model_code_from_string(std::string_view s) {
+  if (s == "fused") return ModelCode::fused;
+  if (s == "transformers") return ModelCode::transformers;
+  return std::nullopt;
+}
 std::optional<Backend> backend_from_string(std::string_view s) {
   if (s == "cpu") return Backend::cpu;
   if (s == "cuda") return Backend::cuda;
@@ -62,6 +68,7 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   // zero-run's CPU kernels compute in fp32: 16-bit weights are converted per op (OpenBLAS
   // SGEMM has no 16-bit inputs); cuBLAS takes 16-bit inputs directly.
   g.f32_weight_scratch = o.backend == Backend::cpu;
+  g.hf_modeling = o.model_code == ModelCode::transformers;
   return g;
 }
 

@@ -277,6 +277,11 @@ void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_de
   app.add_option("--profile", f.profile,
                  "whose allocations to predict: zeroplan (zero-run's arena and buffers) or "
                  "deepspeed (DeepSpeed on PyTorch's caching allocator) [zeroplan]");
+  app.add_option("--model-code", f.model_code,
+                 "whose modeling code runs the model: fused (zero-run's kernels; Megatron's and "
+                 "torchtitan's fused paths keep the same tensors) or transformers (Hugging "
+                 "Face's modeling code: loss on fp32 logits, repeat_kv copies, unfused gated "
+                 "MLPs) [transformers with --profile deepspeed, fused with zeroplan]");
   app.add_option("--device", f.device,
                  fmt::format("the graph to predict: cpu (fp32 activations, no dropout: zero-run's "
                              "fast CPU graph) or cuda (activations in the training precision, "
@@ -290,6 +295,15 @@ planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend) cons
   if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan or deepspeed");
   o.profile = *p;
   o.backend = default_backend;
+  o.model_code = o.profile == planner::Profile::zeroplan ? planner::ModelCode::fused
+                                                         : planner::ModelCode::transformers;
+  if (!model_code.empty()) {
+    auto c = planner::model_code_from_string(model_code);
+    if (!c)
+      throw Error(fmt::format("--model-code: unknown value '{}'", model_code),
+                  "expected fused or transformers");
+    o.model_code = *c;
+  }
   if (!device.empty()) {
     auto b = planner::backend_from_string(device);
     if (!b) throw Error(fmt::format("--device: unknown value '{}'", device), "expected cpu or cuda");

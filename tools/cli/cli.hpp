@@ -49,7 +49,7 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
 
 // --profile zeroplan|deepspeed and --device cpu|cuda: whose allocations are predicted.
 struct TargetFlags {
-  std::string profile = "zeroplan", device;
+  std::string profile = "zeroplan", device, model_code;
   planner::PlanOptions resolve(planner::Backend default_backend) const;
 };
 void add_target_flags(CLI::App& app, TargetFlags& flags, std::string_view default_device);

@@ -92,6 +92,11 @@ struct GraphOptions {
   // fp32 scratch buffer before adding it to the 16-bit gradient. No effect when param_bytes
   // is 4.
   bool f32_weight_scratch = false;
+  // What Hugging Face transformers' modeling code saves for backward where it differs from
+  // the fused kernels this graph counts otherwise (zero-run's, FlashAttention's): the loss on
+  // fp32-upcast logits, repeat_kv's copies, unfused gated MLPs and composite activations.
+  // The deepspeed and fsdp profiles predict runs of transformers models.
+  bool hf_modeling = false;
 };
 
 struct Tensor {

@@ -34,9 +34,17 @@ std::string_view to_string(Backend b);
 std::optional<Profile> profile_from_string(std::string_view s);
 std::optional<Backend> backend_from_string(std::string_view s);
 
+// Whose modeling code runs the model: zeroplan's fused kernels (zero-run; also Megatron's and
+// torchtitan's fused paths keep the same tensors), or Hugging Face transformers' (what
+// DeepSpeed and FSDP users mostly train; GraphOptions::hf_modeling).
+enum class ModelCode { fused, transformers };
+std::string_view to_string(ModelCode c);
+std::optional<ModelCode> model_code_from_string(std::string_view s);
+
 struct PlanOptions {
   Profile profile = Profile::zeroplan;
   Backend backend = Backend::cuda;
+  ModelCode model_code = ModelCode::fused;
   bool operator==(const PlanOptions&) const = default;
 };
 
