@@ -71,6 +71,21 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
   return s;
 }
 
+void check_profile(const Strategy& s, const PlanOptions& o) {
+  if (o.profile != Profile::fsdp) return;
+  if (s.stage != 3)
+    throw Error(fmt::format("--profile fsdp: --stage {} has no FSDP sharding strategy", s.stage),
+                "FSDP shards parameters, gradients and optimizer states together: --stage 3 "
+                "(FULL_SHARD, fully_shard; --no-reshard-after-forward for SHARD_GRAD_OP); "
+                "plain data parallel is --profile deepspeed --stage 0");
+  if (s.offload_optimizer != Offload::none || s.offload_param != Offload::none)
+    throw Error("--profile fsdp: CPU offload is not modelled for FSDP yet",
+                "plan FSDP without --offload-*, or DeepSpeed's ZeRO-Offload with --profile deepspeed");
+  if (s.ep > 1 || s.mp > 1)
+    throw Error("--profile fsdp: expert and tensor parallelism are not modelled for FSDP yet",
+                "leave out --ep and --mp, or use --profile deepspeed");
+}
+
 std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const Hardware& hw) {
   std::vector<std::string> out;
   const uint64_t ranks = static_cast<uint64_t>(
@@ -97,6 +112,7 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.params = models::count_params(m);
   e.assumed = std::move(assumed);
   e.strategy = resolve_for_model(s, m, &e.assumed);
+  check_profile(e.strategy, o);
   e.options = o;
   if (e.strategy.seq > m.n_positions)
     e.model.notes.push_back(fmt::format(

@@ -136,7 +136,7 @@ PerDevice FitEvaluator::memory(const Strategy& s) { return impl_->memory(impl_->
 
 PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
   const PlanOptions& o = options;
-  const bool whole = o.profile == Profile::deepspeed;
+  const bool whole = o.profile != Profile::zeroplan;  // PyTorch: replayed whole
   // Expert parameters partition over dp/ep (schedule.hpp's partition_elems).
   const uint64_t part = s.stage >= 1
                             ? partition_elems(sh.group_elems, sh.group_expert_elems, s.stage,

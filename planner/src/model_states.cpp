@@ -9,13 +9,15 @@
 
 namespace zp::planner {
 
-BytesPerParam bytes_per_param(Precision p, OptimizerKind o) {
+BytesPerParam bytes_per_param(Precision p, OptimizerKind o, Precision master, Precision moments) {
   BytesPerParam b;
   const bool mixed = p != Precision::fp32;
   b.params = mixed ? 2 : 4;
   b.grads = b.params;
-  b.master = mixed ? 4 : 0;  // in fp32 the working params are the master weights
-  b.optimizer = o == OptimizerKind::sgd ? 4 : 8;  // momentum; Adam adds the variance
+  // In fp32 the working params are the master weights.
+  b.master = mixed ? (master == Precision::bf16 ? 2 : 4) : 0;
+  const uint64_t state = moments == Precision::bf16 ? 2 : 4;
+  b.optimizer = (o == OptimizerKind::sgd ? 1 : 2) * state;  // momentum; Adam adds the variance
   return b;
 }
 
@@ -36,10 +38,23 @@ PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
   return model_state_bytes(n, partition_elems(n, static_cast<uint64_t>(s.dp)), s);
 }
 
-PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s) {
-  const BytesPerParam b = bytes_per_param(s.precision, s.optimizer);
+PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateLayout layout) {
+  const BytesPerParam b =
+      bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
   PerDevice d;
   Breakdown& gpu = d[Tier::gpu];
+  if (layout == StateLayout::fsdp) {
+    // model_states.hpp: the sharded parameters in the model's dtype are the weights; their
+    // gradients and the moments (zeros_like the parameters) share that dtype.
+    const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
+    const uint64_t w = pure ? b.params : 4;
+    const uint64_t held = s.stage >= 3 ? part : n;
+    gpu[pure ? Category::params : Category::master] = checked_mul(w, held, "bytes of params");
+    gpu[Category::grads] = checked_mul(w, held, "bytes of grads");
+    gpu[Category::optimizer] =
+        checked_mul((s.optimizer == OptimizerKind::sgd ? 1 : 2) * w, held, "bytes of optimizer states");
+    return d;
+  }
   gpu = stage_bytes(n, part, s.stage, b);
 
   if (s.offload_param != Offload::none) {
@@ -52,9 +67,10 @@ PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s) {
     // own copy) and moments of the owned partition on the offload tier; the fp32 gradient
     // partition on the cpu; the 16-bit gradients stay whole on the gpu only under stage 1.
     const Tier t = s.offload_optimizer == Offload::cpu ? Tier::cpu : Tier::nvme;
-    d[t][Category::master] = checked_mul(4, part, "bytes of master");
+    const uint64_t m = s.master_precision == Precision::bf16 ? 2 : 4;
+    d[t][Category::master] = checked_mul(m, part, "bytes of master");
     d[t][Category::optimizer] = gpu[Category::optimizer];
-    d[Tier::cpu][Category::grads] = checked_mul(4, part, "bytes of fp32 grads");
+    d[Tier::cpu][Category::grads] = checked_mul(m, part, "bytes of fp32 grads");
     gpu[Category::master] = 0;
     gpu[Category::optimizer] = 0;
     if (s.stage >= 2) gpu[Category::grads] = 0;

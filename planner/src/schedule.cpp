@@ -23,11 +23,14 @@ using models::TensorId;
 using models::TensorKind;
 using models::TrainingGraph;
 
-std::string_view to_string(Profile p) { return p == Profile::zeroplan ? "zeroplan" : "deepspeed"; }
+std::string_view to_string(Profile p) {
+  return p == Profile::zeroplan ? "zeroplan" : p == Profile::deepspeed ? "deepspeed" : "fsdp";
+}
 std::string_view to_string(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
 std::optional<Profile> profile_from_string(std::string_view s) {
   if (s == "zeroplan") return Profile::zeroplan;
   if (s == "deepspeed") return Profile::deepspeed;
+  if (s == "fsdp") return Profile::fsdp;
   return std::nullopt;
 }
 std::string_view to_string(ModelCode c) { return c == ModelCode::fused ? "fused" : "transformers"; }
@@ -179,13 +182,13 @@ using models::is_dynamic;
 // Persistent model states, allocated before the first op, in the order the runtime
 // allocates them: params, grads, master, optimizer moments; per tier.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
-                         const Strategy& s, uint32_t param_bytes) {
+                         const Strategy& s, uint32_t param_bytes, StateLayout layout) {
   auto alloc = [&](int32_t pos, uint32_t b) { out.events.push_back({pos, true, b}); };
   auto add_buffer = [&](std::string name, Tier t, Category c, uint64_t bytes) {
     out.buffers.push_back({std::move(name), t, c, bytes, -1});
     return static_cast<uint32_t>(out.buffers.size() - 1);
   };
-  const PerDevice d = model_state_bytes(n_params, part, s);
+  const PerDevice d = model_state_bytes(n_params, part, s, layout);
   for (Tier t : kTiers) {
     // On the nvme tier every state is one swap file, padded to whole O_DIRECT blocks.
     auto state = [&](const char* name, Category c, uint64_t bytes) {
@@ -283,8 +286,10 @@ class ScheduleBuilder {
       const Op& op = op_at(i);
       out_.op_names.push_back(op.name);
       if (s_.stage == 3 && run_at_[static_cast<std::size_t>(i)] >= 0 &&
-          run_start_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i)
-        start_run(i, run_at_[static_cast<std::size_t>(i)]);
+          run_start_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i) {
+        if (fsdp()) fsdp_start_run(i, run_at_[static_cast<std::size_t>(i)]);
+        else start_run(i, run_at_[static_cast<std::size_t>(i)]);
+      }
       // Allocate what this op creates: inputs seen for the first time, outputs not yet
       // written, scratch, and (stages 2-3) the unreduced gradients it accumulates into.
       for (TensorId t : op.inputs) touch(i, t);
@@ -305,11 +310,18 @@ class ScheduleBuilder {
       if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
           if (last_grad_write_[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
-        flush_if_full(i, i == last_bwd);
+        if (!fsdp()) flush_if_full(i, i == last_bwd);
       }
       if (s_.stage == 3 && run_at_[static_cast<std::size_t>(i)] >= 0 &&
-          run_end_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i)
-        end_run(i, run_at_[static_cast<std::size_t>(i)]);
+          run_end_[static_cast<std::size_t>(run_at_[static_cast<std::size_t>(i)])] == i) {
+        if (fsdp()) fsdp_end_run(i, run_at_[static_cast<std::size_t>(i)]);
+        else end_run(i, run_at_[static_cast<std::size_t>(i)]);
+      }
+      if (fsdp() && i == last_bwd) {
+        while (!pending_.empty()) fsdp_reduce_scatter(i, g_.tensor(pending_.front()).group);
+        if (rs_input_ != UINT32_MAX) free(i, rs_input_);  // the root's final callback
+        rs_input_ = UINT32_MAX;
+      }
     }
   }
 
@@ -338,6 +350,16 @@ class ScheduleBuilder {
   std::map<std::string, uint32_t> stage_in_flight_;  // overlap_comm: group -> staging buffer
   std::vector<uint32_t> staged_;                 // offload_param: this op's staging buffers
   uint64_t live_gathered_elems_ = 0;
+  // FSDP (fsdp_start_run / fsdp_end_run): the flat all-gather outputs issued and not yet
+  // copied out, the unsharded parameters per unit, forward's kept flat buffer, whether each
+  // run is backward, and the reduce-scatter input kept for reuse.
+  std::map<std::string, uint32_t> ag_out_;
+  std::map<std::string, uint32_t> unsharded_;
+  uint32_t fwd_ag_kept_ = UINT32_MAX;
+  uint32_t rs_input_ = UINT32_MAX;
+  std::vector<bool> run_bwd_;
+
+  bool fsdp() const { return o_.profile == Profile::fsdp; }
 
   const Op& op_at(int32_t i) const { return g_.op(g_.order[static_cast<std::size_t>(i)]); }
 
@@ -381,7 +403,8 @@ class ScheduleBuilder {
   void model_states() {
     const uint64_t part = s_.stage >= 1 ? out_.partition_elems
                                         : zp::partition_elems(out_.n_params, dp_);
-    append_model_states(out_, out_.n_params, part, s_, p_bytes_);
+    append_model_states(out_, out_.n_params, part, s_, p_bytes_,
+                        fsdp() ? StateLayout::fsdp : StateLayout::zero);
   }
 
   void liveness() {
@@ -482,9 +505,11 @@ class ScheduleBuilder {
         run_group_.push_back(grp);
         run_start_.push_back(i);
         run_end_.push_back(i);
+        run_bwd_.push_back(false);
         current = grp;
       }
       run_end_.back() = i;
+      if (op.phase == Phase::backward) run_bwd_.back() = true;
     }
     for (std::size_t r = 0; r < run_group_.size(); ++r)
       for (int32_t i = run_start_[r]; i <= run_end_[r]; ++i) run_at_[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
@@ -574,6 +599,104 @@ class ScheduleBuilder {
     }
   }
 
+  // ---- PyTorch FSDP (fully_shard), the fsdp profile ----------------------------------------
+  // Each gather group is one FSDP unit (torchtitan's apply_fsdp wraps every transformer block,
+  // the token embedding, and [final norm, output] together). Per unit, with W = dp ranks and
+  // S = its shard (ceil(unit/W) elements here; FSDP2 pads each parameter's dim 0 to a multiple
+  // of W, a few rows more), in the compute dtype p (torch/distributed/fsdp/_fully_shard/,
+  // torch 2.14; planner/notes/fsdp-and-optimizers-memory.md sec. 1 has the line numbers):
+  // - all-gather: a flat output of W*S*p (foreach_all_gather) issued one unit ahead (implicit
+  //   prefetch on the all-gather stream, forward and backward), then copied out into the
+  //   unit's unsharded parameters, another W*S*p, when the unit's run starts; the copy-in
+  //   of the shard cast to p, S*p, is a temporary of the issue. In forward the flat buffer
+  //   of a unit stays until the next unit's copy-out (all_gather_state), in backward it is
+  //   freed right after its own.
+  // - reshard: after its forward a unit frees its unsharded parameters (reshard_after_forward,
+  //   a strategy setting) except the [norm, output] unit and a tied embedding's, which
+  //   torchtitan never reshards after forward (and the root's default is the same); after
+  //   backward every unit frees them.
+  // - gradients: autograd writes the unit's unsharded gradients in p; after the unit's
+  //   backward they are copied into the reduce-scatter input, W*S in the reduce dtype, and
+  //   freed; the output, S in the reduce dtype, becomes the sharded gradient (cast to the
+  //   sharded parameters' dtype when that differs: a temporary of S in the reduce dtype).
+  //   One reduce-scatter input is kept for reuse until the next unit's
+  //   (reduce_scatter_max_input_buffers = 1), the last until the end of backward.
+  uint64_t fsdp_reduce_bytes() const {
+    return s_.precision == Precision::fp32 ? 4 : (s_.reduce_precision == Precision::bf16 ? 2 : 4);
+  }
+  bool fsdp_reshards_after_forward(const std::string& grp) const {
+    if (grp == "head") return false;
+    if (grp == "embed" && g_.model.tied_embeddings) return false;
+    return s_.reshard_after_forward;
+  }
+  void fsdp_issue(int32_t pos, const std::string& grp) {
+    if (unsharded_.contains(grp) || ag_out_.contains(grp)) return;
+    const uint32_t copy_in = alloc(pos, add_buffer("ag_copy_in." + grp, Tier::gpu, Category::buffers,
+                                                   shard_bytes(grp)));
+    ag_out_[grp] = alloc(pos, add_buffer("ag_out." + grp, Tier::gpu, Category::buffers,
+                                         gathered_bytes(grp)));
+    free(pos, copy_in);
+  }
+  void fsdp_start_run(int32_t pos, int32_t r) {
+    const std::size_t ru = static_cast<std::size_t>(r);
+    const std::string& grp = run_group_[ru];
+    const bool bwd = run_bwd_[ru];
+    if (bwd && fwd_ag_kept_ != UINT32_MAX) {  // the end of the root's forward frees it
+      free(pos, fwd_ag_kept_);
+      fwd_ag_kept_ = UINT32_MAX;
+    }
+    if (!unsharded_.contains(grp)) {
+      fsdp_issue(pos, grp);
+      unsharded_[grp] = alloc(pos, add_buffer("unsharded." + grp, Tier::gpu, Category::buffers,
+                                              gathered_bytes(grp)));
+      const uint32_t flat = ag_out_.at(grp);
+      ag_out_.erase(grp);
+      if (bwd) {
+        free(pos, flat);
+      } else {
+        if (fwd_ag_kept_ != UINT32_MAX) free(pos, fwd_ag_kept_);
+        fwd_ag_kept_ = flat;
+      }
+    }
+    if (ru + 1 < run_group_.size()) fsdp_issue(pos, run_group_[ru + 1]);
+  }
+  void fsdp_end_run(int32_t pos, int32_t r) {
+    const std::size_t ru = static_cast<std::size_t>(r);
+    const std::string& grp = run_group_[ru];
+    const bool bwd = run_bwd_[ru];
+    if (bwd || fsdp_reshards_after_forward(grp)) {
+      free(pos, unsharded_.at(grp));
+      unsharded_.erase(grp);
+    }
+    if (bwd) fsdp_reduce_scatter(pos, grp);
+  }
+  // Reduce-scatter a unit's gradients once its backward is done (at the end of backward for
+  // gradients written by ops that read no weight, such as the embedding's).
+  void fsdp_reduce_scatter(int32_t pos, const std::string& grp) {
+    std::vector<TensorId> mine;
+    std::erase_if(pending_, [&](TensorId gt) {
+      if (g_.tensor(gt).group != grp) return false;
+      mine.push_back(gt);
+      return true;
+    });
+    if (mine.empty()) return;
+    const uint64_t gathered_elems = gathered_bytes(grp) / p_bytes_;
+    const uint64_t shard_elems = shard_bytes(grp) / p_bytes_;
+    const uint64_t rb = fsdp_reduce_bytes();
+    const uint32_t in = alloc(pos, add_buffer("rs_input." + grp, Tier::gpu, Category::buffers,
+                                              checked_mul(gathered_elems, rb, "reduce-scatter input")));
+    for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+    const uint64_t sharded_grad_bytes = pure ? p_bytes_ : 4;
+    if (rb != sharded_grad_bytes) {
+      const uint32_t out = alloc(pos, add_buffer("rs_output." + grp, Tier::gpu, Category::buffers,
+                                                 checked_mul(shard_elems, rb, "reduce-scatter output")));
+      free(pos, out);
+    }
+    if (rs_input_ != UINT32_MAX) free(pos, rs_input_);
+    rs_input_ = in;
+  }
+
   // DeepSpeed (stages 1-3, no offload) upcasts the 16-bit gradient partition to fp32 for
   // its optimizer step (single_partition_of_fp32_groups[i].grad), freed after the step.
   // zeroplan's CPU Adam reads 16-bit gradients directly and needs no such buffer.
@@ -586,12 +709,29 @@ class ScheduleBuilder {
   //
   // With the optimizer on NVMe (no delayed update), the swap buffers come first (see
   // optimizer_swap_buffer_bytes), and the tiles hold one chunk each.
+  //
+  // FSDP's AdamW (the fsdp profile): PyTorch's default foreach implementation takes
+  // torch._foreach_sqrt(exp_avg_sq) as a new list, one temporary the size of the shard in the
+  // moments' dtype (torch/optim/adam.py _multi_tensor_adam; planner/notes/
+  // fsdp-and-optimizers-memory.md sec. 4); the fused kernel (torchtitan's default) none.
   void optimizer_buffers(int32_t pos) {
+    if (fsdp()) {
+      if (s_.fused_optimizer || s_.optimizer == OptimizerKind::sgd) return;
+      const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+      const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
+      const uint32_t b = add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
+                                    checked_mul(pure ? p_bytes_ : 4, held, "foreach temporary"));
+      alloc(pos, b);
+      free(pos, b);
+      return;
+    }
     append_offload_buffers(out_, pos, s_, out_.partition_elems, p_bytes_);
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
+    // In the master's dtype: bf16 with bf16_master_weights_and_grads.
+    const uint64_t gb = s_.master_precision == Precision::bf16 ? 2 : 4;
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,
-                                  checked_mul(4, out_.partition_elems, "fp32 gradient partition"));
+                                  checked_mul(gb, out_.partition_elems, "fp32 gradient partition"));
     alloc(pos, b);
     free(pos, b);
   }
@@ -625,7 +765,7 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
   std::vector<BlockId> block(s.buffers.size(), 0);
   std::array<std::array<uint64_t, kCategories.size()>, kTiers.size()> cur{};
   std::array<uint64_t, kTiers.size()> cur_total{}, peak_total{}, peak_reserved{};
-  const bool use_caching = o.profile == Profile::deepspeed;
+  const bool use_caching = o.profile != Profile::zeroplan;  // PyTorch's caching allocator
 
   auto gpu_reserved = [&] { return use_caching ? caching.reserved() : arena.reserved(); };
   // One sample per position, at its high point: within a position the schedule allocates

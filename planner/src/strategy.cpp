@@ -107,6 +107,18 @@ void validate(const Strategy& s) {
   if (s.dpu && s.offload_optimizer == Offload::none)
     throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
                 "DPU overlaps the CPU optimizer step with the next forward/backward");
+  if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16 ||
+      s.reduce_precision == Precision::fp16)
+    throw Error("--master-weights, --optimizer-states and --reduce-dtype take fp32 or bf16",
+                "fp16 master weights or moments lose too much range; train in bf16 to keep 16-bit states");
+  if (s.master_precision == Precision::bf16 && s.precision != Precision::bf16)
+    throw Error(fmt::format("--master-weights bf16: needs --precision bf16, got {}",
+                            to_string(s.precision)),
+                "bf16 master weights (DeepSpeed's bf16_master_weights_and_grads, pure-bf16 "
+                "FSDP) update bf16 weights");
+  if (s.optimizer_precision == Precision::bf16 && s.master_precision != Precision::bf16)
+    throw Error("--optimizer-states bf16: needs --master-weights bf16",
+                "DeepSpeed's bf16_optimizer_states requires bf16_master_weights_and_grads");
   if (s.partition_activations && s.checkpointing != Checkpointing::full)
     throw Error("--partition-activations: needs --checkpointing full",
                 "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
@@ -256,6 +268,10 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     Fields bf(*b, origin, "bf16.");
     bf16_auto = is_auto(*b, "enabled");
     if (!bf16_auto) bf16 = bf.boolean("enabled", false);
+    // Low-precision master weights and moments (DeepSpeed precision_config.py,
+    // DeepSpeedBF16Config; validated in runtime/config.py: the moments need the master).
+    if (bf.boolean("bf16_master_weights_and_grads", false)) s.master_precision = Precision::bf16;
+    if (bf.boolean("bf16_optimizer_states", false)) s.optimizer_precision = Precision::bf16;
   }
   if (fp16 && bf16)
     throw Error(fmt::format("{}: fp16.enabled and bf16.enabled are both true", origin),
@@ -378,6 +394,11 @@ json to_json(const Strategy& s) {
           {"moe_routing", to_string(s.moe_routing)},
           {"moe_capacity_factor", s.moe_capacity_factor},
           {"target_seq", s.target_seq},
+          {"master_precision", to_string(s.master_precision)},
+          {"optimizer_precision", to_string(s.optimizer_precision)},
+          {"reshard_after_forward", s.reshard_after_forward},
+          {"reduce_precision", to_string(s.reduce_precision)},
+          {"fused_optimizer", s.fused_optimizer},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"buffers",
@@ -399,7 +420,9 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers",
-                  "ep", "moe_routing", "moe_capacity_factor", "target_seq"},
+                  "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
+                  "optimizer_precision", "reshard_after_forward", "reduce_precision",
+                  "fused_optimizer"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -429,6 +452,14 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                "\"none\", \"cpu\" or \"nvme\"");
   s.moe_routing = enum_field("moe_routing", moe_routing_from_string, s.moe_routing,
                              "\"balanced\" or \"worst\"");
+  s.master_precision = enum_field("master_precision", precision_from_string, s.master_precision,
+                                  "\"fp32\" or \"bf16\"");
+  s.optimizer_precision = enum_field("optimizer_precision", precision_from_string,
+                                     s.optimizer_precision, "\"fp32\" or \"bf16\"");
+  s.reduce_precision = enum_field("reduce_precision", precision_from_string, s.reduce_precision,
+                                  "\"fp32\" or \"bf16\"");
+  s.reshard_after_forward = f.boolean("reshard_after_forward", true);
+  s.fused_optimizer = f.boolean("fused_optimizer", false);
   if (f.has("moe_capacity_factor")) {
     const json& v = j.at("moe_capacity_factor");
     if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
@@ -489,6 +520,9 @@ std::string describe(const Strategy& s) {
   if (s.offload_param != Offload::none)
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
+  if (s.master_precision != Precision::fp32) out += fmt::format(", {} master", to_string(s.master_precision));
+  if (s.optimizer_precision != Precision::fp32)
+    out += fmt::format(", {} moments", to_string(s.optimizer_precision));
   if (s.partition_activations) out += ", P_a";
   if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";

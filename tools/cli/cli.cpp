@@ -72,6 +72,31 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--target-seq", f.target_seq,
                  "decoder tokens per sequence of an encoder-decoder model (T5) [--seq]")
       ->group(g);
+  app.add_option("--master-weights", f.master_weights,
+                 "dtype of the weights the optimizer updates and of their gradients: fp32 "
+                 "(mixed precision), or bf16 with --precision bf16 (DeepSpeed's "
+                 "bf16_master_weights_and_grads; under --profile fsdp a bf16 model without a "
+                 "mixed-precision policy, as torchtune trains) [fp32]")
+      ->group(g);
+  app.add_option("--optimizer-states", f.optimizer_states,
+                 "dtype of Adam's moments: fp32, or bf16 (DeepSpeed's bf16_optimizer_states; "
+                 "needs --master-weights bf16) [fp32; bf16 under --profile fsdp with "
+                 "--master-weights bf16]")
+      ->group(g);
+  auto* fs = "PyTorch FSDP (--profile fsdp)";
+  app.add_flag("--reshard-after-forward,!--no-reshard-after-forward", f.reshard_after_forward,
+               "free each block's all-gathered parameters after its forward and gather them "
+               "again for backward (FSDP2's reshard_after_forward; off is FSDP1's "
+               "SHARD_GRAD_OP) [on]")
+      ->group(fs);
+  app.add_option("--reduce-dtype", f.reduce_dtype,
+                 "dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype): "
+                 "fp32 (torchtitan) or bf16 (accelerate's default) [fp32]")
+      ->group(fs);
+  app.add_flag("--fused-optimizer", f.fused_optimizer,
+               "AdamW(fused=True), torchtitan's default: no temporaries; without it PyTorch's "
+               "foreach AdamW holds a sqrt(exp_avg_sq) the size of the shard")
+      ->group(fs);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -201,6 +226,21 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     s.offload_param = parse_enum<planner::Offload>("--offload-param", offload_param,
                                                    planner::offload_from_string, "none, cpu or nvme");
   if (dpu) s.dpu = true;
+  auto fp32_or_bf16 = [&](const char* flag, const std::string& v) {
+    const auto p = parse_enum<planner::Precision>(flag, v, planner::precision_from_string, "fp32 or bf16");
+    if (p == planner::Precision::fp16)
+      throw Error(fmt::format("{}: fp16 is not supported, got '{}'", flag, v), "expected fp32 or bf16");
+    return p;
+  };
+  if (given("--master-weights")) s.master_precision = fp32_or_bf16("--master-weights", master_weights);
+  // FSDP's moments are zeros_like the (bf16) sharded parameters.
+  if (o.profile == planner::Profile::fsdp && s.master_precision == planner::Precision::bf16)
+    s.optimizer_precision = planner::Precision::bf16;
+  if (given("--optimizer-states"))
+    s.optimizer_precision = fp32_or_bf16("--optimizer-states", optimizer_states);
+  if (given("--reduce-dtype")) s.reduce_precision = fp32_or_bf16("--reduce-dtype", reduce_dtype);
+  if (given("--reshard-after-forward")) s.reshard_after_forward = reshard_after_forward;
+  if (fused_optimizer) s.fused_optimizer = true;
   if (partition_activations) s.partition_activations = true;
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--reduce-bucket-size"))
@@ -275,8 +315,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
 
 void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_device) {
   app.add_option("--profile", f.profile,
-                 "whose allocations to predict: zeroplan (zero-run's arena and buffers) or "
-                 "deepspeed (DeepSpeed on PyTorch's caching allocator) [zeroplan]");
+                 "whose allocations to predict: zeroplan (zero-run's arena and buffers), "
+                 "deepspeed (DeepSpeed on PyTorch's caching allocator) or fsdp (PyTorch FSDP's "
+                 "fully_shard as torchtitan runs it; --stage 3) [zeroplan]");
   app.add_option("--model-code", f.model_code,
                  "whose modeling code runs the model: fused (zero-run's kernels; Megatron's and "
                  "torchtitan's fused paths keep the same tensors) or transformers (Hugging "
@@ -292,7 +333,7 @@ void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_de
 planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend) const {
   planner::PlanOptions o;
   auto p = planner::profile_from_string(profile);
-  if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan or deepspeed");
+  if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan, deepspeed or fsdp");
   o.profile = *p;
   o.backend = default_backend;
   o.model_code = o.profile == planner::Profile::zeroplan ? planner::ModelCode::fused

@@ -48,6 +48,10 @@ struct Estimate {
 Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
                            std::vector<std::string>* assumed = nullptr);
 
+// What a profile cannot plan, as zp::Error naming the flag: the fsdp profile plans stage 3
+// (FULL_SHARD; SHARD_GRAD_OP with reshard_after_forward false) without offload.
+void check_profile(const Strategy& s, const PlanOptions& o);
+
 // Builds the training graph, the step's memory schedule, and replays it through the
 // allocator model of the profile.
 Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,

@@ -27,7 +27,25 @@ struct BytesPerParam {
 };
 
 // Mixed-precision Adam: 2 + 2 + 12 (ZeRO paper sec. 3.1: "K = 12"); fp32 Adam: 4 + 4 + 8.
-BytesPerParam bytes_per_param(Precision p, OptimizerKind o);
+// A bf16 master (DeepSpeed's bf16_master_weights_and_grads) takes 2 bytes instead of 4, and
+// bf16 moments (bf16_optimizer_states) 2 bytes each.
+BytesPerParam bytes_per_param(Precision p, OptimizerKind o,
+                              Precision master = Precision::fp32,
+                              Precision moments = Precision::fp32);
+
+// How the model states are laid out: ZeRO's (DeepSpeed and zeroplan: a 16-bit working copy
+// of the parameters beside the fp32 master partition), or PyTorch FSDP's (the sharded
+// parameters kept in the model's dtype are what the optimizer updates, and the 16-bit
+// compute copy exists only all-gathered, per unit, during forward and backward):
+//   FSDP, mixed precision (MixedPrecisionPolicy(param_dtype=bf16), fp32 model): sharded fp32
+//     parameters (category master) 4, sharded fp32 gradients 4, AdamW's moments zeros_like the
+//     sharded parameters 8: 16 bytes per owned element, no 16-bit params at rest
+//     (torch/distributed/fsdp/_fully_shard/_fsdp_api.py, MixedPrecisionPolicy docstring: "the
+//     optimizer step uses the sharded parameter in the original dtype");
+//   FSDP, pure bf16 (--master-weights bf16: a bf16 model, no policy, torchtune's default) or
+//     fp32 training: the sharded parameters are the compute dtype (category params), with
+//     gradients and moments in the same dtype: 2 + 2 + 4 (bf16) or 4 + 4 + 8 (fp32).
+enum class StateLayout { zero, fsdp };
 
 // Per-device bytes of each state, all on one device, for `n` parameters of which a rank owns
 // `part` elements of each partitioned state.
@@ -50,7 +68,8 @@ PerDevice model_state_bytes(uint64_t n_params, const Strategy& s);
 // The same with the partition size given (zeroplan's stage 3 partitions each gather group
 // separately, and a Mixture-of-Experts model partitions its expert parameters over dp/ep
 // ranks: see schedule.hpp's partition_elems).
-PerDevice model_state_bytes(uint64_t n_params, uint64_t partition_elems, const Strategy& s);
+PerDevice model_state_bytes(uint64_t n_params, uint64_t partition_elems, const Strategy& s,
+                            StateLayout layout = StateLayout::zero);
 
 // The ZeRO paper's table (sec. 5, table 1 and seed 004), extended with stage 0.
 struct TableRow {

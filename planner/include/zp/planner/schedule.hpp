@@ -19,13 +19,15 @@
 
 #include "zp/models/graph.hpp"
 #include "zp/planner/memory.hpp"
+#include "zp/planner/model_states.hpp"
 #include "zp/planner/strategy.hpp"
 
 namespace zp::planner {
 
-// Whose allocations are predicted: zeroplan's runtime (its arena, its buffers) or DeepSpeed
-// on PyTorch (its buffers, the caching allocator).
-enum class Profile { zeroplan, deepspeed };
+// Whose allocations are predicted: zeroplan's runtime (its arena, its buffers), DeepSpeed on
+// PyTorch (its buffers, the caching allocator), or PyTorch FSDP (fully_shard as torchtitan
+// runs it: per-unit all-gathers and reduce-scatters, the caching allocator).
+enum class Profile { zeroplan, deepspeed, fsdp };
 // Where the runtime computes: the CPU backend stores activations in fp32; CUDA in the
 // training precision.
 enum class Backend { cpu, cuda };
@@ -154,7 +156,8 @@ void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
 // category buffers). build_schedule
 // starts with these; the fit search replays them alone.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
-                         const Strategy& s, uint32_t param_bytes);
+                         const Strategy& s, uint32_t param_bytes,
+                         StateLayout layout = StateLayout::zero);
 // --offload-optimizer nvme (ZeRO-Infinity). Swap files are O_DIRECT and move whole blocks of
 // kSwapBlockBytes, so each state's file takes its bytes rounded up to a block on the nvme
 // tier (the runtime's Swapper::padded_bytes; one file per state: master, exp_avg, exp_avg_sq

@@ -116,6 +116,25 @@ struct Strategy {
   // default, false for stages 0-2 and true for stage 3 (deepspeed/runtime/zero/config.py: an
   // unset overlap_comm becomes stage == 3). See overlaps_comm().
   std::optional<bool> overlap_comm;
+  // The dtype of the weights the optimizer updates and of the gradient it reads: fp32 (mixed
+  // precision's master weights), or bf16 with --precision bf16 (DeepSpeed's
+  // bf16.bf16_master_weights_and_grads, a bf16 master partition; under the fsdp profile a bf16
+  // model without a mixed-precision policy, as torchtune trains: the bf16 sharded parameters
+  // are the weights, no second copy). Adam's moments: fp32, or bf16 (DeepSpeed's
+  // bf16.bf16_optimizer_states; torch's AdamW on bf16 parameters keeps bf16 moments), which
+  // needs a bf16 master.
+  Precision master_precision = Precision::fp32;
+  Precision optimizer_precision = Precision::fp32;
+  // PyTorch FSDP (the fsdp profile; stage 3 is FULL_SHARD / fully_shard): whether a
+  // transformer block's parameters are freed after its forward and all-gathered again for
+  // backward (FSDP2's reshard_after_forward, torchtitan's default; false is FSDP1's
+  // SHARD_GRAD_OP); the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.
+  // reduce_dtype: torchtitan fp32, accelerate the parameter dtype); and whether AdamW runs
+  // fused (one kernel, no temporaries; torchtitan's default) or foreach (PyTorch's default on
+  // CUDA, whose sqrt of exp_avg_sq is a temporary the size of the shard).
+  bool reshard_after_forward = true;
+  Precision reduce_precision = Precision::fp32;
+  bool fused_optimizer = false;
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };

@@ -1,0 +1,177 @@
+// The fsdp profile: PyTorch FSDP's fully_shard as torchtitan runs it. Expected sizes come from
+// gpt2-tiny's parameter formula written out here (12C^2 + 13C per block, as in
+// test_schedule.cpp) and FSDP2's buffer rules (torch/distributed/fsdp/_fully_shard,
+// summarized with line numbers in planner/notes/fsdp-and-optimizers-memory.md sec. 1):
+// sharded parameters in the model's dtype, an all-gather output and the unsharded parameters
+// per unit (W x shard each), the reduce-scatter input in the reduce dtype.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include "error_of.hpp"
+#include "zp/models/graph.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/estimate.hpp"
+#include "zp/planner/schedule.hpp"
+
+using namespace zp::planner;
+using zp::models::load_model;
+using zp::test::error_of;
+
+namespace {
+
+// gpt2-tiny: V=256, P=64, C=64, L=2, tied head.
+constexpr uint64_t C = 64, V = 256, P = 64, L = 2;
+constexpr uint64_t kEmbed = V * C + P * C;        // wte + wpe
+constexpr uint64_t kBlock = 12 * C * C + 13 * C;  // one block
+constexpr uint64_t kHead = 2 * C;                 // final layernorm; the head is tied
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+struct Run {
+  MemorySchedule sched;
+  MemoryReport rep;
+};
+Run run(Strategy s) {
+  const auto m = load_model("gpt2-tiny");
+  s.seq = 64;
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
+  const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
+  Run r;
+  r.sched = build_schedule(g, s, o);
+  r.rep = replay(r.sched, o);
+  return r;
+}
+Strategy fsdp(uint64_t w) {
+  Strategy s;
+  s.stage = 3;
+  s.dp = static_cast<int64_t>(w);
+  return s;
+}
+// Sizes of the buffers named `prefix + group` (each allocated once per use).
+std::multiset<uint64_t> sizes(const MemorySchedule& m, const std::string& name) {
+  std::multiset<uint64_t> out;
+  for (const MemBuffer& b : m.buffers)
+    if (b.name == name) out.insert(b.bytes);
+  return out;
+}
+// The buffers alive after position `pos`'s events.
+std::set<std::string> live_after(const MemorySchedule& m, int32_t pos) {
+  std::map<uint32_t, int> count;
+  for (const MemEvent& e : m.events) {
+    if (e.pos > pos) break;
+    count[e.buffer] += e.alloc ? 1 : -1;
+  }
+  std::set<std::string> out;
+  for (const auto& [b, c] : count)
+    if (c > 0) out.insert(m.buffers[b].name);
+  return out;
+}
+int32_t last_forward(const MemorySchedule& m) {
+  int32_t last = -1;
+  for (int32_t i = 0; i < static_cast<int32_t>(m.op_names.size()); ++i)
+    if (m.op_names[static_cast<std::size_t>(i)].rfind("cross_entropy", 0) == 0 &&
+        m.op_names[static_cast<std::size_t>(i)].find(".bwd") == std::string::npos)
+      last = i;
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp: sharded model states in the model's dtype, no 16-bit copy at rest") {
+  // The schedule's state buffers, in bytes (the replay rounds them to the caching
+  // allocator's 512-byte blocks).
+  auto state = [](const Run& r, const char* name) {
+    uint64_t n = 0;
+    for (uint64_t b : sizes(r.sched, name)) n += b;
+    return n;
+  };
+  for (uint64_t w : {1u, 2u, 3u, 4u}) {
+    CAPTURE(w);
+    const uint64_t part = ceil_div(kEmbed, w) + L * ceil_div(kBlock, w) + ceil_div(kHead, w);
+    // Mixed precision (bf16 compute, fp32 model): fp32 sharded params (the master), fp32
+    // sharded gradients, fp32 moments.
+    const Run mixed = run(fsdp(w));
+    CHECK(mixed.sched.partition_elems == part);
+    CHECK(state(mixed, "params") == 0);
+    CHECK(state(mixed, "master") == 4 * part);
+    CHECK(state(mixed, "grads") == 4 * part);
+    CHECK(state(mixed, "exp_avg") + state(mixed, "exp_avg_sq") == 8 * part);
+    // Pure bf16 (torchtune): the bf16 shard is the weight; gradients and moments in bf16.
+    Strategy p = fsdp(w);
+    p.master_precision = Precision::bf16;
+    p.optimizer_precision = Precision::bf16;
+    const Run pure = run(p);
+    CHECK(state(pure, "params") == 2 * part);
+    CHECK(state(pure, "master") == 0);
+    CHECK(state(pure, "grads") == 2 * part);
+    CHECK(state(pure, "exp_avg") + state(pure, "exp_avg_sq") == 4 * part);
+  }
+}
+
+TEST_CASE("fsdp: per unit an all-gather output and unsharded params, a reduce-scatter input") {
+  const uint64_t w = 3;
+  const uint64_t shard = ceil_div(kBlock, w);
+  Strategy s = fsdp(w);
+  const Run r = run(s);
+  // Each block is gathered for forward and again for backward (reshard_after_forward), in bf16:
+  // W x shard elements, twice per step.
+  CHECK(sizes(r.sched, "unsharded.h.0") == std::multiset<uint64_t>{2 * w * shard, 2 * w * shard});
+  CHECK(sizes(r.sched, "ag_out.h.1") == std::multiset<uint64_t>{2 * w * shard, 2 * w * shard});
+  CHECK(sizes(r.sched, "ag_copy_in.h.1") == std::multiset<uint64_t>{2 * shard, 2 * shard});
+  // The gradients are reduce-scattered once per block, in fp32 (torchtitan's reduce_dtype):
+  // the input is W x shard fp32; the output is the fp32 sharded gradient itself.
+  CHECK(sizes(r.sched, "rs_input.h.0") == std::multiset<uint64_t>{4 * w * shard});
+  CHECK(sizes(r.sched, "rs_output.h.0").empty());
+  // Reducing in bf16 (accelerate's default) into fp32 gradients casts the bf16 output.
+  s.reduce_precision = Precision::bf16;
+  const Run b = run(s);
+  CHECK(sizes(b.sched, "rs_input.h.0") == std::multiset<uint64_t>{2 * w * shard});
+  CHECK(sizes(b.sched, "rs_output.h.0") == std::multiset<uint64_t>{2 * shard});
+  // The tied embedding and the final norm are never resharded after forward: gathered once.
+  CHECK(sizes(r.sched, "unsharded.embed").size() == 1);
+  CHECK(sizes(r.sched, "unsharded.head").size() == 1);
+  // PyTorch's foreach AdamW: sqrt(exp_avg_sq) the size of the fp32 shard; fused: nothing.
+  const uint64_t part = ceil_div(kEmbed, w) + L * shard + ceil_div(kHead, w);
+  CHECK(sizes(r.sched, "foreach_sqrt") == std::multiset<uint64_t>{4 * part});
+  s.fused_optimizer = true;
+  CHECK(sizes(run(s).sched, "foreach_sqrt").empty());
+}
+
+TEST_CASE("fsdp: reshard_after_forward frees a block's parameters after its forward") {
+  Strategy s = fsdp(2);
+  const Run r = run(s);
+  const int32_t fwd_end = last_forward(r.sched);
+  REQUIRE(fwd_end > 0);
+  std::set<std::string> live = live_after(r.sched, fwd_end);
+  CHECK_FALSE(live.contains("unsharded.h.0"));
+  CHECK(live.contains("unsharded.embed"));  // tied with the head: not resharded
+  // SHARD_GRAD_OP (reshard_after_forward false): every block stays gathered until backward,
+  // and the end of forward holds the whole unsharded model (2 bytes per parameter) more.
+  s.reshard_after_forward = false;
+  const Run k = run(s);
+  live = live_after(k.sched, last_forward(k.sched));
+  CHECK(live.contains("unsharded.h.0"));
+  CHECK(live.contains("unsharded.h.1"));
+  CHECK(k.rep.peak_allocated[0] > r.rep.peak_allocated[0]);
+  // Nothing stays allocated after the step but the model states.
+  for (const Run* x : {&r, &k}) {
+    const std::set<std::string> end = live_after(x->sched, static_cast<int32_t>(x->sched.op_names.size()));
+    for (const std::string& n : end) {
+      CAPTURE(n);
+      CHECK((n == "master" || n == "grads" || n == "exp_avg" || n == "exp_avg_sq"));
+    }
+  }
+}
+
+TEST_CASE("fsdp: what the profile cannot plan is a clear error") {
+  const auto m = load_model("gpt2-tiny");
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
+  Strategy s = fsdp(2);
+  s.stage = 2;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("--profile fsdp: --stage 2") == 0);
+  s.stage = 3;
+  s.offload_optimizer = Offload::cpu;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("CPU offload") != std::string::npos);
+}
