@@ -107,9 +107,8 @@ void validate(const Strategy& s) {
   if (s.dpu && s.offload_optimizer == Offload::none)
     throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
                 "DPU overlaps the CPU optimizer step with the next forward/backward");
-  if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16 ||
-      s.reduce_precision == Precision::fp16)
-    throw Error("--master-weights, --optimizer-states and --reduce-dtype take fp32 or bf16",
+  if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16)
+    throw Error("--master-weights and --optimizer-states take fp32 or bf16",
                 "fp16 master weights or moments lose too much range; train in bf16 to keep 16-bit states");
   if (s.master_precision == Precision::bf16 && s.precision != Precision::bf16)
     throw Error(fmt::format("--master-weights bf16: needs --precision bf16, got {}",

@@ -180,6 +180,32 @@ TEST_CASE("defaults as users run: SDPA under the deepspeed profile, --seq at mos
                   "--attention: unknown value 'fast'");
 }
 
+TEST_CASE("fsdp: --fsdp-config reads accelerate's YAML and implies --profile fsdp") {
+  zp::test::TempDir dir;
+  const std::string cfg = dir.write("fsdp.yaml",
+                                    "distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\n"
+                                    "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n");
+  Result r = zero_plan({"estimate", "--model", "llama-2-7b", "--fsdp-config", cfg, "--seq", "2048",
+                        "--format", "json"});
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["profile"] == "fsdp");
+  CHECK(j["strategy"]["stage"] == 3);
+  CHECK(j["strategy"]["dp"] == 8);
+  CHECK(j["strategy"]["reduce_precision"] == "bf16");
+  // fp32 sharded parameters as the master: 4 bytes per owned element, no 16-bit copy at rest.
+  CHECK(j["per_device"]["gpu"]["breakdown"]["params"] == 0);
+  CHECK(j["per_device"]["gpu"]["breakdown"]["master"].get<uint64_t>() >= 4 * (6'738'415'616ULL / 8));
+  // Flags override the file; a contradicting profile and a stage FSDP has not are errors.
+  r = zero_plan({"estimate", "--model", "gpt2", "--fsdp-config", cfg, "--dp", "2", "--format", "json"});
+  REQUIRE(r.rc == 0);
+  CHECK(nlohmann::json::parse(r.out)["strategy"]["dp"] == 2);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--fsdp-config", cfg, "--profile", "deepspeed"}),
+                  "--fsdp-config: an FSDP run, but --profile deepspeed");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "2"}),
+                  "--profile fsdp: --stage 2");
+}
+
 TEST_CASE("ds-config with flags overriding it") {
   zp::test::TempDir dir;
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},

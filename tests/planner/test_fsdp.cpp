@@ -12,6 +12,7 @@
 #include "error_of.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
+#include "zp/planner/accelerate_config.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/schedule.hpp"
 
@@ -174,4 +175,74 @@ TEST_CASE("fsdp: what the profile cannot plan is a clear error") {
   s.stage = 3;
   s.offload_optimizer = Offload::cpu;
   CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("CPU offload") != std::string::npos);
+}
+
+TEST_CASE("accelerate's FSDP config: the YAML `accelerate config` writes, and its JSON twin") {
+  // What `accelerate config` writes for FSDP2 (accelerate commands/config/cluster.py), with
+  // the launcher's keys around it.
+  const char* yaml = R"(compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+fsdp_config:
+  fsdp_activation_checkpointing: true
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: false
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 16
+rdzv_backend: static
+same_network: true
+tpu_env: []
+use_cpu: false
+)";
+  const Strategy s = apply_accelerate_config(Strategy{}, yaml, "fsdp.yaml");
+  CHECK(s.stage == 3);
+  CHECK(s.dp == 16);
+  CHECK(s.precision == Precision::bf16);
+  CHECK(s.reduce_precision == Precision::bf16);  // accelerate reduces in the param dtype
+  CHECK(s.master_precision == Precision::fp32);  // and upcasts the parameters it shards
+  CHECK(s.reshard_after_forward == false);
+  CHECK(s.checkpointing == Checkpointing::full);
+  // The same keys as JSON (YAML's superset), FSDP1 with the strategy as a number.
+  const Strategy j = apply_accelerate_config(
+      Strategy{}, R"({"distributed_type": "FSDP", "mixed_precision": "no", "num_processes": 4,
+                      "fsdp_config": {"fsdp_sharding_strategy": 1, "fsdp_offload_params": "false"}})",
+      "fsdp.json");
+  CHECK(j.dp == 4);
+  CHECK(j.precision == Precision::fp32);
+  CHECK(j.reshard_after_forward == true);
+  CHECK(j.checkpointing == Checkpointing::none);
+  // FSDP1's SHARD_GRAD_OP by name, under the key without the fsdp_ prefix accelerate also takes.
+  CHECK(apply_accelerate_config(Strategy{},
+                                "distributed_type: FSDP\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n",
+                                "a.yaml")
+            .reshard_after_forward == false);
+  // Refusals name the field and say what to use.
+  auto err = [](const char* text) {
+    return error_of([&] { apply_accelerate_config(Strategy{}, text, "x.yaml"); });
+  };
+  CHECK(err("distributed_type: DEEPSPEED\n").find("DeepSpeed run") != std::string::npos);
+  CHECK(err("distributed_type: MULTI_GPU\n").find("plain data parallel") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n")
+            .find("NO_SHARD is plain data parallel") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 4\n")
+            .find("HYBRID_SHARD is not modelled yet") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n")
+            .find("fsdp_offload_params true") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: SOMETIMES\n")
+            .find("'fsdp_config.fsdp_sharding_strategy' must be") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nmixed_precision: fp8\n").find("fp8 is not modelled") !=
+        std::string::npos);
+  CHECK(err("distributed_type: FSDP\nnum_procs: 8\n").find("unknown field 'num_procs'") !=
+        std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config: [1, 2\n").find("not valid YAML at line") !=
+        std::string::npos);
 }

@@ -11,6 +11,7 @@
 #include "zp/error.hpp"
 #include "zp/json_fields.hpp"
 #include "zp/units.hpp"
+#include "zp/planner/accelerate_config.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -100,6 +101,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
+  app.add_option("--fsdp-config", f.fsdp_config,
+                 "accelerate config file (YAML from `accelerate config`, or JSON) of an FSDP run: "
+                 "fills the fields above and implies --profile fsdp; explicit flags override it")
+      ->group(g);
   auto* b = "Buffers (elements, DeepSpeed's names and defaults)";
   app.add_option("--reduce-bucket-size", f.reduce_bucket_size, "gradient reduce bucket [5e8]")->group(b);
   app.add_option("--allgather-bucket-size", f.allgather_bucket_size, "parameter all-gather bucket [5e8]")
@@ -159,9 +164,19 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
                                          std::vector<std::string>* assumed) const {
   Strategy s;
   nlohmann::json ds;
+  if (!ds_config.empty() && !fsdp_config.empty())
+    throw Error("--ds-config and --fsdp-config describe two different runs",
+                "give the DeepSpeed config for --profile deepspeed, the accelerate FSDP config "
+                "for --profile fsdp");
   if (!ds_config.empty()) {
     ds = parse_json_text(read_text_file(ds_config), ds_config);
     s = planner::apply_deepspeed_config(s, ds, ds_config, assumed);
+  }
+  if (!fsdp_config.empty()) {
+    if (o.profile != planner::Profile::fsdp)
+      throw Error(fmt::format("--fsdp-config: an FSDP run, but --profile {}", planner::to_string(o.profile)),
+                  "leave out --profile (--fsdp-config implies fsdp) or give --profile fsdp");
+    s = planner::apply_accelerate_config(s, read_text_file(fsdp_config), fsdp_config, assumed);
   }
   if (given("--stage")) {
     // Accept only 0..3 written as an integer; "4" and "two" get the same one-line error.
@@ -289,16 +304,17 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       return true;
     };
     std::vector<std::string> left;
-    if (!given("--stage") && !in_ds({"zero_optimization", "stage"}))
+    const bool acc = !fsdp_config.empty();  // stage, dp and precision come from it
+    if (!given("--stage") && !in_ds({"zero_optimization", "stage"}) && !acc)
       left.push_back(fmt::format("--stage {}", s.stage));
-    if (!given("--dp")) left.push_back(fmt::format("--dp {}", s.dp));
+    if (!given("--dp") && !acc) left.push_back(fmt::format("--dp {}", s.dp));
     if (!given("--micro-batch") && !in_ds({"train_micro_batch_size_per_gpu"}))
       left.push_back(fmt::format("--micro-batch {}", s.micro_batch));
-    if (!given("--precision") && ds_config.empty())
+    if (!given("--precision") && ds_config.empty() && !acc)
       left.push_back(fmt::format("--precision {}", planner::to_string(s.precision)));
     if (!given("--optimizer") && !in_ds({"optimizer"}))
       left.push_back(fmt::format("--optimizer {}", planner::to_string(s.optimizer)));
-    if (!given("--checkpointing"))
+    if (!given("--checkpointing") && !acc)
       left.push_back(fmt::format("--checkpointing {}", planner::to_string(s.checkpointing)));
     if (!given("--attention") && !flash_attention)
       left.push_back(o.profile == planner::Profile::zeroplan
@@ -330,9 +346,11 @@ void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_de
                              "either device [{}]", default_device));
 }
 
-planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend) const {
+planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend,
+                                          const StrategyFlags* strategy) const {
   planner::PlanOptions o;
-  auto p = planner::profile_from_string(profile);
+  const bool fsdp_file = strategy != nullptr && !strategy->fsdp_config.empty();
+  auto p = planner::profile_from_string(profile.empty() ? (fsdp_file ? "fsdp" : "zeroplan") : profile);
   if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan, deepspeed or fsdp");
   o.profile = *p;
   o.backend = default_backend;

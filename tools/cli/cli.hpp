@@ -23,7 +23,7 @@ inline constexpr int kExitBadInput = 2;
 // read as strings so every bad value gets the same "--flag: ..." error.
 struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
-      offload_optimizer, offload_param, ds_config;
+      offload_optimizer, offload_param, ds_config, fsdp_config;
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
   std::string master_weights, optimizer_states, reduce_dtype;
   bool reshard_after_forward = true, fused_optimizer = false;
@@ -51,8 +51,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
 
 // --profile zeroplan|deepspeed and --device cpu|cuda: whose allocations are predicted.
 struct TargetFlags {
-  std::string profile = "zeroplan", device, model_code;
-  planner::PlanOptions resolve(planner::Backend default_backend) const;
+  std::string profile, device, model_code;  // profile empty: zeroplan, or fsdp with --fsdp-config
+  // `strategy`: the same command's strategy flags, whose --fsdp-config implies --profile fsdp.
+  planner::PlanOptions resolve(planner::Backend default_backend,
+                               const StrategyFlags* strategy = nullptr) const;
 };
 void add_target_flags(CLI::App& app, TargetFlags& flags, std::string_view default_device);
 

@@ -152,7 +152,7 @@ int FitCommand::run() const {
                   "every node runs at least one GPU");
   }
   r.top = static_cast<std::size_t>(count_flag(top, "--top"));
-  r.options = target.resolve(planner::Backend::cuda);
+  r.options = target.resolve(planner::Backend::cuda, &flags);
   if (r.options.backend != planner::Backend::cuda)
     throw Error("--device cpu: fit plans GPU training", "leave out --device");
   const planner::Strategy s = flags.resolve_for_gpus(r.gpus, r.options);

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     } else if (est->parsed()) {
       const auto fmt_ = zp::cli::parse_format(est_format);
       const auto m = models::load_model(est_model);
-      const auto o = est_target.resolve(planner::Backend::cuda);
+      const auto o = est_target.resolve(planner::Backend::cuda, &est_flags);
       std::vector<std::string> assumed;
       const auto s = est_flags.resolve(o, &assumed);
       std::optional<planner::Hardware> hw;
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       return fit_cmd.run();
     } else if (plan->parsed()) {
       const auto m = models::load_model(plan_model);
-      const auto o = plan_target.resolve(planner::Backend::cpu);
+      const auto o = plan_target.resolve(planner::Backend::cpu, &plan_flags);
       const auto p = planner::make_plan(m, plan_flags.resolve(o), o,
                                         parse_count(plan_seed, "--seed"));
       zp::cli::emit(plan_output, planner::to_json(p).dump(2) + "\n");
