@@ -61,15 +61,24 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // parameter swap buffers (--offload-param nvme), the optimizer's swap buffers and the
 // offload tiles too.
 // overlap_comm changes how long gradient buckets live (schedule.cpp flush_if_full).
+// The last field (state_dtypes below): the dtypes and FSDP settings that size states and
+// buffers (master and moments, reduce dtype, reshard after forward, fused optimizer) and the
+// optimizer kind.
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
-                          uint64_t, uint64_t, uint64_t, bool>;
+                          uint64_t, uint64_t, uint64_t, bool, int>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
 // optimizer and parameters live, the delayed update's host buffers, and the swap buffers held
 // with the states (the delayed update's optimizer swap buffers on NVMe, the parameter
 // swapper's buffers).
-using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t>;
+using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int>;
+
+int state_dtypes(const Strategy& s) {
+  return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
+         static_cast<int>(s.reduce_precision) << 4 | int{s.reshard_after_forward} << 6 |
+         int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8;
+}
 
 }  // namespace
 
@@ -162,7 +171,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                        ? optimizer_swap_buffer_bytes(s, part)
                        : 0,
                    whole ? offload_tile_bytes(s, part, p_bytes) : 0,
-                   holds_buckets_in_flight(s)};
+                   holds_buckets_in_flight(s),
+                   whole ? state_dtypes(s) : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
@@ -192,7 +202,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                            : 0,
                        s.stage == 3 && s.offload_param == Offload::nvme
                            ? param_swap_buffer_bytes(s, part, p_bytes)
-                           : 0};
+                           : 0,
+                       state_dtypes(s)};
   auto st = sh.states.find(skey);
   if (st == sh.states.end()) {
     MemorySchedule states_only;
@@ -370,8 +381,13 @@ void explain(std::vector<Candidate>& c) {
 // (1 first; the next only when nothing fits), each round's configurations in search order.
 std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
+  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), no
+  // offload, no tensor or expert parallelism (check_profile).
+  const bool fsdp = r.options.profile == Profile::fsdp;
   std::vector<std::vector<int64_t>> mp_rounds;
-  if (!r.mps.empty()) {
+  if (fsdp) {
+    mp_rounds.push_back({1});
+  } else if (!r.mps.empty()) {
     mp_rounds.push_back(r.mps);
   } else {
     mp_rounds.push_back({1});
@@ -392,7 +408,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
         if (ep >= 1 && dp % ep == 0) out.push_back(ep);
       return out;
     }
-    if (!r.model.is_moe()) return std::vector<int64_t>{1};
+    if (!r.model.is_moe() || fsdp) return std::vector<int64_t>{1};
     for (int64_t ep = 1; ep <= dp; ++ep)
       if (dp % ep == 0 && r.model.moe.n_experts % ep == 0) out.push_back(ep);
     return out;
@@ -413,6 +429,8 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
               for (Offload op : r.offload_param)
                 for (bool dpu : r.dpu)
                   for (int64_t ga : accums) {
+                  if (fsdp && (stage != 3 || oo != Offload::none || op != Offload::none || dpu))
+                    continue;
                   if (op != Offload::none && stage != 3) continue;
                   if (oo != Offload::none && stage == 0) continue;
                   if (dpu && oo == Offload::none) continue;
@@ -428,6 +446,13 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   s.dp = cl2.gpus / mp;
                   s.ep = ep;
                   if (ck != Checkpointing::full) s.partition_activations = false;
+                  if (fsdp) {
+                    for (bool reshard : {true, false}) {
+                      s.reshard_after_forward = reshard;
+                      round.push_back(s);
+                    }
+                    continue;
+                  }
                   if (stage < 2 || s.dp == 1 || base.overlap_comm) {
                     round.push_back(s);
                     continue;

@@ -257,6 +257,36 @@ TEST_CASE("simulate: ring collectives and a step worked by hand") {
   }
 }
 
+TEST_CASE("fit: cached memory equals estimate() exactly under the fsdp profile") {
+  // Each setting that sizes FSDP's states or buffers, one at a time and together: the cache
+  // must tell them apart.
+  const auto m = zp::models::load_model("gpt2");
+  PlanOptions o;
+  o.profile = Profile::fsdp;
+  FitEvaluator ev(m, o);
+  for (int64_t dp : {1, 3, 8})
+    for (bool reshard : {true, false})
+      for (bool fused : {false, true})
+        for (Precision reduce : {Precision::fp32, Precision::bf16})
+          for (bool pure : {false, true}) {
+            Strategy s;
+            s.stage = 3;
+            s.dp = dp;
+            s.micro_batch = 2;
+            s.reshard_after_forward = reshard;
+            s.fused_optimizer = fused;
+            s.reduce_precision = reduce;
+            if (pure) s.master_precision = s.optimizer_precision = Precision::bf16;
+            s = resolve_for_model(s, m);
+            CAPTURE(dp);
+            CAPTURE(reshard);
+            CAPTURE(fused);
+            CAPTURE(pure);
+            CAPTURE(static_cast<int>(reduce));
+            CHECK(ev.memory(s) == estimate(m, s, nullptr, o).per_device);
+          }
+}
+
 TEST_CASE("fit: cached memory equals estimate() exactly") {
   const auto m = zp::models::load_model("gpt2");
   const auto medium = zp::models::load_model("gpt2-medium");

@@ -64,8 +64,11 @@ int64_t count_flag(const std::string& text, const char* flag) {
   return static_cast<int64_t>(v);
 }
 
-std::string row_strategy(const planner::Strategy& s) {
-  std::string out = fmt::format("stage {}", s.stage);
+std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
+  // FSDP's names for its sharding: FULL_SHARD reshards after forward, SHARD_GRAD_OP does not.
+  const bool fsdp = profile == planner::Profile::fsdp;
+  std::string out = fsdp ? std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP")
+                         : fmt::format("stage {}", s.stage);
   if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
   out += fmt::format(" dp {}", s.dp);
   if (s.ep > 1) out += fmt::format(" ep {}", s.ep);
@@ -77,7 +80,7 @@ std::string row_strategy(const planner::Strategy& s) {
   if (s.offload_param != planner::Offload::none)
     out += fmt::format(" params->{}", planner::to_string(s.offload_param));
   if (s.dpu) out += " dpu";
-  if (s.stage >= 2 && s.dp > 1 && planner::overlaps_comm(s)) out += " overlap";
+  if (!fsdp && s.stage >= 2 && s.dp > 1 && planner::overlaps_comm(s)) out += " overlap";
   return out;
 }
 
@@ -98,7 +101,7 @@ std::string render_text(const planner::FitResult& f, const planner::FitRequest& 
   const int64_t ranks = std::min<int64_t>(f.gpus, r.hw.gpus_per_node);
   for (std::size_t i = 0; i < f.candidates.size(); ++i) {
     const Candidate& c = f.candidates[i];
-    t.add({std::to_string(i + 1), row_strategy(c.strategy),
+    t.add({std::to_string(i + 1), row_strategy(c.strategy, r.options.profile),
            format_bytes(c.per_device.peak(Tier::gpu)),
            format_bytes(c.per_device.peak(Tier::cpu) * static_cast<uint64_t>(ranks)),
            fmt::format("{:.3f}", c.step_seconds), fmt::format("{:.0f}", c.tokens_per_second),
