@@ -1,7 +1,10 @@
 // graph.cpp: builds the training graph of a model from its recipe (any decoder, T5's encoder
 // and decoder): forward ops per block, the head and loss, the backward of each in reverse, recomputation ops for activation
 // checkpointing, and the optimizer step; then orders it with Boost's topological sort.
-// What is saved for backward follows Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1.
+// What is saved for backward follows Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1: the
+// tensors fused kernels keep. GraphOptions::hf_modeling adds what Hugging Face transformers'
+// unfused modeling code keeps beyond them (the "hf_modeling" parts below, each with its source;
+// tests/models/test_torch_reference.cpp holds them to PyTorch's autograd, to the byte).
 #include "zp/models/graph.hpp"
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 
 #include <boost/graph/topological_sort.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "zp/checked.hpp"
 #include "zp/error.hpp"
@@ -89,7 +93,32 @@ struct BlockActs {
   TensorId res_out = kNone, out_stats = kNone;           // post_residual: before the last norm
   TensorId out = kNone;        // block output
   TensorKind atty_kind = TensorKind::saved;
+  // hf_modeling: what transformers' modeling code saves beyond the fused kernels. repeat_kv's
+  // copies of the key and value heads, gpt-oss's sink-softmax max indices, Falcon's q|k|v
+  // split indices; the unfused activations of the dense, routed and shared MLPs; the MoE
+  // loop's renormalized top-k weights, (token, slot) index pairs and index_add_ source.
+  TensorId k_rep = kNone, v_rep = kNone, sink_idx = kNone, qkv_split = kNone;
+  std::vector<TensorId> act_hf, e_act_hf, s_act_hf;
+  TensorId r_topk = kNone, r_sum = kNone, e_pairs = kNone, e_src = kNone;
 };
+
+// hf_modeling: whether transformers' MoE router renormalizes its top-k weights to sum 1, which
+// saves them before the division and their sum: Mixtral always (modeling_mixtral.py
+// MixtralSparseMoeBlock.forward), Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 as the config's
+// norm_topk_prob says (their config classes default it to false, false, true), DeepSeek-V2
+// (DeepseekV2MoEGate.forward scales by routed_scaling_factor only) and gpt-oss (a softmax over
+// the k chosen logits) never. ModelSpec does not keep the flag: it is read back from the config
+// the spec came from (a hand-built spec takes the defaults).
+bool hf_topk_renorm(const ModelSpec& m) {
+  if (!m.is_moe() || m.model_type == "deepseek_v2" || m.model_type == "gpt_oss") return false;
+  if (m.model_type == "mixtral") return true;
+  const bool fallback = m.model_type == "deepseek_v3";
+  if (m.source_config.empty()) return fallback;
+  const nlohmann::json j = nlohmann::json::parse(m.source_config, nullptr, false);
+  if (!j.is_object()) return fallback;
+  const auto it = j.find("norm_topk_prob");
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
 
 // Which kind a forward tensor gets: saved for backward, or only a forward activation when the
 // backward will recompute it.
@@ -135,6 +164,7 @@ class Builder {
       QKV = checked_add(2 * Q, checked_mul(NH, VS, "value width"), "MLA qkv width");
     QO = checked_mul(NH, VS, "attention output width");
     ab = o.act_bytes;
+    hf_renorm_ = o.hf_modeling && hf_topk_renorm(m);
   }
 
   void build() {
@@ -196,7 +226,12 @@ class Builder {
       head_in = tensor("head.proj", {B, T, E}, ab, TensorKind::saved, head_layer);
       matmul("head.proj", nf, head_in, head_proj_, head_layer, Phase::forward, C, E);
     }
-    const TensorId logits = tensor("logits", {B, T, V}, 4, TensorKind::logits, head_layer);
+    // The fused cross-entropy's logits are fp32 (the head's GEMM writes them so) and become its
+    // probabilities in place; Hugging Face's LM head (an nn.Linear) returns them in the model's
+    // precision.
+    const bool hf = o_.hf_modeling;
+    const double btv = double(B * T * V);
+    const TensorId logits = tensor("logits", {B, T, V}, hf ? ab : 4, TensorKind::logits, head_layer);
     matmul("lm_head", head_in, logits, lm_head_, head_layer, Phase::forward, E, V);
     TensorId logits_tanh = kNone;
     if (m_.final_softcap > 0) {
@@ -204,24 +239,75 @@ class Builder {
       // saved for its backward (HF: logits / cap, tanh, * cap before the loss).
       logits_tanh = tensor("logits.softcap", {B, T, V}, ab, TensorKind::saved, head_layer);
       op("logits.softcap", OpKind::softcap, Phase::forward, head_layer, {logits},
-         {logits, logits_tanh}, {}, {}, {}, 4.0 * double(B * T * V));
+         {logits, logits_tanh}, {}, {}, {}, 4.0 * btv);
     }
-    const TensorId losses = tensor("losses", {B, T}, 4, TensorKind::activation, head_layer);
-    op("cross_entropy", OpKind::cross_entropy, Phase::forward, head_layer, {logits, targets},
-       {logits, losses}, {}, {}, {}, 5.0 * double(B * T * V));
+    TensorId logprobs = kNone;
+    if (!hf) {
+      const TensorId losses = tensor("losses", {B, T}, 4, TensorKind::activation, head_layer);
+      op("cross_entropy", OpKind::cross_entropy, Phase::forward, head_layer, {logits, targets},
+         {logits, losses}, {}, {}, {}, 5.0 * btv);
+    } else {
+      // hf_modeling: transformers' loss (src/transformers/loss/loss_utils.py ForCausalLMLoss,
+      // which LlamaForCausalLM.forward and its kin call as self.loss_function(logits=logits,
+      // labels=labels, vocab_size=...); read at commits 0114da07 and d0fed636, the same in both):
+      // `logits = logits.float()`, a new fp32 tensor where the model computes in 16 bits and the
+      // same tensor in fp32, then nn.functional.cross_entropy, which is log_softmax (autograd
+      // keeps its output for its own backward and nll_loss's) and nll_loss (the mean over the
+      // tokens). T5 (modeling_t5.py T5ForConditionalGeneration.forward) applies
+      // CrossEntropyLoss to its logits as they are: no upcast, the loss in the model's
+      // precision (lb). Nothing keeps the 16-bit logits for backward; the model's output still
+      // holds them, which a loop that keeps only the loss (the Trainer's compute_loss) drops
+      // before backward.
+      const uint32_t lb = m_.encoder_decoder() ? ab : 4;
+      TensorId logits32 = logits;
+      if (lb != ab) {
+        logits32 = tensor("logits.f32", {B, T, V}, 4, TensorKind::logits, head_layer);
+        op("loss.upcast", OpKind::cross_entropy, Phase::forward, head_layer, {logits}, {logits32},
+           {}, {}, {}, 0.0);
+      }
+      logprobs = tensor("logprobs", {B, T, V}, lb, TensorKind::logits, head_layer);
+      op("loss.log_softmax", OpKind::cross_entropy, Phase::forward, head_layer, {logits32},
+         {logprobs}, {}, {}, {}, 4.0 * btv);
+      const TensorId loss = tensor("loss", {1}, 4, TensorKind::activation, head_layer);
+      op("loss.nll", OpKind::cross_entropy, Phase::forward, head_layer, {logprobs, targets},
+         {loss}, {}, {}, {}, double(B * T));
+    }
 
     // ---- backward ----
     // The logits' gradient replaces the probabilities in place where activations are fp32. With
     // 16-bit activations it is a tensor of its own in the activation type: the LM head's
     // backward multiplies it with 16-bit weights and inputs, and a GEMM's two inputs share one
     // type (cublasGemmEx); PyTorch likewise hands the head a 16-bit gradient of the logits.
-    const TensorId dlogits =
-        ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
-    op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
-       {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * double(B * T * V));
+    TensorId dlogits = kNone;
+    if (!hf) {
+      dlogits = ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
+      op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
+         {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * btv);
+    } else {
+      // hf_modeling, in autograd's order: nll_loss's backward scatters -1/N into a new gradient
+      // of the log-probabilities (NllLossBackward0, which keeps them for their shape);
+      // log_softmax's backward writes the logits' gradient into another new tensor
+      // (grad - exp(logprobs) * sum(grad)), both in the loss's precision; where the loss was
+      // upcast, .float()'s backward (ToCopyBackward0) casts it to the model's precision for the
+      // LM head.
+      const uint32_t lb = g_.tensors[static_cast<std::size_t>(logprobs)].elem_bytes;
+      const TensorId d_logprobs = tensor("logprobs.d", {B, T, V}, lb, TensorKind::logits, head_layer);
+      op("loss.nll.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
+         {logprobs, targets}, {d_logprobs}, {}, {}, {}, double(B * T));
+      dlogits = tensor(lb == ab ? "logits.d" : "logits.f32.d", {B, T, V}, lb, TensorKind::logits,
+                       head_layer);
+      op("loss.log_softmax.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
+         {d_logprobs, logprobs}, {dlogits}, {}, {}, {}, 3.0 * btv);
+      if (lb != ab) {
+        const TensorId d32 = dlogits;
+        dlogits = tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
+        op("loss.upcast.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer, {d32},
+           {dlogits}, {}, {}, {}, 0.0);
+      }
+    }
     if (logits_tanh != kNone)
       op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
-         {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * double(B * T * V));
+         {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * btv);
     TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
                                 TensorKind::act_grad, head_layer);
     matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
@@ -292,6 +378,7 @@ class Builder {
   TrainingGraph& g_;
   int64_t B, T, T_enc, T_dec, C, HS, VS, NH, KVH, F, Fe = 0, Fs = 0, V, Q, QKV, QO, E = 0;
   uint32_t ab;
+  bool hf_renorm_ = false;  // hf_modeling and the router renormalizes (hf_topk_renorm)
   Param wte_, wpe_, embed_norm_, embed_proj_, lm_head_, final_norm_, enc_final_norm_, head_proj_;
   // One graph module per slot group of a block (zero-sized ones are left out).
   struct BlockParams {
@@ -488,6 +575,16 @@ class Builder {
                                 drop || more ? TensorKind::activation : TensorKind::saved, layer);
     op(name, OpKind::embedding, Phase::forward, layer, {tokens}, {emb}, {}, ps, {},
        double(B * T * C));
+    if (o_.hf_modeling && wpe_.w != kNone) {
+      // hf_modeling: the learned positions' lookup keeps its int64 position ids for the table's
+      // backward (EmbeddingBackward0.indices): GPT-2's (1, T) from cache_position
+      // (modeling_gpt2.py GPT2Model.forward), OPT's (B, T) from the attention mask's cumulative
+      // sum (modeling_opt.py OPTDecoder.forward). The fused lookup derives them from t.
+      const TensorId ids = tensor(name + ".pos_ids", {m_.model_type == "opt" ? B : 1, T}, 8,
+                                  TensorKind::saved, layer);
+      g_.ops.back().outputs.push_back(ids);
+      pos_ids_[name == "enc.embed" ? 0 : 1] = ids;
+    }
     TensorId x = emb;
     if (embed_proj_.w != kNone) {  // OPT's project_in: saved as its input for the backward
       g_.tensors[static_cast<std::size_t>(emb)].kind = TensorKind::saved;
@@ -514,6 +611,7 @@ class Builder {
   }
   TensorId embed_norm_stats_ = kNone, embed_norm_in_ = kNone;
   TensorId embed_raw_ = kNone;  // the lookup's output, project_in's input (OPT)
+  TensorId pos_ids_[2] = {kNone, kNone};  // hf_modeling: learned positions' ids (enc, dec)
 
   void embedding_bwd(TensorId tokens, TensorId dres, const std::string& name, TensorId mask) {
     std::vector<TensorId> gs = {wte_.g};
@@ -536,6 +634,8 @@ class Builder {
       d = de;
     }
     std::vector<TensorId> in = {d, tokens};
+    const TensorId ids = pos_ids_[name == "enc.embed" ? 0 : 1];
+    if (ids != kNone) in.push_back(ids);
     op(name + ".bwd", OpKind::embedding_bwd, Phase::backward, layer, in, {}, {}, {}, gs,
        double(B * T * C));
   }
@@ -651,6 +751,7 @@ class Builder {
     const TensorId bias = pos_bias_of(l);
     std::vector<TensorId> sin = src;
     if (bias != kNone) sin.push_back(bias);
+    if (a.k_rep != kNone) sin.push_back(a.k_rep);
     const TensorId preatt = tensor(h + ".attn.preatt", {B, NH, T, T}, ab, TensorKind::activation, l);
     op(h + ".attn.scores" + re, OpKind::attn_scores, ph, l, sin, {preatt}, {}, {}, {},
        2.0 * s2 * double(HS));
@@ -662,8 +763,19 @@ class Builder {
       op(h + ".attn.softcap" + re, OpKind::softcap, ph, l, {preatt}, {scores, a.att_tanh}, {}, {},
          {}, 4.0 * s2);
     }
-    a.att = tensor(h + ".attn.att", {B, NH, T, T}, ab, kind, l);
-    op(h + ".attn.softmax" + re, OpKind::softmax, ph, l, {scores}, {a.att}, {}, {}, {}, 5.0 * s2);
+    // hf_modeling, gpt-oss's sinks (modeling_gpt_oss.py eager_attention_forward): one sink
+    // logit per head joins each row as a column T + 1, the row's max is subtracted (MaxBackward0
+    // keeps its int64 indices) and the softmax's output, kept for its backward, has T + 1
+    // columns; the probabilities are a view of its first T. The fused kernel folds the sink
+    // into the normalizer.
+    const bool sink_col = o_.hf_modeling && m_.attn_sinks;
+    a.att = tensor(h + ".attn.att", {B, NH, T, sink_col ? T + 1 : T}, ab, kind, l);
+    std::vector<TensorId> sm_out = {a.att};
+    if (sink_col) {
+      a.sink_idx = tensor(h + ".attn.sink_max", {B, NH, T, 1}, 8, kind, l);
+      sm_out.push_back(a.sink_idx);
+    }
+    op(h + ".attn.softmax" + re, OpKind::softmax, ph, l, {scores}, sm_out, {}, {}, {}, 5.0 * s2);
     TensorId probs = a.att;
     if (o_.dropout && m_.attn_dropout > 0) {
       a.att_mask = tensor(h + ".attn.drop.mask", {B, NH, T, T}, 1, kind, l);
@@ -675,7 +787,9 @@ class Builder {
     }
     if (values) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, a.atty_kind, l);
-      op(h + ".attn.values" + re, OpKind::attn_values, ph, l, {probs, a.qkv}, {a.atty}, {}, {}, {},
+      std::vector<TensorId> vin = {probs, a.qkv};
+      if (a.v_rep != kNone) vin.push_back(a.v_rep);
+      op(h + ".attn.values" + re, OpKind::attn_values, ph, l, vin, {a.atty}, {}, {}, {},
          2.0 * s2 * double(VS));
     } else {
       // Selective recomputation: the values product is not redone (its output is saved), but
@@ -717,6 +831,13 @@ class Builder {
     } else {
       a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
       matmul(h + ".attn.qkv", in, a.qkv, p.qkv, l, ph, C, QKV);
+      if (o_.hf_modeling && m_.model_type == "falcon" && m_.n_kv_head < m_.n_head) {
+        // hf_modeling: Falcon's multi-query and grouped layouts split the fused q|k|v with list
+        // indices (modeling_falcon.py FalconAttention._split_heads: qkv[..., [-2]] and [-1]),
+        // whose one-element int64 index tensors IndexBackward0 keeps.
+        a.qkv_split = tensor(h + ".attn.qkv.split_idx", {2}, 8, k.block, l);
+        g_.ops.back().outputs.push_back(a.qkv_split);
+      }
     }
     if (m_.qk_norm != QkNorm::none) {
       // RMSNorm of q and k (per head or over the projection) into a tensor of their own; the
@@ -737,6 +858,38 @@ class Builder {
     }
   }
 
+  // hf_modeling: transformers' repeat_kv (modeling_llama.py and each GQA family's copy of it)
+  // copies the KVH key and value heads to all NH query heads before the attention reads them,
+  // and the attention keeps the copies for its backward (eager: its two matmuls; SDPA: its
+  // inputs); fused kernels read the shared heads. qkv still holds the KVH heads, so the graph
+  // adds the copies beyond them: NH - KVH heads each of K and V.
+  //   - Eager attention (eager_attention_forward) always copies.
+  //   - SDPA (integrations/sdpa_attention.py sdpa_attention_forward, read at commits e2feb59b
+  //     and 00c238bd) passes enable_gqa=True instead when use_gqa_in_sdpa: torch >= 2.5 (CUDA)
+  //     and no attention mask. transformers passes no mask where SDPA's is_causal does the
+  //     masking (masking_utils.py _ignore_causal_mask_sdpa: no padding, and no sliding window
+  //     or one longer than the sequence, kv_length < local_attention_size), so under
+  //     flash_attention (SDPA here) the copies are made only in sliding-window layers whose
+  //     window the sequence reaches. Batches are taken unpadded (padding would materialize a
+  //     mask in every layer); releases before use_gqa_in_sdpa copied for SDPA too.
+  //   - Falcon broadcasts its key and value heads and flattens them to NH heads whatever the
+  //     attention (modeling_falcon.py FalconAttention._split_heads): always copies.
+  bool hf_repeat_kv(int l) const {
+    if (!o_.hf_modeling || m_.attention != Attention::standard || KVH == NH) return false;
+    if (!o_.flash_attention || m_.model_type == "falcon") return true;
+    const int64_t w = m_.window.window_of(l);
+    return w > 0 && T >= w;
+  }
+  void repeat_kv(const std::string& h, int l, Phase ph, const Kinds& k, BlockActs& a) {
+    const Shape rep = {B, NH - KVH, T, HS};
+    a.k_rep = tensor(h + ".attn.repeat_kv.k", rep, ab, k.block, l);
+    a.v_rep = tensor(h + ".attn.repeat_kv.v", rep, ab, k.block, l);
+    std::vector<TensorId> src = {a.qkv};
+    if (a.qk != kNone) src.insert(src.begin(), a.qk);
+    op(h + ".attn.repeat_kv" + (ph == Phase::recompute ? ".re" : ""), OpKind::concat, ph, l, src,
+       {a.k_rep, a.v_rep}, {}, {}, {}, 2.0 * double(B * T) * double((NH - KVH) * HS));
+  }
+
   // Attention sublayer: input `in` (already normed where the recipe norms first), output the
   // projection (after its dropout).
   TensorId attention(const std::string& h, int l, Phase ph, const Kinds& k, TensorId in,
@@ -744,12 +897,14 @@ class Builder {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     const std::string re = ph == Phase::recompute ? ".re" : "";
     qkv_projection(h, l, ph, k, in, a);
+    if (hf_repeat_kv(l)) repeat_kv(h, l, ph, k, a);
     if (o_.flash_attention) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, k.block, l);
       a.lse = tensor(h + ".attn.lse", {B, NH, T}, 4, k.block, l, true);
       std::vector<TensorId> src = {a.qkv};
       if (a.qk != kNone) src.insert(src.begin(), a.qk);
       if (pos_bias_of(l) != kNone) src.push_back(pos_bias_of(l));
+      if (a.k_rep != kNone) src.insert(src.end(), {a.k_rep, a.v_rep});
       op(h + ".attn.flash" + re, OpKind::flash_attention, ph, l, src, {a.atty, a.lse}, {}, {},
          {}, 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
     } else {
@@ -804,10 +959,42 @@ class Builder {
 
   bool relu() const { return m_.activation == "relu"; }
 
-  // A dense MLP (plain or gated) of width `width` on `in`: saves its hidden tensors.
+  // hf_modeling: what transformers' unfused activations keep beyond a fused kernel's input
+  // (and, gated, up): the extra saved tensors of one MLP, each of the MLP's hidden shape.
+  //   - gelu_new (activations.py NewGELUActivation, GPT-2, Phi, T5's gated-gelu) is the
+  //     composition 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))): tanh keeps
+  //     its output and the last product both factors, 0.5 * x and 1 + tanh (pow keeps x, the
+  //     MLP's own input). A fused GELU keeps only x. (gelu_pytorch_tanh is one native op.)
+  //   - A gated MLP written down(act(gate) * up) (modeling_llama.py LlamaMLP and kin): the
+  //     product keeps act(gate) as well; a fused SwiGLU/GeGLU recomputes it from gate. With
+  //     gelu_new as act, the composition's three come with it.
+  //   - gpt-oss's clamped GLU (modeling_gpt_oss.py GptOssExperts.forward): gate.clamp(max=limit),
+  //     glu = gate * sigmoid(gate * alpha), (up.clamp(-limit, limit) + 1) * glu keeps the
+  //     clamped gate, sigmoid's output, up + 1 and glu (the clamps keep gate|up, the MLP's own).
+  // A plain erf GELU keeps nothing more; nor does ReLU, plain or gated (relu keeps its output,
+  // the one the product keeps, and not gate: the same count as the fused kernel's).
+  std::vector<TensorId> hf_mlp_extras(const std::string& name, const Shape& shp, int l,
+                                      TensorKind kind) {
+    std::vector<TensorId> x;
+    if (!o_.hf_modeling || relu()) return x;
+    auto add = [&](const char* n) { x.push_back(tensor(name + n, shp, ab, kind, l)); };
+    if (m_.mlp == Mlp::swiglu && m_.model_type == "gpt_oss") {
+      for (const char* n : {".glu.gate_clamped", ".glu.sigmoid", ".glu.up_plus_1", ".glu.glu"})
+        add(n);
+      return x;
+    }
+    if (m_.mlp == Mlp::swiglu) add(".act");
+    if (m_.activation == "gelu_new")
+      for (const char* n : {".gelu_new.tanh", ".gelu_new.half_x", ".gelu_new.one_plus_tanh"})
+        add(n);
+    return x;
+  }
+
+  // A dense MLP (plain or gated) of width `width` on `in`: saves its hidden tensors (and, with
+  // hf_modeling, the activation's extras into `hf`).
   TensorId dense_mlp(const std::string& name, int l, Phase ph, const Kinds& k, TensorId in,
                      const Param& fc, const Param& fc2, int64_t width, TensorId& fch,
-                     TensorId& up, TensorId& act, int64_t rows = 0) {
+                     TensorId& up, TensorId& act, std::vector<TensorId>& hf, int64_t rows = 0) {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
     const double n = rows > 0 ? double(rows) : double(B * T);
@@ -821,14 +1008,20 @@ class Builder {
       fch = tensor(name + ".fc", shp, ab, k.block, l);
       matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
       act = tensor(name + ".gelu", shp, ab, k.block, l);
-      op(name + ".gelu" + re, OpKind::gelu, ph, l, {fch}, {act}, {}, {}, {}, 10.0 * n * double(width));
+      hf = hf_mlp_extras(name, shp, l, k.block);
+      std::vector<TensorId> out = {act};
+      out.insert(out.end(), hf.begin(), hf.end());
+      op(name + ".gelu" + re, OpKind::gelu, ph, l, {fch}, out, {}, {}, {}, 10.0 * n * double(width));
     } else {
       fch = tensor(name + ".gate", shp, ab, k.block, l);
       up = tensor(name + ".up", shp, ab, k.block, l);
       op(name + ".gate_up" + re, OpKind::matmul, ph, l, {in}, {fch, up}, {}, {fc.w}, {},
          2.0 * n * double(C) * double(2 * width));
       act = tensor(name + ".swiglu", shp, ab, k.block, l);
-      op(name + ".swiglu" + re, OpKind::swiglu, ph, l, {fch, up}, {act}, {}, {}, {},
+      hf = hf_mlp_extras(name, shp, l, k.block);
+      std::vector<TensorId> out = {act};
+      out.insert(out.end(), hf.begin(), hf.end());
+      op(name + ".swiglu" + re, OpKind::swiglu, ph, l, {fch, up}, out, {}, {}, {},
          6.0 * n * double(width));
     }
     const TensorId out = tensor(name + ".proj", rows > 0 ? Shape{rows, C} : Shape{B, T, C}, ab,
@@ -839,7 +1032,7 @@ class Builder {
   // Its backward: d_out in, the input gradient written to (or accumulated into) d_in.
   void dense_mlp_bwd(const std::string& name, int l, TensorId d_out, TensorId in, Target& d_in,
                      const Param& fc, const Param& fc2, int64_t width, TensorId fch, TensorId up,
-                     TensorId act, int64_t rows = 0) {
+                     TensorId act, const std::vector<TensorId>& hf, int64_t rows = 0) {
     const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
     const double n = rows > 0 ? double(rows) : double(B * T);
     const bool gelu = m_.mlp == Mlp::gelu;
@@ -852,15 +1045,19 @@ class Builder {
          {}, n * double(width));
       matmul_bwd(name + ".fc", d_act, in, din, fc, l, C, width, rows);
     } else if (gelu) {
-      op(name + ".gelu.bwd", OpKind::gelu_bwd, Phase::backward, l, {d_act, fch}, {d_act}, {}, {},
-         {}, 12.0 * n * double(width));
+      std::vector<TensorId> in_g = {d_act, fch};
+      in_g.insert(in_g.end(), hf.begin(), hf.end());
+      op(name + ".gelu.bwd", OpKind::gelu_bwd, Phase::backward, l, in_g, {d_act}, {}, {}, {},
+         12.0 * n * double(width));
       matmul_bwd(name + ".fc", d_act, in, din, fc, l, C, width, rows);
     } else {
       Shape gu = shp;
       gu.back() = 2 * width;
       const TensorId d_gu = tensor(name + ".gate_up.d", gu, ab, TensorKind::act_grad, l);
-      op(name + ".swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, {d_act, fch, up},
-         {d_gu}, {}, {}, {}, 10.0 * n * double(width));
+      std::vector<TensorId> in_g = {d_act, fch, up};
+      in_g.insert(in_g.end(), hf.begin(), hf.end());
+      op(name + ".swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, in_g, {d_gu}, {}, {}, {},
+         10.0 * n * double(width));
       op(name + ".gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, {d_gu, in}, {din}, {},
          {fc.w}, {fc.g}, 4.0 * n * double(C) * double(2 * width));
     }
@@ -879,10 +1076,30 @@ class Builder {
     const int64_t Ex = m_.moe.n_experts, K = m_.moe.top_k, R = routed_rows();
     const TensorId logits = tensor(h + ".moe.router", {B, T, Ex}, ab, TensorKind::activation, l);
     matmul(h + ".moe.router", in, logits, p.router, l, ph, C, Ex);
-    a.r_probs = tensor(h + ".moe.probs", {B, T, Ex}, 4, k.block, l);
-    a.r_idx = tensor(h + ".moe.topk", {B, T, K}, 4, k.block, l);
+    // hf_modeling: transformers' dropless MoE blocks (modeling_mixtral.py
+    // MixtralSparseMoeBlock.forward, Qwen2-/Qwen3-MoE's copies, modeling_deepseek_v3.py
+    // DeepseekV3MoE.moe, modeling_gpt_oss.py GptOssExperts.forward) route with torch.topk,
+    // whose indices are int64, and loop over the experts: per expert, torch.where on the
+    // one-hot mask gives the (token, slot) index pair of each of its rows (one int64 (rows, 2)
+    // storage, kept by the gathers and index_add_), and index_add_ keeps its source, the
+    // weighted expert output (IndexAddBackward0 keeps `source`), one (rows, C) tensor more than
+    // a combine that reads the expert outputs and weights. DeepSeek accumulates in the fp32 of
+    // its router's weights (zeros_like(..., dtype=topk_weights.dtype)). A renormalizing router
+    // (hf_topk_renorm) keeps the top-k weights before the division and their sum, in fp32.
+    // gpt-oss's router (GptOssTopKRouter.forward) takes top-k of the logits and softmaxes
+    // those k in the logits' precision: it keeps (B, T, k) probabilities, not (B, T, E). With a
+    // capacity factor DeepSpeed-MoE's gating replaces the loop: none of this applies.
+    const bool hf_loop = o_.hf_modeling && o_.moe_capacity_factor <= 0;
+    const bool oss = hf_loop && m_.model_type == "gpt_oss";
+    a.r_probs = tensor(h + ".moe.probs", {B, T, oss ? K : Ex}, oss ? ab : 4, k.block, l);
+    a.r_idx = tensor(h + ".moe.topk", {B, T, K}, hf_loop ? 8 : 4, k.block, l);
     a.r_w = tensor(h + ".moe.weights", {B, T, K}, 4, k.block, l);
     std::vector<TensorId> route_out = {a.r_probs, a.r_idx, a.r_w};
+    if (hf_loop && hf_renorm_) {
+      a.r_topk = tensor(h + ".moe.topk_weights", {B, T, K}, 4, k.block, l);
+      a.r_sum = tensor(h + ".moe.topk_sum", {B, T, 1}, 4, k.block, l);
+      route_out.insert(route_out.end(), {a.r_topk, a.r_sum});
+    }
     if (o_.moe_capacity_factor > 0) {
       // DeepSpeed's einsum gating: dispatch "sec,sm->ecm" and combine "sec,ecm->sm" save the
       // (S, E, capacity) mask and weights, cast to the activation type (type_as(input)).
@@ -895,18 +1112,30 @@ class Builder {
     op(h + ".moe.route" + re, OpKind::moe_route, ph, l, {logits}, route_out, {}, {}, {},
        6.0 * double(B * T * Ex));
     a.xe = tensor(h + ".moe.dispatch", {R, C}, ab, k.block, l);
+    std::vector<TensorId> dispatch_out = {a.xe};
+    if (hf_loop) {
+      a.e_pairs = tensor(h + ".moe.expert_idx", {R, 2}, 8, k.block, l);
+      dispatch_out.push_back(a.e_pairs);
+    }
     op(h + ".moe.dispatch" + re, OpKind::moe_dispatch, ph, l,
-       {in, a.r_mask != kNone ? a.r_mask : a.r_idx}, {a.xe}, {}, {}, {}, double(R * C));
+       {in, a.r_mask != kNone ? a.r_mask : a.r_idx}, dispatch_out, {}, {}, {}, double(R * C));
     a.ye = dense_mlp(h + ".moe.experts", l, ph, k, a.xe, p.e_fc, p.e_proj, Fe, a.e_gate, a.e_up,
-                     a.e_act, R);
+                     a.e_act, a.e_act_hf, R);
     g_.tensors[static_cast<std::size_t>(a.ye)].kind = k.block;  // the combine's backward reads it
     TensorId out = tensor(h + ".moe.out", {B, T, C}, ab, TensorKind::activation, l);
-    op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l,
-       {a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx}, {out}, {}, {}, {},
+    std::vector<TensorId> combine_in = {a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx};
+    std::vector<TensorId> combine_out = {out};
+    if (hf_loop) {
+      const bool deepseek = m_.model_type == "deepseek_v2" || m_.model_type == "deepseek_v3";
+      a.e_src = tensor(h + ".moe.combine.src", {R, C}, deepseek ? 4 : ab, k.block, l);
+      combine_in.push_back(a.e_pairs);
+      combine_out.push_back(a.e_src);
+    }
+    op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l, combine_in, combine_out, {}, {}, {},
        2.0 * double(R * C));
     if (p.s_fc.w != kNone) {
       TensorId s_out = dense_mlp(h + ".moe.shared", l, ph, k, in, p.s_fc, p.s_proj, Fs, a.s_gate,
-                                 a.s_up, a.s_act);
+                                 a.s_up, a.s_act, a.s_act_hf);
       if (p.s_gate.w != kNone) {
         // Qwen2-MoE: sigmoid(x W_g) scales the shared expert's output; both are saved.
         g_.tensors[static_cast<std::size_t>(s_out)].kind = k.block;
@@ -940,22 +1169,27 @@ class Builder {
         matmul_bwd(h + ".moe.shared.gate", d_g, in, need(d_in, l), p.s_gate, l, C, 1);
       }
       dense_mlp_bwd(h + ".moe.shared", l, d_s, in, d_in, p.s_fc, p.s_proj, Fs, a.s_gate, a.s_up,
-                    a.s_act);
+                    a.s_act, a.s_act_hf);
     }
     const TensorId d_ye = tensor(h + ".moe.experts.proj.d", {R, C}, ab, TensorKind::act_grad, l);
     const TensorId d_w = tensor(h + ".moe.weights.d", {B, T, K}, 4, TensorKind::act_grad, l);
-    op(h + ".moe.combine.bwd", OpKind::moe_combine_bwd, Phase::backward, l,
-       {d_out, a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx}, {d_ye, d_w}, {}, {}, {},
-       4.0 * double(R * C));
+    std::vector<TensorId> combine_in = {d_out, a.ye, a.r_combine != kNone ? a.r_combine : a.r_w,
+                                        a.r_idx};
+    if (a.e_src != kNone) combine_in.insert(combine_in.end(), {a.e_src, a.e_pairs});
+    op(h + ".moe.combine.bwd", OpKind::moe_combine_bwd, Phase::backward, l, combine_in,
+       {d_ye, d_w}, {}, {}, {}, 4.0 * double(R * C));
     Target d_xe = target(tensor(h + ".moe.dispatch.d", {R, C}, ab, TensorKind::act_grad, l));
     dense_mlp_bwd(h + ".moe.experts", l, d_ye, a.xe, d_xe, p.e_fc, p.e_proj, Fe, a.e_gate,
-                  a.e_up, a.e_act, R);
-    op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l,
-       {d_xe.id, a.r_mask != kNone ? a.r_mask : a.r_idx},
+                  a.e_up, a.e_act, a.e_act_hf, R);
+    std::vector<TensorId> dispatch_in = {d_xe.id, a.r_mask != kNone ? a.r_mask : a.r_idx};
+    if (a.e_pairs != kNone) dispatch_in.push_back(a.e_pairs);
+    op(h + ".moe.dispatch.bwd", OpKind::moe_dispatch_bwd, Phase::backward, l, dispatch_in,
        {need(d_in, l)}, {}, {}, {}, double(R * C));
     const TensorId d_logits = tensor(h + ".moe.router.d", {B, T, Ex}, ab, TensorKind::act_grad, l);
-    op(h + ".moe.route.bwd", OpKind::moe_route_bwd, Phase::backward, l, {d_w, a.r_probs, a.r_idx},
-       {d_logits}, {}, {}, {}, 6.0 * double(B * T * Ex));
+    std::vector<TensorId> route_in = {d_w, a.r_probs, a.r_idx};
+    if (a.r_topk != kNone) route_in.insert(route_in.end(), {a.r_topk, a.r_sum});
+    op(h + ".moe.route.bwd", OpKind::moe_route_bwd, Phase::backward, l, route_in, {d_logits}, {},
+       {}, {}, 6.0 * double(B * T * Ex));
     matmul_bwd(h + ".moe.router", d_logits, in, need(d_in, l), p.router, l, C, Ex);
   }
 
@@ -965,7 +1199,8 @@ class Builder {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     TensorId out = m_.moe.is_moe_layer(l)
                        ? moe(h, l, ph, k, in, a)
-                       : dense_mlp(h + ".mlp", l, ph, k, in, p.fc, p.fc2, F, a.fch, a.up, a.act);
+                       : dense_mlp(h + ".mlp", l, ph, k, in, p.fc, p.fc2, F, a.fch, a.up, a.act,
+                                   a.act_hf);
     if (o_.dropout && m_.resid_dropout > 0) {
       a.mlp_mask = tensor(h + ".mlp.drop.mask", {B, T, C}, 1, k.block, l);
       const TensorId dropped = tensor(h + ".mlp.drop.out", {B, T, C}, ab, TensorKind::activation, l);
@@ -989,7 +1224,7 @@ class Builder {
     if (m_.moe.is_moe_layer(l))
       moe_bwd(h, l, a, d, in, d_in);
     else
-      dense_mlp_bwd(h + ".mlp", l, d, in, d_in, p.fc, p.fc2, F, a.fch, a.up, a.act);
+      dense_mlp_bwd(h + ".mlp", l, d, in, d_in, p.fc, p.fc2, F, a.fch, a.up, a.act, a.act_hf);
   }
 
   TensorId residual(const std::string& name, int l, Phase ph, std::vector<TensorId> in,
@@ -1092,6 +1327,10 @@ class Builder {
     std::vector<TensorId> src = {a.qkv};
     if (a.qk != kNone) src.insert(src.begin(), a.qk);
     const TensorId bias = pos_bias_of(l);
+    // hf_modeling: the copies' gradients, summed back into the shared heads (repeat_kv.bwd).
+    const TensorId d_rep = a.k_rep == kNone ? kNone
+                           : tensor(h + ".attn.repeat_kv.d", {B, 2 * (NH - KVH), T, HS}, ab,
+                                    TensorKind::act_grad, l);
     if (o_.flash_attention) {
       // FlashAttention-2's backward keeps an fp32 dQ accumulator and per-row softmax sums.
       const TensorId dq_acc = tensor(h + ".attn.flash.dq_accum", {B, T, Q}, 4, TensorKind::workspace, l);
@@ -1100,33 +1339,48 @@ class Builder {
       in_f.insert(in_f.end(), src.begin(), src.end());
       in_f.push_back(a.atty);
       in_f.push_back(a.lse);
+      if (d_rep != kNone) in_f.insert(in_f.end(), {a.k_rep, a.v_rep});
       std::vector<TensorId> out_f = {d_qkv};
       if (bias != kNone) out_f.push_back(pos_bias_grad(l));
+      if (d_rep != kNone) out_f.push_back(d_rep);
       op(h + ".attn.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l, in_f, out_f,
          {dq_acc, dsum}, {}, {}, 2.5 * 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
     } else {
       const TensorId probs = a.att_drop != kNone ? a.att_drop : a.att;
-      const TensorId d_att = tensor(h + ".attn.att.d", {B, NH, T, T}, ab, TensorKind::act_grad, l);
-      op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, {d_atty, probs, a.qkv},
-         {d_att, d_qkv}, {}, {}, {}, 4.0 * s2 * double(VS));
+      const Shape att_shape = g_.tensors[static_cast<std::size_t>(a.att)].shape;
+      const TensorId d_att = tensor(h + ".attn.att.d", att_shape, ab, TensorKind::act_grad, l);
+      std::vector<TensorId> in_v = {d_atty, probs, a.qkv}, out_v = {d_att, d_qkv};
+      if (d_rep != kNone) {
+        in_v.push_back(a.v_rep);
+        out_v.push_back(d_rep);
+      }
+      op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, in_v, out_v, {}, {},
+         {}, 4.0 * s2 * double(VS));
       if (a.att_mask != kNone) {
         op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
            {d_att}, {}, {}, {}, s2);
         g_.ops.back().dropout_p = m_.attn_dropout;
       }
-      op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.att}, {d_att},
-         {}, {}, {}, 4.0 * s2);
+      std::vector<TensorId> in_sm = {d_att, a.att};
+      if (a.sink_idx != kNone) in_sm.push_back(a.sink_idx);
+      op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, in_sm, {d_att}, {}, {},
+         {}, 4.0 * s2);
       if (a.att_tanh != kNone)
         op(h + ".attn.softcap.bwd", OpKind::softcap_bwd, Phase::backward, l, {d_att, a.att_tanh},
            {d_att}, {}, {}, {}, 3.0 * s2);
       std::vector<TensorId> in_s = {d_att};
       in_s.insert(in_s.end(), src.begin(), src.end());
+      if (d_rep != kNone) in_s.push_back(a.k_rep);
       std::vector<TensorId> out_s = {d_qkv};
       if (bias != kNone) out_s.push_back(pos_bias_grad(l));
+      if (d_rep != kNone) out_s.push_back(d_rep);
       op(h + ".attn.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, in_s, out_s, {},
          {}, {}, 4.0 * s2 * double(HS));
     }
     if (p.sinks.g != kNone) g_.ops.back().grads.push_back(p.sinks.g);
+    if (d_rep != kNone)
+      op(h + ".attn.repeat_kv.bwd", OpKind::concat_bwd, Phase::backward, l, {d_rep}, {d_qkv}, {},
+         {}, {}, 2.0 * double(B * T) * double((NH - KVH) * HS));
     if (m_.positions == Positions::rotary) {
       const int64_t rot = m_.attention == Attention::mla ? NH * m_.rotary_dim * 2
                                                          : (NH + KVH) * m_.rotary_dim;
@@ -1170,6 +1424,7 @@ class Builder {
       return;
     }
     matmul_bwd(h + ".attn.qkv", d_qkv, in, need(d_in, l), p.qkv, l, C, QKV);
+    if (a.qkv_split != kNone) g_.ops.back().inputs.push_back(a.qkv_split);
   }
 
   void cross_attention_bwd(const std::string& h, int l, const BlockActs& a, TensorId d_out,

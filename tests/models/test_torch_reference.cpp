@@ -5,13 +5,20 @@
 // decoder T=8).
 //
 // zeroplan's graph counts what fused kernels save (the runtime's, FlashAttention's, Liger's);
-// the reference follows Hugging Face's eager code, which saves more in known places. Each
-// such place is a formula below, named and explained; with them the totals must be equal to
-// the byte. Nothing is fitted: each formula is derived from the op that saves the tensor.
+// the reference follows Hugging Face's eager code, which saves more in known places. Two
+// independent statements hold the two together, to the byte, for every family:
+//   - the graph built with GraphOptions::hf_modeling, which adds those places as tensors and
+//     ops of its own, saves exactly what autograd saves;
+//   - the fused graph plus a formula per place (below, named and explained, each derived from
+//     the op that saves the tensor; nothing is fitted) saves it too. So the hf graph's
+//     additions are the formulas, and the test says so directly as well.
+// The fixture is fp32, where the loss's upcast is no copy; its loss_path runs (the LM head and
+// the loss alone, fp32 and bf16) and byte counts derived by hand hold the 16-bit loss path.
 #include <doctest/doctest.h>
 
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -36,28 +43,60 @@ const json& fixture() {
 
 constexpr int64_t kB = 2, kT = 16, kTdec = 8;
 
-// Bytes alive at the end of the forward pass that the backward reads: produced by then and
-// used after (what autograd's saved tensors hold), inputs and model states excluded.
-uint64_t graph_saved_bytes(const ModelSpec& m) {
+// The position of the last forward op in the execution order.
+int32_t end_of_forward(const TrainingGraph& g) {
+  int32_t end_fwd = -1;
+  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i)
+    if (g.op(g.order[static_cast<std::size_t>(i)]).phase == Phase::forward) end_fwd = i;
+  return end_fwd;
+}
+
+// Whether tensor t is alive at the end of the forward pass and read by the backward: produced
+// by then and used after (what autograd's saved tensors hold).
+bool kept_for_backward(const Liveness& lv, int32_t end_fwd, std::size_t t) {
+  return lv.first[t] >= 0 && lv.first[t] <= end_fwd && lv.last[t] > end_fwd;
+}
+
+// Bytes kept for backward, inputs and model states excluded.
+uint64_t saved_bytes(const TrainingGraph& g) {
+  const Liveness lv = liveness(g);
+  const int32_t end_fwd = end_of_forward(g);
+  uint64_t saved = 0;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    const Tensor& x = g.tensors[t];
+    if (!is_dynamic(x.kind) || x.kind == TensorKind::input) continue;
+    if (kept_for_backward(lv, end_fwd, t)) saved += x.bytes;
+  }
+  return saved;
+}
+
+// The fixture's pass: B=2, T=16 (T5's decoder 8), fp32, eager attention.
+GraphOptions fixture_options(bool hf_modeling) {
   GraphOptions o;
   o.batch = kB;
   o.seq = kT;
   o.seq_target = kTdec;
   o.act_bytes = 4;
   o.param_bytes = 4;
-  const TrainingGraph g = build_training_graph(m, o);
-  const Liveness lv = liveness(g);
-  int32_t end_fwd = -1;
-  for (int32_t i = 0; i < static_cast<int32_t>(g.order.size()); ++i)
-    if (g.op(g.order[static_cast<std::size_t>(i)]).phase == Phase::forward) end_fwd = i;
-  uint64_t saved = 0;
-  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-    const Tensor& x = g.tensors[t];
-    if (!is_dynamic(x.kind) || x.kind == TensorKind::input) continue;
-    if (lv.first[t] < 0 || lv.first[t] > end_fwd || lv.last[t] <= end_fwd) continue;
-    saved += x.bytes;
-  }
-  return saved;
+  o.hf_modeling = hf_modeling;
+  return o;
+}
+
+uint64_t graph_saved_bytes(const ModelSpec& m, bool hf_modeling = false) {
+  return saved_bytes(build_training_graph(m, fixture_options(hf_modeling)));
+}
+
+std::optional<Tensor> find_tensor(const TrainingGraph& g, const std::string& name) {
+  for (const Tensor& t : g.tensors)
+    if (t.name == name) return t;
+  return std::nullopt;
+}
+
+const json& fixture_config(const std::string& name) {
+  for (const json& c : fixture()["configs"])
+    if (c["name"] == name) return c;
+  FAIL("no fixture config " << name);
+  return fixture();
 }
 
 // What the reference saved: every activation row with a shape (0-dim tensors are Python
@@ -160,27 +199,209 @@ TEST_CASE("parameter inventories equal the PyTorch reference, tensor by tensor")
   }
 }
 
+TEST_CASE("with hf_modeling the graph saves exactly what PyTorch's autograd saves, every family") {
+  std::set<std::string> families;
+  for (const json& c : fixture()["configs"]) {
+    const std::string name = c["name"];
+    CAPTURE(name);
+    const ModelSpec m = parse_hf_config(c["config"].dump(), name);
+    families.insert(m.model_type);
+    CHECK(graph_saved_bytes(m, true) == reference_saved_bytes(c));
+  }
+  for (const std::string& t : supported_model_types()) {
+    CAPTURE(t);
+    CHECK(families.contains(t));
+  }
+}
+
 TEST_CASE("saved activations equal what PyTorch's autograd saves, eager extras accounted") {
+  // The independent statement: the fused graph and the formulas. Then the hf graph's additions
+  // are the formulas, family by family.
   for (const json& c : fixture()["configs"]) {
     const std::string name = c["name"];
     CAPTURE(name);
     const ModelSpec m = parse_hf_config(c["config"].dump(), name);
     const uint64_t ours = graph_saved_bytes(m);
+    const uint64_t hf = graph_saved_bytes(m, true);
     const uint64_t extra = eager_extra(m, c["config"]);
     CAPTURE(ours);
+    CAPTURE(hf);
     CAPTURE(extra);
     CHECK(ours + extra == reference_saved_bytes(c));
+    CHECK(hf - ours == extra);
   }
 }
 
 TEST_CASE("families without eager extras match autograd with no adjustment at all") {
   // GPT-NeoX (fused q|k|v, parallel residual, plain GELU), BLOOM (ALiBi, embedding LayerNorm)
-  // and T5 with ReLU (encoder-decoder, cross-attention, relative buckets): the graph alone.
+  // and T5 with ReLU (encoder-decoder, cross-attention, relative buckets): the graph alone,
+  // which hf_modeling leaves as it is.
   for (const json& c : fixture()["configs"]) {
     const std::string name = c["name"];
     if (name != "gpt_neox_parallel" && name != "bloom_alibi" && name != "t5_relu_tied") continue;
     CAPTURE(name);
     const ModelSpec m = parse_hf_config(c["config"].dump(), name);
     CHECK(graph_saved_bytes(m) == reference_saved_bytes(c));
+    CHECK(graph_saved_bytes(m, true) == graph_saved_bytes(m));
+  }
+}
+
+TEST_CASE("hf_modeling adds named tensors that the backward reads; without it none of them") {
+  // llama_gqa: repeat_kv's copies (B, NH - KVH, T, HS) of K and V and act(gate); gpt2_tied:
+  // gelu_new's three and the position ids; mixtral_moe: the MoE loop's.
+  const std::map<std::string, std::vector<std::pair<std::string, uint64_t>>> expected = {
+      {"llama_gqa", {{"h.0.attn.repeat_kv.k", 2 * 6 * 16 * 8 * 4}, {"h.0.attn.repeat_kv.v", 2 * 6 * 16 * 8 * 4},
+                     {"h.1.mlp.act", 2 * 16 * 160 * 4}}},
+      {"gpt2_tied", {{"h.0.mlp.gelu_new.tanh", 2 * 16 * 256 * 4}, {"h.0.mlp.gelu_new.half_x", 2 * 16 * 256 * 4},
+                     {"h.0.mlp.gelu_new.one_plus_tanh", 2 * 16 * 256 * 4}, {"embed.pos_ids", 16 * 8}}},
+      {"mixtral_moe", {{"h.1.moe.expert_idx", 2 * 32 * 2 * 8}, {"h.1.moe.combine.src", 2 * 32 * 64 * 4},
+                       {"h.1.moe.topk_weights", 32 * 2 * 4}, {"h.1.moe.topk_sum", 32 * 4},
+                       {"h.1.moe.experts.act", 2 * 32 * 96 * 4}}},
+  };
+  for (const auto& [name, tensors] : expected) {
+    CAPTURE(name);
+    const ModelSpec m = parse_hf_config(fixture_config(name)["config"].dump(), name);
+    const TrainingGraph hf = build_training_graph(m, fixture_options(true));
+    const TrainingGraph fused = build_training_graph(m, fixture_options(false));
+    const Liveness lv = liveness(hf);
+    const int32_t end_fwd = end_of_forward(hf);
+    for (const auto& [tname, bytes] : tensors) {
+      CAPTURE(tname);
+      const std::optional<Tensor> t = find_tensor(hf, tname);
+      REQUIRE(t.has_value());
+      CHECK(t->bytes == bytes);
+      CHECK(t->kind == TensorKind::saved);
+      std::size_t id = 0;
+      while (hf.tensors[id].name != tname) ++id;
+      CHECK(kept_for_backward(lv, end_fwd, id));
+      CHECK_FALSE(find_tensor(fused, tname).has_value());
+    }
+  }
+}
+
+TEST_CASE("hf_modeling under SDPA: repeat_kv copies only where transformers materializes a mask") {
+  // sdpa_attention.py: enable_gqa (no copies) when use_gqa_in_sdpa, i.e. no attention mask;
+  // masking_utils.py _ignore_causal_mask_sdpa drops the mask unless a sliding window is reached.
+  auto copies = [](const std::string& name, int64_t seq, int layer) {
+    const ModelSpec m = parse_hf_config(fixture_config(name)["config"].dump(), name);
+    GraphOptions o = fixture_options(true);
+    o.seq = seq;
+    o.flash_attention = true;
+    return find_tensor(build_training_graph(m, o), "h." + std::to_string(layer) + ".attn.repeat_kv.k").has_value();
+  };
+  CHECK_FALSE(copies("llama_gqa", 16, 0));     // no window: SDPA reads the shared heads
+  CHECK(copies("mistral_swa", 16, 0));         // window 8 reached by 16 tokens: a mask, copies
+  CHECK_FALSE(copies("mistral_swa", 4, 0));    // 4 tokens inside the window: no mask
+  CHECK(copies("gpt_oss_sinks", 16, 0));       // sliding layer
+  CHECK_FALSE(copies("gpt_oss_sinks", 16, 1)); // full layer
+  CHECK(copies("falcon_new_arch_gqa", 16, 0)); // Falcon broadcasts its heads whatever the attention
+}
+
+TEST_CASE("hf_modeling's loss path: the tensors and gradients PyTorch makes, fp32 and bf16") {
+  // The fixture's loss_path runs: the LM head and causal_lm_loss alone. Forward: the head's
+  // logits in the model's precision, logits.float() a copy only in 16 bits; kept: the fp32
+  // log-probabilities (and Gemma 2's tanh, in the model's precision). Backward: nll_loss's and
+  // log_softmax's fp32 gradients, then the cast back (ToCopyBackward0) in 16 bits. Gemma 2's
+  // softcap backward is in place in the graph (PyTorch makes a new tensor per op: not compared).
+  const json& runs = fixture()["loss_path"]["runs"];
+  REQUIRE(runs.size() == 4);
+  for (const json& r : runs) {
+    const std::string name = r["config"], dtype = r["dtype"];
+    CAPTURE(name);
+    CAPTURE(dtype);
+    const ModelSpec m = parse_hf_config(fixture_config(name)["config"].dump(), name);
+    GraphOptions o = fixture_options(true);
+    o.batch = r["B"].get<int64_t>();
+    o.seq = r["T"].get<int64_t>();
+    o.act_bytes = dtype == "f32" ? 4 : 2;
+    o.param_bytes = o.act_bytes;
+    const TrainingGraph g = build_training_graph(m, o);
+    const Liveness lv = liveness(g);
+    const int32_t end_fwd = end_of_forward(g);
+    auto id_of = [&](const std::string& n) -> std::optional<std::size_t> {
+      for (std::size_t t = 0; t < g.tensors.size(); ++t)
+        if (g.tensors[t].name == n) return t;
+      return std::nullopt;
+    };
+    auto bytes_of = [&](const std::string& n) -> uint64_t {
+      const auto t = id_of(n);
+      return t ? g.tensors[*t].bytes : 0;
+    };
+    // forward: [logits, logits.float()] with the bytes of a new storage (0: none)
+    CHECK(bytes_of("logits") == r["forward"][0][3].get<uint64_t>());
+    CHECK(bytes_of("logits.f32") == r["forward"][1][3].get<uint64_t>());
+    // kept for backward: the fixture's act rows with a shape (total_weight is 0-dim)
+    uint64_t ref_saved = 0;
+    for (const json& row : r["saved"])
+      if (row[6] == "act" && !row[1].empty()) ref_saved += row[5].get<uint64_t>();
+    uint64_t ours_saved = 0;
+    for (const char* n : {"logits", "logits.f32", "logprobs", "logits.softcap"})
+      if (const auto t = id_of(n); t && kept_for_backward(lv, end_fwd, *t)) ours_saved += g.tensors[*t].bytes;
+    CHECK(ours_saved == ref_saved);
+    // gradients, in autograd's order: nll_loss's, log_softmax's, and the cast's
+    std::vector<uint64_t> ref_grads, ours_grads;
+    for (const json& row : r["grads"]) {
+      const std::string node = row[0];
+      if (node == "NllLossBackward0" || node == "LogSoftmaxBackward0" || node == "ToCopyBackward0")
+        ref_grads.push_back(row[3].get<uint64_t>());
+    }
+    ours_grads.push_back(bytes_of("logprobs.d"));
+    ours_grads.push_back(bytes_of(o.act_bytes == 4 ? "logits.d" : "logits.f32.d"));
+    if (o.act_bytes != 4) ours_grads.push_back(bytes_of("logits.d"));
+    CHECK(ours_grads == ref_grads);
+  }
+}
+
+TEST_CASE("hf_modeling's loss tensors by hand, and the fused path as it was") {
+  // llama-2-7b, B=2, T=4096, V=32000. Per (B, T, V) element: 16-bit logits 2, logits.float()
+  // 4, log-probabilities 4 (kept), their gradient 4, the logits' fp32 gradient 4, cast back 2.
+  const ModelSpec m = load_model("llama-2-7b");
+  const uint64_t btv = uint64_t(2) * 4096 * 32000;
+  GraphOptions o;
+  o.batch = 2;
+  o.seq = 4096;
+  o.act_bytes = 2;
+  o.flash_attention = true;
+  o.hf_modeling = true;
+  const TrainingGraph g16 = build_training_graph(m, o);
+  CHECK(find_tensor(g16, "logits")->bytes == btv * 2);
+  CHECK(find_tensor(g16, "logits.f32")->bytes == btv * 4);
+  CHECK(find_tensor(g16, "logprobs")->bytes == btv * 4);
+  CHECK(find_tensor(g16, "logprobs.d")->bytes == btv * 4);
+  CHECK(find_tensor(g16, "logits.f32.d")->bytes == btv * 4);
+  CHECK(find_tensor(g16, "logits.d")->bytes == btv * 2);
+  // fp32: no copy, the log_softmax backward's output is the head's gradient.
+  o.act_bytes = 4;
+  const TrainingGraph g32 = build_training_graph(m, o);
+  CHECK(find_tensor(g32, "logits")->bytes == btv * 4);
+  CHECK_FALSE(find_tensor(g32, "logits.f32").has_value());
+  CHECK_FALSE(find_tensor(g32, "logits.f32.d").has_value());
+  CHECK(find_tensor(g32, "logits.d")->bytes == btv * 4);
+  // Tensor parallelism: each rank holds ceil(V/t) columns of every vocabulary tensor.
+  o.act_bytes = 2;
+  o.tp = 2;
+  CHECK(find_tensor(build_training_graph(m, o), "logprobs")->bytes == btv / 2 * 4);
+  // T5 (T5ForConditionalGeneration.forward) applies CrossEntropyLoss to its 16-bit logits:
+  // no copy, log-probabilities and gradients in 16 bits.
+  const ModelSpec t5 = parse_hf_config(fixture_config("t5_relu_tied")["config"].dump(), "t5");
+  GraphOptions o5 = o;
+  o5.tp = 1;
+  o5.seq_target = 4096;
+  const TrainingGraph g5 = build_training_graph(t5, o5);
+  const uint64_t bt5v = uint64_t(2) * 4096 * 256;
+  CHECK_FALSE(find_tensor(g5, "logits.f32").has_value());
+  CHECK(find_tensor(g5, "logprobs")->bytes == bt5v * 2);
+  CHECK(find_tensor(g5, "logprobs.d")->bytes == bt5v * 2);
+  CHECK(find_tensor(g5, "logits.d")->bytes == bt5v * 2);
+  // Without hf_modeling: one fp32 logits tensor the fused cross-entropy overwrites, and its
+  // 16-bit gradient; none of the hf loss tensors.
+  o.tp = 1;
+  o.hf_modeling = false;
+  const TrainingGraph fused = build_training_graph(m, o);
+  CHECK(find_tensor(fused, "logits")->bytes == btv * 4);
+  CHECK(find_tensor(fused, "logits.d")->bytes == btv * 2);
+  for (const char* n : {"logits.f32", "logprobs", "logprobs.d", "logits.f32.d"}) {
+    CAPTURE(n);
+    CHECK_FALSE(find_tensor(fused, n).has_value());
   }
 }

@@ -15,7 +15,10 @@
 #       forward pass + mean cross-entropy loss (B=2, T=16; T5 decoder T=8),
 #       captured with torch.autograd.graph.saved_tensors_hooks, attributed to
 #       the innermost running module and labelled with the autograd node /
-#       attribute that holds it, deduplicated by storage.
+#       attribute that holds it, deduplicated by storage,
+#   and, apart from the configs, the loss path (the LM head and HF's loss on
+#   their own, fp32 and bf16): what autograd keeps and the gradients it makes
+#   on the way back to the head ("loss_path"),
 #   and writes tests/data/models/torch_reference.json.
 #
 # HOW TO RUN (Debian python3-torch 1.13, CPU, no transformers needed):
@@ -619,6 +622,18 @@ class LlamaStyleModel(nn.Module):
         return self.norm(h)
 
 
+def causal_lm_loss(logits, targets, softcap=None):
+    """From the LM head's logits to the loss as HF does it: the final logit softcap (Gemma 2/3
+    *ForCausalLM.forward), then loss_utils.ForCausalLMLoss with targets pre-shifted: upcast
+    (logits.float(), a copy only when the logits are not fp32) and F.cross_entropy."""
+    if softcap is not None:
+        logits = logits / softcap
+        logits = torch.tanh(logits)
+        logits = logits * softcap
+    logits = logits.float()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
+
+
 class CausalLM(nn.Module):
     """*ForCausalLM wrapper: self.<base> + lm_head; loss as HF ForCausalLMLoss (targets pre-shifted)."""
 
@@ -629,14 +644,7 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids, targets):
         h = getattr(self, self.base_name)(input_ids)
-        logits = self.lm_logits(h)
-        softcap = getattr(self, "final_logit_softcapping", None)
-        if softcap is not None:
-            logits = logits / softcap
-            logits = torch.tanh(logits)
-            logits = logits * softcap
-        logits = logits.float()
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
+        return causal_lm_loss(self.lm_logits(h), targets, getattr(self, "final_logit_softcapping", None))
 
 
 class LlamaStyleForCausalLM(CausalLM):
@@ -1012,6 +1020,85 @@ def run_one(family, name, cfg, builder, block_regex):
     return out
 
 
+# =============================================================================
+# The loss path in fp32 and bf16: the LM head and causal_lm_loss alone
+# =============================================================================
+LOSS_PATH_RUNS = (("llama_gqa", torch.float32), ("llama_gqa", torch.bfloat16),
+                  ("gemma2_softcap", torch.float32), ("gemma2_softcap", torch.bfloat16))
+LOSS_PATH_ABOUT = (
+    "The LM head (nn.Linear, no bias) and causal_lm_loss alone, on a leaf hidden state h (B,T,C) in the run's "
+    "dtype (fp32 or bf16, CPU), with the head shape and final softcap of the named config: HF computes the "
+    "logits in the model's precision and upcasts them for the loss. forward: the head's logits and what "
+    "logits.float() returns (new_bytes 0: the same storage). saved: every tensor autograd keeps, as in "
+    "configs[].saved (h and the targets are kind 'input'; the head's weight, a parameter, is not listed). "
+    "grads: the gradient each autograd node on the way from the loss back to the head produces "
+    "(Node.register_hook, grad_inputs[0]), new_bytes 0 where it is a view of another tensor (reshape).")
+
+
+def run_loss_path(name, cfg, dtype):
+    g = torch.Generator().manual_seed(4321)
+    C, V = cfg["hidden_size"], cfg["vocab_size"]
+    softcap = cfg.get("final_logit_softcapping") if cfg["model_type"] in ("gemma2", "gemma3_text") else None
+    head = nn.Linear(C, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.02)
+    head = head.to(dtype)
+    h = torch.randn(B, T, C, generator=g).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    targets = F.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
+    entries = []
+
+    def pack(t):
+        entries.append(t)
+        return len(entries) - 1
+
+    class Rec:  # the part of a Recorder that label_ops uses
+        def __init__(self):
+            self.unpacked = []
+
+    rec = Rec()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda i: rec.unpacked.append(i) or entries[i]):
+        logits = head(h)
+        loss = causal_lm_loss(logits, targets, softcap)
+    labels = label_ops(rec, loss)
+    # The logits' own storage and what .float() makes of them (re-run outside the hooks: same ops).
+    with torch.no_grad():
+        l32 = logits.float()
+    forward = [["logits", list(logits.shape), DT[logits.dtype], logits.numel() * logits.element_size()],
+               ["logits.float()", list(l32.shape), DT[l32.dtype],
+                0 if l32.data_ptr() == logits.data_ptr() else l32.numel() * l32.element_size()]]
+    param_keys = {storage_key(p)[0] for p in head.parameters()}
+    input_keys = {storage_key(h)[0], storage_key(targets)[0]}
+    saved, storage_ids = [], {}
+    for i, t in enumerate(entries):
+        key, nbytes = storage_key(t)
+        if key in param_keys:
+            continue
+        kind = "input" if key in input_keys else "act"
+        if kind == "act" and t.dim() == 0 and t.dtype == torch.float64:
+            kind = "scalar"
+        first = key not in storage_ids
+        if first:
+            storage_ids[key] = len(storage_ids)
+        saved.append([labels.get(i, "?"), list(t.shape), DT.get(t.dtype, str(t.dtype)), storage_ids[key], nbytes,
+                      nbytes if first else 0, kind])
+    # The nodes from the loss back to the head's matmul (first inputs), hooked in that order.
+    grads, chain, n = [], [], loss.grad_fn
+    while n is not None and n.name() not in ("MmBackward0", "AddmmBackward0"):
+        chain.append(n)
+        n = n.next_functions[0][0]
+    for node in chain:
+        def hook(gi, go, node=node):
+            d = gi[0]
+            grads.append([node.name(), list(d.shape), DT[d.dtype], 0 if d._base is not None else storage_key(d)[1]])
+        node.register_hook(hook)
+    loss.backward()
+    return {"config": name, "dtype": DT[dtype], "B": B, "T": T, "C": C, "V": V, "softcap": softcap,
+            "forward": forward, "saved_columns": ["op", "shape", "dtype", "storage_id", "storage_nbytes",
+                                                  "counted_bytes", "kind"],
+            "saved": saved, "grads_columns": ["node", "shape", "dtype", "new_bytes"], "grads": grads}
+
+
 def dump_fixture(path, payload):
     """JSON with one saved-tensor row / param per line (readable, compact)."""
     def enc(o):
@@ -1036,7 +1123,16 @@ def dump_fixture(path, payload):
             else:
                 lines.append(f'   "{k}": {enc(v)}{comma}')
         lines.append("  }" + ("," if ci + 1 < len(payload["configs"]) else ""))
-    lines.append(" ]")
+    lines.append(" ]" + ("," if "loss_path" in payload else ""))
+    if "loss_path" in payload:
+        lp = payload["loss_path"]
+        lines.append(' "loss_path": {')
+        lines.append(f'  "about": {enc(lp["about"])},')
+        lines.append('  "runs": [')
+        for ri, r in enumerate(lp["runs"]):
+            lines.append("   " + enc(r) + ("," if ri + 1 < len(lp["runs"]) else ""))
+        lines.append("  ]")
+        lines.append(" }")
     lines.append("}")
     text = "\n".join(lines) + "\n"
     json.loads(text)
@@ -2072,11 +2168,17 @@ def main(argv):
             st = r["saved_totals"]
             print(f"{fam:12s} {name:24s} params={r['total']:8d} saved={st['total_bytes']:9d}B "
                   f"outside={st['outside_blocks']:8d}B n={st['num_saved']:4d} ({time.time() - t1:.2f}s)")
+    by_name = {name: cfg for entries in FAMILIES.values() for name, cfg, _, _ in entries}
+    loss_path = [run_loss_path(name, by_name[name], dt) for name, dt in LOSS_PATH_RUNS]
+    for r in loss_path:
+        print(f"loss path    {r['config']:24s} {r['dtype']:4s} saved={sum(x[5] for x in r['saved'] if x[6] == 'act')}B "
+              f"grads={sum(x[3] for x in r['grads'])}B")
     payload = {
         "description": "Independent PyTorch reference (tests/models/torch_reference.py): HF-named parameter inventories and autograd-saved activation tensors for small configs of each supported HF model family.",
         "generator": {"script": "tests/models/torch_reference.py", "torch": torch.__version__, "gradcheck_passed": checked},
         "conventions": CONVENTIONS,
         "configs": configs,
+        "loss_path": {"about": LOSS_PATH_ABOUT, "runs": loss_path},
     }
     if write:
         n = dump_fixture(os.path.normpath(FIXTURE), payload)

@@ -93,8 +93,25 @@ struct GraphOptions {
   // is 4.
   bool f32_weight_scratch = false;
   // What Hugging Face transformers' modeling code saves for backward where it differs from
-  // the fused kernels this graph counts otherwise (zero-run's, FlashAttention's): the loss on
-  // fp32-upcast logits, repeat_kv's copies, unfused gated MLPs and composite activations.
+  // the fused kernels this graph counts otherwise (zero-run's, FlashAttention's), added as
+  // tensors and ops of their own (graph.cpp names each one's source; test_torch_reference.cpp
+  // holds the result to PyTorch's autograd, to the byte, for every family):
+  //   - the loss (loss_utils.py ForCausalLMLoss): logits in the activation type, an fp32 copy
+  //     (logits.float(), 16-bit runs only), log_softmax's fp32 output kept for backward, nll;
+  //     backward: the log-probabilities' and the logits' fp32 gradients, then the cast back
+  //     (T5 computes its loss on the logits as they are: no copy, no cast). All (B, T, V)
+  //     tensors are TensorKind::logits, as the fused path's are;
+  //   - repeat_kv's copies of the key and value heads: eager attention always; with
+  //     flash_attention (transformers' SDPA) only where a mask is materialized, i.e. in
+  //     sliding-window layers the sequence reaches (use_gqa_in_sdpa; batches without padding);
+  //   - act(gate) of unfused gated MLPs; gelu_new's and gpt-oss's clamped-GLU intermediates;
+  //   - the MoE loop: int64 top-k indices, (token, slot) index pairs, index_add_'s source,
+  //     renormalized top-k weights and their sum; gpt-oss's k-wide router softmax;
+  //   - gpt-oss's sink column and max indices (eager), Falcon's q|k|v split indices, learned
+  //     position ids (GPT-2, OPT).
+  // Not modeled: transformers' unfused RMSNorm (LlamaRMSNorm keeps its input upcast to fp32
+  // and its normalized output before the weight; the PyTorch reference fuses it by
+  // convention), DeepSeek's router on an fp32 copy of its input (16-bit runs).
   // The deepspeed and fsdp profiles predict runs of transformers models.
   bool hf_modeling = false;
 };
