@@ -343,7 +343,10 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       int n_bucket = 0;
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
-        const int g = gather(i, prefetch_after(p, before_bwd), reads_wait);
+        // FSDP's SHARD_GRAD_OP (reshard_after_forward false) keeps forward's gathered
+        // parameters for backward: no second all-gather.
+        const int g = s.reshard_after_forward ? gather(i, prefetch_after(p, before_bwd), reads_wait)
+                                              : -1;
         int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false),
                         {g, overlap ? -1 : reduced});
         if (const double a = a2a_seconds(i, false); a > 0)

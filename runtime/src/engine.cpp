@@ -70,14 +70,28 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective)
     throw Error("--checkpointing selective is planned but not executed by zero-run",
                 "use --checkpointing none or full");
+  // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
+  // with momentum; the other optimizers are planned only.
+  if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&
+      s.optimizer != planner::OptimizerKind::sgd)
+    throw Error(fmt::format("--optimizer {} is planned but not executed by zero-run",
+                            planner::to_string(s.optimizer)),
+                "zero-run's optimizer step is adam, adamw or sgd (with momentum); plan the others "
+                "with zero-plan");
   if (s.offload_param != planner::Offload::none && s.offload_optimizer == planner::Offload::none)
     throw Error(fmt::format("--offload-param {}: zero-run needs the optimizer offloaded too",
                             planner::to_string(s.offload_param)),
                 "add --offload-optimizer cpu or nvme (the optimizer then updates the offloaded "
                 "partition)");
   if (plan.options.profile != planner::Profile::zeroplan)
-    throw Error("the plan predicts DeepSpeed (--profile deepspeed); zero-run executes zeroplan plans",
+    throw Error(fmt::format("the plan predicts {} (--profile {}); zero-run executes zeroplan plans",
+                            plan.options.profile == planner::Profile::fsdp ? "PyTorch FSDP" : "DeepSpeed",
+                            planner::to_string(plan.options.profile)),
                 "make the plan with --profile zeroplan");
+  if (plan.options.model_code != planner::ModelCode::fused)
+    throw Error("the plan predicts Hugging Face's modeling code (--model-code transformers); "
+                "zero-run executes its fused kernels",
+                "make the plan with --model-code fused (the zeroplan profile's default)");
   const uint64_t n = static_cast<uint64_t>(models::count_params(m).total);
   if (plan.n_params != 0 && plan.n_params != n)
     throw Error(fmt::format("the plan was made for a model of {} parameters; its config has {}",

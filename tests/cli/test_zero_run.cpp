@@ -257,6 +257,17 @@ TEST_CASE("a plan file runs on the ranks it was made for") {
   bad(mpirun(1, {"--model", "gpt2-tiny", "--flash-attention"}), "--flash-attention");
   bad(mpirun(1, {"--model", "gpt2-tiny", "--device", "tpu"}), "--device");
   bad(mpirun(1, {"--model", "gpt2-tiny", "--steps", "-3"}), "--steps");
+  // Plans that predict another framework's allocations or Hugging Face's modeling code.
+  for (const auto& [flags, needle] :
+       {std::pair<std::vector<std::string>, std::string>{{"--profile", "fsdp", "--stage", "3", "--attention", "eager"},
+                                                         "the plan predicts PyTorch FSDP"},
+        {{"--model-code", "transformers", "--attention", "eager"}, "--model-code transformers"}}) {
+    const std::string other = dir.file("other.json");
+    std::vector<std::string> args = {kPlan, "plan", "--model", "gpt2-tiny", "--seq", "32", "-o", other};
+    args.insert(args.end(), flags.begin(), flags.end());
+    REQUIRE(zp::test::run(args).rc == 0);
+    bad(mpirun(1, {other}), needle);
+  }
 }
 
 TEST_CASE("faults end every rank with an error, never a hang") {
