@@ -207,7 +207,10 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
   auto st = sh.states.find(skey);
   if (st == sh.states.end()) {
     MemorySchedule states_only;
-    append_model_states(states_only, sh.costs.n_params, part, s, p_bytes);
+    // Stage 0 hands the optimizer the model's tensors: Adafactor's and 8-bit Adam's bytes
+    // follow their shapes (the stage and optimizer are in the key).
+    append_model_states(states_only, sh.costs.n_params, part, s, p_bytes, StateLayout::zero,
+                        per_tensor_optimizer_bytes(sh.graph, s, o));
     st = sh.states.emplace(skey, replay(states_only, o).per_device).first;
   }
   const PerDevice& states = st->second;
@@ -810,9 +813,26 @@ nlohmann::json deepspeed_config(const Strategy& s) {
             {"train_batch_size", s.micro_batch * s.grad_accum * s.dp}};
   if (s.precision == Precision::fp16) j["fp16"] = {{"enabled", true}};
   if (s.precision == Precision::bf16) j["bf16"] = {{"enabled", true}};
-  j["optimizer"] = {{"type", s.optimizer == OptimizerKind::adam    ? "Adam"
-                             : s.optimizer == OptimizerKind::adamw ? "AdamW"
-                                                                   : "SGD"}};
+  // The optimizer by the name DeepSpeed builds it from (apply_deepspeed_config reads it
+  // back): Lion is its FusedLion, SGD and Adafactor are torch.optim's (SGD's momentum defaults
+  // to 0). bitsandbytes' 8-bit Adam is a client optimizer given to deepspeed.initialize, with
+  // no optimizer section (deepspeed_notes). ZeRO takes an optimizer outside its tested list
+  // (deepspeed/runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS: Adam, AdamW, Adagrad, Lion and
+  // their fused and CPU kernels) only with zero_allow_untested_optimizer.
+  switch (s.optimizer) {
+    case OptimizerKind::adam: j["optimizer"] = {{"type", "Adam"}}; break;
+    case OptimizerKind::adamw: j["optimizer"] = {{"type", "AdamW"}}; break;
+    case OptimizerKind::sgd:
+      j["optimizer"] = {{"type", "SGD"}, {"params", {{"momentum", 0.9}}}};
+      break;
+    case OptimizerKind::sgd_plain: j["optimizer"] = {{"type", "SGD"}}; break;
+    case OptimizerKind::lion: j["optimizer"] = {{"type", "Lion"}}; break;
+    case OptimizerKind::adafactor: j["optimizer"] = {{"type", "Adafactor"}}; break;
+    case OptimizerKind::adam8bit: break;
+  }
+  const bool zero_tested = s.optimizer == OptimizerKind::adam ||
+                           s.optimizer == OptimizerKind::adamw || s.optimizer == OptimizerKind::lion;
+  if (s.stage >= 1 && !zero_tested) j["zero_allow_untested_optimizer"] = true;
   json zo = {{"stage", s.stage},
              // what the prediction assumed (two buckets alive with it on)
              {"overlap_comm", overlaps_comm(s)},
@@ -850,6 +870,9 @@ nlohmann::json deepspeed_config(const Strategy& s) {
 
 std::vector<std::string> deepspeed_notes(const Strategy& s) {
   std::vector<std::string> n;
+  if (s.optimizer == OptimizerKind::adam8bit)
+    n.push_back("8-bit Adam has no DeepSpeed optimizer type: create bitsandbytes.optim."
+                "AdamW8bit (or Adam8bit) and pass it as deepspeed.initialize(optimizer=...)");
   if (s.checkpointing != Checkpointing::none)
     n.push_back(fmt::format("activation checkpointing ({}) is switched on in the model code "
                             "(deepspeed.checkpointing.checkpoint or Hugging Face's "

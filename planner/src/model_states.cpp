@@ -1,4 +1,5 @@
-// model_states.cpp: ZeRO model-state bytes per device, and the paper's table.
+// model_states.cpp: ZeRO model-state bytes per device, each optimizer's state bytes, and the
+// paper's table.
 #include "zp/planner/model_states.hpp"
 
 #include <cmath>
@@ -17,8 +18,47 @@ BytesPerParam bytes_per_param(Precision p, OptimizerKind o, Precision master, Pr
   // In fp32 the working params are the master weights.
   b.master = mixed ? (master == Precision::bf16 ? 2 : 4) : 0;
   const uint64_t state = moments == Precision::bf16 ? 2 : 4;
-  b.optimizer = (o == OptimizerKind::sgd ? 1 : 2) * state;  // momentum; Adam adds the variance
+  switch (o) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: b.optimizer = 2 * state; break;  // momentum and variance
+    case OptimizerKind::sgd:
+    case OptimizerKind::lion: b.optimizer = state; break;       // momentum
+    case OptimizerKind::adafactor: b.optimizer = state; break;  // unfactored second moment
+    case OptimizerKind::sgd_plain: b.optimizer = 0; break;
+    case OptimizerKind::adam8bit: b.optimizer = 2; break;       // two uint8 states
+  }
   return b;
+}
+
+uint64_t optimizer_state_bytes(OptimizerKind o, std::span<const int64_t> shape,
+                               uint64_t moment_bytes) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "optimizer state elements");
+  if (n == 0) return 0;
+  const uint64_t m = moment_bytes;
+  switch (o) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: return checked_mul(2 * m, n, "bytes of optimizer states");
+    case OptimizerKind::sgd:
+    case OptimizerKind::lion: return checked_mul(m, n, "bytes of optimizer states");
+    case OptimizerKind::sgd_plain: return 0;
+    case OptimizerKind::adafactor: {
+      constexpr uint64_t kRms = 4;  // state["RMS"], a 0-d fp32 tensor
+      if (shape.size() < 2) return checked_add(checked_mul(m, n, "exp_avg_sq"), kRms, "rms");
+      // exp_avg_sq_row: shape[:-1], n/C elements; exp_avg_sq_col: shape[:-2] + shape[-1:], n/R.
+      const uint64_t c = static_cast<uint64_t>(shape[shape.size() - 1]);
+      const uint64_t r = static_cast<uint64_t>(shape[shape.size() - 2]);
+      return checked_add(checked_mul(m, n / c + n / r, "exp_avg_sq_row and _col"), kRms, "rms");
+    }
+    case OptimizerKind::adam8bit: {
+      // 2 + 2*4/256 bytes per element above min_8bit_size: 2*n + 8*ceil(n/256).
+      if (n < k8bitMinSize) return checked_mul(2 * 4, n, "fp32 states of a small tensor");
+      const uint64_t blocks = (n + k8bitBlock - 1) / k8bitBlock;
+      return checked_add(checked_mul(2, n, "uint8 states"), checked_mul(2 * 4, blocks, "absmax"),
+                         "bytes of 8-bit states");
+    }
+  }
+  return 0;
 }
 
 Breakdown stage_bytes(uint64_t n, uint64_t part, int stage, const BytesPerParam& b) {
@@ -38,9 +78,15 @@ PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
   return model_state_bytes(n, partition_elems(n, static_cast<uint64_t>(s.dp)), s);
 }
 
-PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateLayout layout) {
+PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateLayout layout,
+                            std::optional<uint64_t> optimizer_bytes) {
   const BytesPerParam b =
       bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
+  // Without per-tensor bytes: one flat tensor of the `held` elements the optimizer updates.
+  auto flat = [&](uint64_t held, uint64_t moment_bytes) {
+    const int64_t shape[] = {static_cast<int64_t>(held)};
+    return optimizer_bytes.value_or(optimizer_state_bytes(s.optimizer, shape, moment_bytes));
+  };
   PerDevice d;
   Breakdown& gpu = d[Tier::gpu];
   if (layout == StateLayout::fsdp) {
@@ -51,11 +97,12 @@ PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateL
     const uint64_t held = s.stage >= 3 ? part : n;
     gpu[pure ? Category::params : Category::master] = checked_mul(w, held, "bytes of params");
     gpu[Category::grads] = checked_mul(w, held, "bytes of grads");
-    gpu[Category::optimizer] =
-        checked_mul((s.optimizer == OptimizerKind::sgd ? 1 : 2) * w, held, "bytes of optimizer states");
+    gpu[Category::optimizer] = flat(held, w);
     return d;
   }
   gpu = stage_bytes(n, part, s.stage, b);
+  const uint64_t moment = s.optimizer_precision == Precision::bf16 ? 2 : 4;
+  gpu[Category::optimizer] = flat(s.stage >= 1 ? part : n, moment);
 
   if (s.offload_param != Offload::none) {
     const Tier t = s.offload_param == Offload::cpu ? Tier::cpu : Tier::nvme;

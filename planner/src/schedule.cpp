@@ -132,7 +132,18 @@ uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems)
   return std::max(block_elems, std::min(s.buffers.optimizer_swap_chunk_size, whole));
 }
 
-uint64_t optimizer_swap_files(const Strategy& s) { return s.optimizer == OptimizerKind::sgd ? 2 : 3; }
+uint64_t optimizer_swap_files(const Strategy& s) {
+  switch (s.optimizer) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam8bit: return 3;  // master, exp_avg, exp_avg_sq
+    case OptimizerKind::sgd:
+    case OptimizerKind::lion:
+    case OptimizerKind::adafactor: return 2;  // master and one moment buffer
+    case OptimizerKind::sgd_plain: return 1;  // master
+  }
+  return 3;
+}
 
 uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems) {
   const uint64_t chunk = checked_mul(optimizer_swap_chunk_elems(s, partition_elems), 4, "swap chunk");
@@ -179,16 +190,57 @@ using models::is_dynamic;
 
 }  // namespace
 
+std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const Strategy& s,
+                                                   const PlanOptions& o) {
+  const bool fsdp = o.profile == Profile::fsdp;
+  const bool shaped = s.optimizer == OptimizerKind::adafactor || s.optimizer == OptimizerKind::adam8bit;
+  if (!shaped || (!fsdp && s.stage >= 1)) return std::nullopt;
+  if (fsdp && s.optimizer == OptimizerKind::adam8bit)
+    throw Error("--optimizer adam8bit: bitsandbytes' 8-bit optimizers do not run on FSDP2's "
+                "sharded (DTensor) parameters (bitsandbytes issue #1633)",
+                "plan 8-bit Adam with --profile deepspeed (ZeRO hands it flat partitions), or "
+                "FSDP with --optimizer adamw");
+  // The moments' dtype: fp32 or --optimizer-states bf16; under fsdp the sharded parameters'.
+  const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
+  const uint64_t m = fsdp ? (pure ? g.options.param_bytes : 4)
+                          : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
+  const int64_t tp = g.options.tp, ep = g.options.ep, w = s.dp;
+  uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
+  for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
+    std::vector<int64_t> shape = p.shape;  // as torch stores it: (out, in) for a Linear
+    if (shape.empty()) continue;
+    const std::size_t nd = shape.size();
+    switch (p.split) {  // tensor parallelism (graph.cpp rank_numel)
+      case models::Split::replicated: break;
+      case models::Split::column: shape[nd >= 2 ? nd - 2 : 0] /= tp; break;
+      case models::Split::row:
+        if (nd >= 2) shape[nd - 1] /= tp;
+        break;
+      case models::Split::vocab: shape[0] = (shape[0] + tp - 1) / tp; break;
+    }
+    // Routed experts, E/ep on this rank: fused tensors ("moe.experts.*", dim 0 is E) lose
+    // rows; per-expert ones ("moe.expert.*") are summed over all E and divided below.
+    const bool fused = p.slot.starts_with("moe.experts.");
+    if (p.expert && fused) shape[0] /= ep;
+    if (fsdp) shape[0] = (shape[0] + w - 1) / w;  // FSDP2's dim-0 shard, padded
+    const uint64_t b = optimizer_state_bytes(s.optimizer, shape, m);
+    if (p.expert && !fused) per_expert = checked_add(per_expert, b, "optimizer state bytes");
+    else whole = checked_add(whole, b, "optimizer state bytes");
+  }
+  return checked_add(whole, per_expert / static_cast<uint64_t>(ep), "optimizer state bytes");
+}
+
 // Persistent model states, allocated before the first op, in the order the runtime
 // allocates them: params, grads, master, optimizer moments; per tier.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
-                         const Strategy& s, uint32_t param_bytes, StateLayout layout) {
+                         const Strategy& s, uint32_t param_bytes, StateLayout layout,
+                         std::optional<uint64_t> optimizer_bytes) {
   auto alloc = [&](int32_t pos, uint32_t b) { out.events.push_back({pos, true, b}); };
   auto add_buffer = [&](std::string name, Tier t, Category c, uint64_t bytes) {
     out.buffers.push_back({std::move(name), t, c, bytes, -1});
     return static_cast<uint32_t>(out.buffers.size() - 1);
   };
-  const PerDevice d = model_state_bytes(n_params, part, s, layout);
+  const PerDevice d = model_state_bytes(n_params, part, s, layout, optimizer_bytes);
   for (Tier t : kTiers) {
     // On the nvme tier every state is one swap file, padded to whole O_DIRECT blocks.
     auto state = [&](const char* name, Category c, uint64_t bytes) {
@@ -199,11 +251,17 @@ void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
     state("grads", Category::grads, d[t][Category::grads]);
     state("master", Category::master, d[t][Category::master]);
     const uint64_t opt = d[t][Category::optimizer];
-    if (s.optimizer == OptimizerKind::sgd) {
-      state("momentum", Category::optimizer, opt);
-    } else {
-      state("exp_avg", Category::optimizer, opt / 2);
-      state("exp_avg_sq", Category::optimizer, opt - opt / 2);
+    switch (s.optimizer) {
+      case OptimizerKind::adam:
+      case OptimizerKind::adamw:
+      case OptimizerKind::adam8bit:  // state1 + absmax1, state2 + absmax2: equal halves
+        state("exp_avg", Category::optimizer, opt / 2);
+        state("exp_avg_sq", Category::optimizer, opt - opt / 2);
+        break;
+      case OptimizerKind::sgd: state("momentum", Category::optimizer, opt); break;
+      case OptimizerKind::lion: state("exp_avg", Category::optimizer, opt); break;
+      case OptimizerKind::adafactor: state("exp_avg_sq", Category::optimizer, opt); break;
+      case OptimizerKind::sgd_plain: break;  // no state
     }
   }
   // The delayed parameter update (ZeRO-Offload paper sec. 5.2): the CPU step of step i reads
@@ -404,7 +462,8 @@ class ScheduleBuilder {
     const uint64_t part = s_.stage >= 1 ? out_.partition_elems
                                         : zp::partition_elems(out_.n_params, dp_);
     append_model_states(out_, out_.n_params, part, s_, p_bytes_,
-                        fsdp() ? StateLayout::fsdp : StateLayout::zero);
+                        fsdp() ? StateLayout::fsdp : StateLayout::zero,
+                        per_tensor_optimizer_bytes(g_, s_, o_));
   }
 
   void liveness() {
@@ -716,7 +775,8 @@ class ScheduleBuilder {
   // fsdp-and-optimizers-memory.md sec. 4); the fused kernel (torchtitan's default) none.
   void optimizer_buffers(int32_t pos) {
     if (fsdp()) {
-      if (s_.fused_optimizer || s_.optimizer == OptimizerKind::sgd) return;
+      const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
+      if (s_.fused_optimizer || !adam) return;
       const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
       const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
       const uint32_t b = add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,

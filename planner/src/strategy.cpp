@@ -32,8 +32,14 @@ std::string_view name_of(E e, const std::array<std::pair<std::string_view, E>, N
 
 constexpr std::array<std::pair<std::string_view, Precision>, 3> kPrecisions = {
     {{"fp32", Precision::fp32}, {"fp16", Precision::fp16}, {"bf16", Precision::bf16}}};
-constexpr std::array<std::pair<std::string_view, OptimizerKind>, 3> kOptimizers = {
-    {{"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}}};
+constexpr std::array<std::pair<std::string_view, OptimizerKind>, 7> kOptimizers = {
+    {{"adam", OptimizerKind::adam},
+     {"adamw", OptimizerKind::adamw},
+     {"sgd", OptimizerKind::sgd},
+     {"sgd-plain", OptimizerKind::sgd_plain},
+     {"lion", OptimizerKind::lion},
+     {"adafactor", OptimizerKind::adafactor},
+     {"adam8bit", OptimizerKind::adam8bit}}};
 constexpr std::array<std::pair<std::string_view, Checkpointing>, 3> kCheckpointing = {
     {{"none", Checkpointing::none},
      {"full", Checkpointing::full},
@@ -296,12 +302,36 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     const std::string type = of.string("type", "Adam");
     std::string lower;
     for (char c : type) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lower == "adam" || lower == "cpuadam" || lower == "fusedadam") s.optimizer = OptimizerKind::adam;
-    else if (lower == "adamw") s.optimizer = OptimizerKind::adamw;
-    else if (lower == "sgd") s.optimizer = OptimizerKind::sgd;
+    // DeepSpeed builds its own optimizers by name (deepspeed/runtime/config.py
+    // DEEPSPEED_OPTIMIZERS, engine.py _configure_basic_optimizer) and any other name as
+    // getattr(torch.optim, type). What each keeps: Lion is FusedLion or DeepSpeedCPULion (one
+    // exp_avg, zeros_like the fp32 partition; deepspeed/ops/lion); MuAdam, MuAdamW and MuSGD
+    // are mup's wrappers of torch.optim.Adam, AdamW and SGD (per-group learning rates, the
+    // same state); "SGD" is torch.optim.SGD, whose momentum defaults to 0 (no state);
+    // "Adafactor" is torch.optim.Adafactor (no first moment, like transformers' default).
+    // Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb (error-feedback buffers beside the moments),
+    // Adagrad and Muon are not modelled.
+    auto sgd_kind = [&] {
+      const json* params = of.object("params");
+      if (params == nullptr) return OptimizerKind::sgd_plain;
+      if (is_auto(*params, "momentum")) {
+        note("optimizer.params.momentum \"auto\": SGD with momentum (one buffer); --optimizer "
+             "sgd-plain settles it for momentum 0");
+        return OptimizerKind::sgd;
+      }
+      Fields pf(*params, origin, "optimizer.params.");
+      return pf.probability("momentum", 0) > 0 ? OptimizerKind::sgd : OptimizerKind::sgd_plain;
+    };
+    if (lower == "adam" || lower == "cpuadam" || lower == "fusedadam" || lower == "muadam")
+      s.optimizer = OptimizerKind::adam;
+    else if (lower == "adamw" || lower == "muadamw") s.optimizer = OptimizerKind::adamw;
+    else if (lower == "sgd" || lower == "musgd") s.optimizer = sgd_kind();
+    else if (lower == "lion") s.optimizer = OptimizerKind::lion;
+    else if (lower == "adafactor") s.optimizer = OptimizerKind::adafactor;
     else
       throw Error(fmt::format("{}: optimizer.type '{}' is not modelled", origin, type),
-                  "zeroplan models Adam, AdamW and SGD (with momentum)");
+                  "zeroplan models Adam, AdamW, SGD, Lion and Adafactor; for bitsandbytes' 8-bit "
+                  "Adam (a client optimizer, no optimizer section) pass --optimizer adam8bit");
   }
 
   if (const json* ac = top.object("activation_checkpointing")) {
@@ -442,7 +472,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.precision = enum_field("precision", precision_from_string, s.precision,
                            "\"fp32\", \"fp16\" or \"bf16\"");
   s.optimizer = enum_field("optimizer", optimizer_from_string, s.optimizer,
-                           "\"adam\", \"adamw\" or \"sgd\"");
+                           "\"adam\", \"adamw\", \"sgd\", \"sgd-plain\", \"lion\", "
+                           "\"adafactor\" or \"adam8bit\"");
   s.checkpointing = enum_field("checkpointing", checkpointing_from_string, s.checkpointing,
                                "\"none\", \"full\" or \"selective\"");
   s.offload_optimizer = enum_field("offload_optimizer", offload_from_string, s.offload_optimizer,

@@ -399,3 +399,25 @@ TEST_CASE("moe: fit searches ep and names the winner's") {
   CHECK(r.out.find("dp 4 ep 4") != std::string::npos);
   CHECK(r.err.find("ep_size=4") != std::string::npos);
 }
+
+TEST_CASE("--optimizer: the memory-saving optimizers plan fewer optimizer bytes than adam") {
+  auto optimizer_bytes = [](const std::string& o) {
+    const Result r = zero_plan({"estimate", "--model", "llama-2-7b", "--seq", "128", "--optimizer",
+                                o, "--format", "json"});
+    REQUIRE(r.rc == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["strategy"]["optimizer"] == o);
+    return j["per_device"]["gpu"]["breakdown"]["optimizer"].get<uint64_t>();
+  };
+  const uint64_t adam = optimizer_bytes("adam");  // 8 bytes per parameter
+  CHECK(optimizer_bytes("adam8bit") < adam / 3);  // about 2 bytes per parameter
+  CHECK(optimizer_bytes("lion") == adam / 2);     // one fp32 buffer
+  CHECK(optimizer_bytes("adafactor") < adam / 100);
+  CHECK(optimizer_bytes("sgd-plain") == 0);
+  // The text names the optimizer; a bad value exits 2 naming the flag and the values.
+  const Result r = zero_plan({"estimate", "--model", "llama-2-7b", "--optimizer", "adam8bit"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("adam8bit") != std::string::npos);
+  check_bad_input(zero_plan({"estimate", "--model", "llama-2-7b", "--optimizer", "adam9bit"}),
+                  "--optimizer: unknown value 'adam9bit'");
+}

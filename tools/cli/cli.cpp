@@ -32,7 +32,13 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step [1]")->group(g);
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16 (16-bit: fp32 master weights) [bf16]")
       ->group(g);
-  app.add_option("--optimizer", f.optimizer, "adam, adamw or sgd (with momentum) [adam]")->group(g);
+  app.add_option("--optimizer", f.optimizer,
+                 "adam, adamw; sgd (with momentum) or sgd-plain (momentum 0: no state); lion (one "
+                 "momentum buffer); adafactor (transformers' defaults: no first moment, factored "
+                 "second moment; flat, unfactored partitions under ZeRO stages 1-3); adam8bit "
+                 "(bitsandbytes: uint8 moments, an fp32 absmax per 256 elements, fp32 below "
+                 "4096 elements) [adam]")
+      ->group(g);
   app.add_option("--checkpointing", f.checkpointing,
                  "activation recomputation: none, full (per layer) or selective (attention) [none]")
       ->group(g);
@@ -217,7 +223,8 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
                                                  planner::precision_from_string, "fp32, fp16 or bf16");
   if (given("--optimizer"))
     s.optimizer = parse_enum<planner::OptimizerKind>("--optimizer", optimizer,
-                                                     planner::optimizer_from_string, "adam, adamw or sgd");
+                                                     planner::optimizer_from_string,
+                                                     "adam, adamw, sgd, sgd-plain, lion, adafactor or adam8bit");
   if (given("--checkpointing"))
     s.checkpointing = parse_enum<planner::Checkpointing>(
         "--checkpointing", checkpointing, planner::checkpointing_from_string, "none, full or selective");

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -149,15 +150,44 @@ uint64_t offload_tile_bytes(const Strategy& s, uint64_t partition_elems, uint32_
 void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
                             uint64_t partition_elems, uint32_t param_bytes);
 
+// The optimizer's state bytes on one rank where they depend on the shapes of the tensors it
+// is handed (Adafactor's factoring, 8-bit Adam's blocks and min_8bit_size), for
+// model_state_bytes and append_model_states; std::nullopt where the flat formula over the
+// rank's elements is exact: every other optimizer (bytes linear in elements), and stages 1-3
+// of the zeroplan and deepspeed profiles, whose optimizer is handed flat 1-D partitions
+// (model_states.hpp). The tensors are the model's (models::count_params), as this rank holds
+// them:
+//   stage 0 (DDP, one GPU, the Hugging Face Trainer with optim="adafactor"; DeepSpeed's
+//     stage 0 too: with fp16/bf16 it wraps any optimizer but its FusedAdam in
+//     FP16_UnfusedOptimizer, which keeps one fp32 copy per tensor, runtime/fp16/
+//     unfused_optimizer.py; in fp32 the optimizer gets the model's parameters): each tensor
+//     with tensor parallelism's split (column: the output features, dim -2 or a bias's dim 0;
+//     row: the input features, dim -1; vocab: ceil(V/t) rows) and E/ep routed experts;
+//   the fsdp profile (stage 3, FSDP2's fully_shard): each parameter's local shard,
+//     ceil(d0/dp) rows of dim 0 (torch.chunk in _fsdp_param.py), taken as a plain tensor of
+//     that shape (an assumption: how each optimizer's state follows a DTensor is not checked).
+//     8-bit Adam is refused there: bitsandbytes' 8-bit optimizers do not run on FSDP2's
+//     DTensor parameters (bitsandbytes issue #1633, open). FSDP1 with use_orig_params=False
+//     (one flat parameter per unit) would be flat: not modelled.
+// Moments are fp32, or bf16 with --optimizer-states bf16 (zeroplan and deepspeed profiles),
+// in the sharded parameters' dtype under fsdp (torch's zeros_like).
+std::optional<uint64_t> per_tensor_optimizer_bytes(const models::TrainingGraph& g,
+                                                   const Strategy& s, const PlanOptions& o);
+
 // Appends the persistent model states (allocated before the first op, position -1) in the
 // order the runtime allocates them: per tier params, grads, master, moments; then the
 // delayed update's second fp32 gradient partition, host parameter copy and (optimizer on
 // NVMe) swap buffers; then the parameter swap buffers of --offload-param nvme (cpu tier,
 // category buffers). build_schedule
-// starts with these; the fit search replays them alone.
+// starts with these; the fit search replays them alone. `optimizer_bytes`: as for
+// model_state_bytes (per_tensor_optimizer_bytes). The moments' buffers are named after the
+// states they stand for: exp_avg and exp_avg_sq (Adam; 8-bit Adam's state1/absmax1 and
+// state2/absmax2), momentum (SGD), exp_avg (Lion), exp_avg_sq (Adafactor: the row and column
+// factors, or the full second moment); plain SGD has none.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
                          const Strategy& s, uint32_t param_bytes,
-                         StateLayout layout = StateLayout::zero);
+                         StateLayout layout = StateLayout::zero,
+                         std::optional<uint64_t> optimizer_bytes = std::nullopt);
 // --offload-optimizer nvme (ZeRO-Infinity). Swap files are O_DIRECT and move whole blocks of
 // kSwapBlockBytes, so each state's file takes its bytes rounded up to a block on the nvme
 // tier (the runtime's Swapper::padded_bytes; one file per state: master, exp_avg, exp_avg_sq
@@ -170,7 +200,10 @@ uint64_t swap_file_bytes(uint64_t bytes);  // bytes rounded up to kSwapBlockByte
 // Elements per chunk: optimizer_swap_chunk_size, or the partition rounded up to 1024
 // elements (a block of fp32) where that is smaller.
 uint64_t optimizer_swap_chunk_elems(const Strategy& s, uint64_t partition_elems);
-uint64_t optimizer_swap_files(const Strategy& s);  // 3 for Adam, 2 for SGD
+// Files: the master and one per moment buffer (append_model_states): 3 for Adam and 8-bit
+// Adam, 2 for SGD, Lion and Adafactor, 1 for plain SGD. Each buffer set holds a chunk of fp32
+// per file, so 8-bit Adam's (whose states are a quarter of that) is an upper bound.
+uint64_t optimizer_swap_files(const Strategy& s);
 // buffer_count x files x chunk x 4 bytes, plus kSwapBlockBytes - kArenaAlignment to align.
 uint64_t optimizer_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems);
 

@@ -20,7 +20,13 @@
 namespace zp::planner {
 
 enum class Precision { fp32, fp16, bf16 };
-enum class OptimizerKind { adam, adamw, sgd };  // sgd: with momentum (one fp32 buffer)
+// The optimizer, by what it keeps per parameter (model_states.hpp optimizer_state_bytes has
+// each one's bytes and sources). Spellings (--optimizer, strategy JSON): adam, adamw; sgd (with
+// momentum: one buffer); sgd-plain (torch.optim.SGD's default momentum=0: no state); lion (one
+// momentum buffer); adafactor (transformers' defaults: no first moment, a factored second
+// moment); adam8bit (bitsandbytes' Adam8bit/AdamW8bit: two uint8 states with fp32 absmax per
+// 256-element block).
+enum class OptimizerKind { adam, adamw, sgd, sgd_plain, lion, adafactor, adam8bit };
 enum class Checkpointing { none, full, selective };
 enum class Offload { none, cpu, nvme };
 // Which routed-token activations a Mixture-of-Experts plan sizes (--moe-routing): balanced,
