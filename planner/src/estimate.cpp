@@ -72,6 +72,20 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
 }
 
 void check_profile(const Strategy& s, const PlanOptions& o) {
+  if (o.profile == Profile::pytorch) {
+    if (s.stage != 0)
+      throw Error(fmt::format("--profile pytorch: --stage {}: plain PyTorch does not partition", s.stage),
+                  "--stage 0 (one GPU or DDP); ZeRO is --profile deepspeed, sharding --profile fsdp");
+    if (s.precision != Precision::fp32 && s.master_precision != Precision::bf16)
+      throw Error(fmt::format("--profile pytorch --precision {}: autocast (AMP) on fp32 weights "
+                              "is not modelled yet", to_string(s.precision)),
+                  "plan --precision fp32, or a 16-bit model with --master-weights bf16 "
+                  "(--precision bf16)");
+    if (s.offload_optimizer != Offload::none || s.mp > 1 || s.ep > 1)
+      throw Error("--profile pytorch: no offload, tensor or expert parallelism",
+                  "plain PyTorch replicates the model on every rank");
+    return;
+  }
   if (o.profile != Profile::fsdp) return;
   if (s.stage != 3)
     throw Error(fmt::format("--profile fsdp: --stage {} has no FSDP sharding strategy", s.stage),

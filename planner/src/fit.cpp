@@ -387,8 +387,9 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
   // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), no
   // offload, no tensor or expert parallelism (check_profile).
   const bool fsdp = r.options.profile == Profile::fsdp;
+  const bool pytorch = r.options.profile == Profile::pytorch;  // stage 0 only
   std::vector<std::vector<int64_t>> mp_rounds;
-  if (fsdp) {
+  if (fsdp || pytorch) {
     mp_rounds.push_back({1});
   } else if (!r.mps.empty()) {
     mp_rounds.push_back(r.mps);
@@ -411,7 +412,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
         if (ep >= 1 && dp % ep == 0) out.push_back(ep);
       return out;
     }
-    if (!r.model.is_moe() || fsdp) return std::vector<int64_t>{1};
+    if (!r.model.is_moe() || fsdp || pytorch) return std::vector<int64_t>{1};
     for (int64_t ep = 1; ep <= dp; ++ep)
       if (dp % ep == 0 && r.model.moe.n_experts % ep == 0) out.push_back(ep);
     return out;
@@ -433,6 +434,8 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                 for (bool dpu : r.dpu)
                   for (int64_t ga : accums) {
                   if (fsdp && (stage != 3 || oo != Offload::none || op != Offload::none || dpu))
+                    continue;
+                  if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
                     continue;
                   if (op != Offload::none && stage != 3) continue;
                   if (oo != Offload::none && stage == 0) continue;

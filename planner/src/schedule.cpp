@@ -24,13 +24,20 @@ using models::TensorKind;
 using models::TrainingGraph;
 
 std::string_view to_string(Profile p) {
-  return p == Profile::zeroplan ? "zeroplan" : p == Profile::deepspeed ? "deepspeed" : "fsdp";
+  switch (p) {
+    case Profile::zeroplan: return "zeroplan";
+    case Profile::deepspeed: return "deepspeed";
+    case Profile::fsdp: return "fsdp";
+    case Profile::pytorch: return "pytorch";
+  }
+  return "zeroplan";
 }
 std::string_view to_string(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
 std::optional<Profile> profile_from_string(std::string_view s) {
   if (s == "zeroplan") return Profile::zeroplan;
   if (s == "deepspeed") return Profile::deepspeed;
   if (s == "fsdp") return Profile::fsdp;
+  if (s == "pytorch") return Profile::pytorch;
   return std::nullopt;
 }
 std::string_view to_string(ModelCode c) { return c == ModelCode::fused ? "fused" : "transformers"; }
@@ -193,6 +200,8 @@ using models::is_dynamic;
 std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const Strategy& s,
                                                    const PlanOptions& o) {
   const bool fsdp = o.profile == Profile::fsdp;
+  // Plain PyTorch: the optimizer sees the model's tensors whole, their moments in their dtype.
+  const bool whole_tensors = o.profile == Profile::pytorch;
   const bool shaped = s.optimizer == OptimizerKind::adafactor || s.optimizer == OptimizerKind::adam8bit;
   if (!shaped || (!fsdp && s.stage >= 1)) return std::nullopt;
   if (fsdp && s.optimizer == OptimizerKind::adam8bit)
@@ -202,8 +211,8 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
                 "FSDP with --optimizer adamw");
   // The moments' dtype: fp32 or --optimizer-states bf16; under fsdp the sharded parameters'.
   const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
-  const uint64_t m = fsdp ? (pure ? g.options.param_bytes : 4)
-                          : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
+  const uint64_t m = fsdp || whole_tensors ? (pure ? g.options.param_bytes : 4)
+                                           : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
   const int64_t tp = g.options.tp, ep = g.options.ep, w = s.dp;
   uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
   for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
@@ -418,6 +427,9 @@ class ScheduleBuilder {
   std::vector<bool> run_bwd_;
 
   bool fsdp() const { return o_.profile == Profile::fsdp; }
+  // PyTorch's own optimizer on the model's tensors (fsdp and pytorch profiles): states in the
+  // weights' dtype, foreach temporaries.
+  bool torch_native() const { return o_.profile == Profile::fsdp || o_.profile == Profile::pytorch; }
 
   const Op& op_at(int32_t i) const { return g_.op(g_.order[static_cast<std::size_t>(i)]); }
 
@@ -462,8 +474,14 @@ class ScheduleBuilder {
     const uint64_t part = s_.stage >= 1 ? out_.partition_elems
                                         : zp::partition_elems(out_.n_params, dp_);
     append_model_states(out_, out_.n_params, part, s_, p_bytes_,
-                        fsdp() ? StateLayout::fsdp : StateLayout::zero,
+                        torch_native() ? StateLayout::fsdp : StateLayout::zero,
                         per_tensor_optimizer_bytes(g_, s_, o_));
+    // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
+    if (o_.profile == Profile::pytorch && dp_ > 1) {
+      const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+      alloc(-1, add_buffer("ddp_buckets", Tier::gpu, Category::buffers,
+                           checked_mul(pure ? p_bytes_ : 4, out_.n_params, "DDP bucket bytes")));
+    }
   }
 
   void liveness() {
@@ -774,7 +792,7 @@ class ScheduleBuilder {
   // moments' dtype (torch/optim/adam.py _multi_tensor_adam; planner/notes/
   // fsdp-and-optimizers-memory.md sec. 4); the fused kernel (torchtitan's default) none.
   void optimizer_buffers(int32_t pos) {
-    if (fsdp()) {
+    if (torch_native()) {
       const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
       if (s_.fused_optimizer || !adam) return;
       const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;

@@ -287,6 +287,28 @@ TEST_CASE("fit: cached memory equals estimate() exactly under the fsdp profile")
           }
 }
 
+TEST_CASE("fit: cached memory equals estimate() exactly under the pytorch profile") {
+  const auto m = zp::models::load_model("gpt2");
+  PlanOptions o;
+  o.profile = Profile::pytorch;
+  FitEvaluator ev(m, o);
+  for (int64_t dp : {1, 3})
+    for (bool fused : {false, true})
+      for (bool pure : {false, true}) {
+        Strategy s;
+        s.dp = dp;
+        s.micro_batch = 2;
+        s.fused_optimizer = fused;
+        if (pure) s.master_precision = s.optimizer_precision = Precision::bf16;
+        else s.precision = Precision::fp32;
+        s = resolve_for_model(s, m);
+        CAPTURE(dp);
+        CAPTURE(fused);
+        CAPTURE(pure);
+        CHECK(ev.memory(s) == estimate(m, s, nullptr, o).per_device);
+      }
+}
+
 TEST_CASE("fit: cached memory equals estimate() exactly") {
   const auto m = zp::models::load_model("gpt2");
   const auto medium = zp::models::load_model("gpt2-medium");

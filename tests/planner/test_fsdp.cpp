@@ -246,3 +246,46 @@ use_cpu: false
   CHECK(err("distributed_type: FSDP\nfsdp_config: [1, 2\n").find("not valid YAML at line") !=
         std::string::npos);
 }
+
+TEST_CASE("pytorch profile: one GPU or DDP, the model's tensors whole, DDP's bucket copy") {
+  const auto m = load_model("gpt2-tiny");
+  const uint64_t psi = kEmbed + L * kBlock + kHead;
+  auto sched = [&](Strategy s) {
+    s.seq = 64;
+    const PlanOptions o{Profile::pytorch, Backend::cuda, ModelCode::fused};
+    check_profile(s, o);
+    return build_schedule(zp::models::build_training_graph(m, graph_options(m, s, o)), s, o);
+  };
+  auto total = [](const MemorySchedule& ms, const char* name) {
+    uint64_t n = 0;
+    for (uint64_t b : sizes(ms, name)) n += b;
+    return n;
+  };
+  Strategy s;
+  s.precision = Precision::fp32;
+  // fp32 weights, gradients and AdamW's moments (torch.optim: zeros_like the parameters),
+  // and the foreach step's sqrt(exp_avg_sq): 4 + 4 + 8 (+ 4 during the step) bytes each.
+  MemorySchedule one = sched(s);
+  CHECK(total(one, "params") == 4 * psi);
+  CHECK(total(one, "grads") == 4 * psi);
+  CHECK(total(one, "exp_avg") + total(one, "exp_avg_sq") == 8 * psi);
+  CHECK(total(one, "foreach_sqrt") == 4 * psi);
+  CHECK(total(one, "ddp_buckets") == 0);
+  // DDP over 2 ranks: the reducer's flat buckets copy every gradient.
+  s.dp = 2;
+  CHECK(total(sched(s), "ddp_buckets") == 4 * psi);
+  // A bf16 model (no autocast): everything in bf16.
+  s.precision = Precision::bf16;
+  s.master_precision = s.optimizer_precision = Precision::bf16;
+  const MemorySchedule b = sched(s);
+  CHECK(total(b, "params") == 2 * psi);
+  CHECK(total(b, "exp_avg") + total(b, "exp_avg_sq") == 4 * psi);
+  CHECK(total(b, "ddp_buckets") == 2 * psi);
+  // What plain PyTorch does not do, and autocast on fp32 weights (not modelled yet).
+  Strategy z;
+  z.stage = 2;
+  CHECK(error_of([&] { sched(z); }).find("--profile pytorch: --stage 2") == 0);
+  Strategy amp;
+  amp.precision = Precision::fp16;
+  CHECK(error_of([&] { sched(amp); }).find("autocast (AMP)") != std::string::npos);
+}

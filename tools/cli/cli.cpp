@@ -256,7 +256,8 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   };
   if (given("--master-weights")) s.master_precision = fp32_or_bf16("--master-weights", master_weights);
   // FSDP's moments are zeros_like the (bf16) sharded parameters.
-  if (o.profile == planner::Profile::fsdp && s.master_precision == planner::Precision::bf16)
+  if ((o.profile == planner::Profile::fsdp || o.profile == planner::Profile::pytorch) &&
+      s.master_precision == planner::Precision::bf16)
     s.optimizer_precision = planner::Precision::bf16;
   if (given("--optimizer-states"))
     s.optimizer_precision = fp32_or_bf16("--optimizer-states", optimizer_states);
@@ -339,8 +340,10 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
 void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_device) {
   app.add_option("--profile", f.profile,
                  "whose allocations to predict: zeroplan (zero-run's arena and buffers), "
-                 "deepspeed (DeepSpeed on PyTorch's caching allocator) or fsdp (PyTorch FSDP's "
-                 "fully_shard as torchtitan runs it; --stage 3) [zeroplan]");
+                 "deepspeed (DeepSpeed on PyTorch's caching allocator), fsdp (PyTorch FSDP's "
+                 "fully_shard as torchtitan runs it; --stage 3) or pytorch (one GPU or DDP "
+                 "without DeepSpeed or FSDP, as the Hugging Face Trainer runs it; --stage 0) "
+                 "[zeroplan]");
   app.add_option("--model-code", f.model_code,
                  "whose modeling code runs the model: fused (zero-run's kernels; Megatron's and "
                  "torchtitan's fused paths keep the same tensors) or transformers (Hugging "
@@ -358,7 +361,7 @@ planner::PlanOptions TargetFlags::resolve(planner::Backend default_backend,
   planner::PlanOptions o;
   const bool fsdp_file = strategy != nullptr && !strategy->fsdp_config.empty();
   auto p = planner::profile_from_string(profile.empty() ? (fsdp_file ? "fsdp" : "zeroplan") : profile);
-  if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan, deepspeed or fsdp");
+  if (!p) throw Error(fmt::format("--profile: unknown value '{}'", profile), "expected zeroplan, deepspeed, fsdp or pytorch");
   o.profile = *p;
   o.backend = default_backend;
   o.model_code = o.profile == planner::Profile::zeroplan ? planner::ModelCode::fused

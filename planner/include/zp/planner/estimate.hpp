@@ -49,7 +49,8 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
                            std::vector<std::string>* assumed = nullptr);
 
 // What a profile cannot plan, as zp::Error naming the flag: the fsdp profile plans stage 3
-// (FULL_SHARD; SHARD_GRAD_OP with reshard_after_forward false) without offload.
+// (FULL_SHARD; SHARD_GRAD_OP with reshard_after_forward false) without offload; the pytorch
+// profile stage 0 in fp32 or a 16-bit model (autocast on fp32 weights is not modelled).
 void check_profile(const Strategy& s, const PlanOptions& o);
 
 // Builds the training graph, the step's memory schedule, and replays it through the

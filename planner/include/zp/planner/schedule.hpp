@@ -26,9 +26,11 @@
 namespace zp::planner {
 
 // Whose allocations are predicted: zeroplan's runtime (its arena, its buffers), DeepSpeed on
-// PyTorch (its buffers, the caching allocator), or PyTorch FSDP (fully_shard as torchtitan
-// runs it: per-unit all-gathers and reduce-scatters, the caching allocator).
-enum class Profile { zeroplan, deepspeed, fsdp };
+// PyTorch (its buffers, the caching allocator), PyTorch FSDP (fully_shard as torchtitan runs
+// it: per-unit all-gathers and reduce-scatters, the caching allocator), or plain PyTorch (one
+// GPU, or DistributedDataParallel: the Hugging Face Trainer or accelerate without DeepSpeed or
+// FSDP; stage 0).
+enum class Profile { zeroplan, deepspeed, fsdp, pytorch };
 // Where the runtime computes: the CPU backend stores activations in fp32; CUDA in the
 // training precision.
 enum class Backend { cpu, cuda };
@@ -328,6 +330,12 @@ inline CudaOutsideArenaBound cuda_outside_arena_bound(const Strategy& s, const N
 // README.md, "torch.distributed memory usage"). Used for the deepspeed profile's device total
 // with more than one data-parallel rank; NCCL allocates it with cudaMalloc, outside PyTorch's
 // caching allocator, so max_memory_reserved never sees it but nvidia-smi does.
+// torch.nn.parallel.DistributedDataParallel's gradient buckets: with its default
+// gradient_as_bucket_view=False the reducer's flat buckets hold a second copy of every
+// gradient ("gradient_as_bucket_view ... the saved memory size will be equal to the total
+// gradients size", torch/nn/parallel/distributed.py DistributedDataParallel docstring). The
+// pytorch profile holds them, in the gradients' dtype, with dp > 1.
+
 inline constexpr uint64_t kTorchNcclBytes = uint64_t{1450} * (uint64_t{1} << 30) / 1000;
 
 DeviceTotal outside_allocator(const Strategy& s, const PlanOptions& o);
