@@ -28,9 +28,11 @@ Hardware published_hw(const std::string& name) {
   return load_hardware(std::string(ZP_TEST_DATA) + "/published/" + name + ".json");
 }
 
-// DeepSpeed on PyTorch on GPUs: the deepspeed profile, SDPA unless a case says otherwise.
+// DeepSpeed on PyTorch on GPUs running transformers' modeling code (what zero-plan predicts
+// with --profile deepspeed), SDPA unless a case says otherwise.
 Estimate ds_estimate(const std::string& model, Strategy s, const Hardware& hw) {
-  return estimate(load_model(model), s, &hw, PlanOptions{Profile::deepspeed, Backend::cuda});
+  return estimate(load_model(model), s, &hw,
+                  PlanOptions{Profile::deepspeed, Backend::cuda, ModelCode::transformers});
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
