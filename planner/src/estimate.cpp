@@ -34,6 +34,11 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
     note(fmt::format("zero_optimization.reduce_bucket_size \"auto\": hidden_size^2 = {}, as "
                      "the Trainer sets it", s.buffers.reduce_bucket_size));
   }
+  if (s.buffers.param_persistence_threshold == kPersistenceAuto) {
+    s.buffers.param_persistence_threshold = checked_mul(10, h, "stage3_param_persistence_threshold");
+    note(fmt::format("zero_optimization.stage3_param_persistence_threshold \"auto\": 10 x "
+                     "hidden_size = {}, as the Trainer sets it", s.buffers.param_persistence_threshold));
+  }
   if (s.buffers.prefetch_bucket_size == 0) {
     s.buffers.prefetch_bucket_size =
         checked_mul(checked_mul(h, h, "stage3_prefetch_bucket_size"), 9, "stage3_prefetch_bucket_size") / 10;

@@ -65,7 +65,8 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // buffers (master and moments, reduce dtype, reshard after forward, fused optimizer) and the
 // optimizer kind.
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
-                          uint64_t, uint64_t, uint64_t, bool, int>;
+                          uint64_t, uint64_t, uint64_t, bool, int,
+                          std::tuple<uint64_t, uint64_t, int64_t>>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
@@ -73,6 +74,11 @@ using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // with the states (the delayed update's optimizer swap buffers on NVMe, the parameter
 // swapper's buffers).
 using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int>;
+
+// DeepSpeed stage 3's per-parameter settings (schedule.cpp deepspeed_stage3_tensors) and hpZ.
+std::tuple<uint64_t, uint64_t, int64_t> stage3_settings(const Strategy& s) {
+  return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold, s.hpz_partition_size};
+}
 
 int state_dtypes(const Strategy& s) {
   return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
@@ -172,7 +178,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                        : 0,
                    whole ? offload_tile_bytes(s, part, p_bytes) : 0,
                    holds_buckets_in_flight(s),
-                   whole ? state_dtypes(s) : 0};
+                   whole ? state_dtypes(s) : 0,
+                   whole ? stage3_settings(s) : std::tuple<uint64_t, uint64_t, int64_t>{}};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);

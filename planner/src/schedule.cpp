@@ -197,6 +197,26 @@ using models::is_dynamic;
 
 }  // namespace
 
+// A parameter tensor's shape on this rank: split by tensor parallelism, E/ep of fused experts.
+static std::vector<int64_t> rank_shape(const models::ParamTensor& p, const models::GraphOptions& go) {
+  std::vector<int64_t> shape = p.shape;  // as torch stores it: (out, in) for a Linear
+  if (shape.empty()) return shape;
+  const int64_t tp = go.tp;
+  const std::size_t nd = shape.size();
+  switch (p.split) {  // tensor parallelism (graph.cpp rank_numel)
+    case models::Split::replicated: break;
+    case models::Split::column: shape[nd >= 2 ? nd - 2 : 0] /= tp; break;
+    case models::Split::row:
+      if (nd >= 2) shape[nd - 1] /= tp;
+      break;
+    case models::Split::vocab: shape[0] = (shape[0] + tp - 1) / tp; break;
+  }
+  // Routed experts, E/ep on this rank: fused tensors ("moe.experts.*", dim 0 is E) lose rows;
+  // per-expert ones ("moe.expert.*") are listed for all E experts (callers divide by ep).
+  if (p.expert && p.slot.starts_with("moe.experts.")) shape[0] /= go.ep;
+  return shape;
+}
+
 std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const Strategy& s,
                                                    const PlanOptions& o) {
   const bool fsdp = o.profile == Profile::fsdp;
@@ -213,24 +233,12 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
   const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
   const uint64_t m = fsdp || whole_tensors ? (pure ? g.options.param_bytes : 4)
                                            : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
-  const int64_t tp = g.options.tp, ep = g.options.ep, w = s.dp;
+  const int64_t ep = g.options.ep, w = s.dp;
   uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
   for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
-    std::vector<int64_t> shape = p.shape;  // as torch stores it: (out, in) for a Linear
+    std::vector<int64_t> shape = rank_shape(p, g.options);
     if (shape.empty()) continue;
-    const std::size_t nd = shape.size();
-    switch (p.split) {  // tensor parallelism (graph.cpp rank_numel)
-      case models::Split::replicated: break;
-      case models::Split::column: shape[nd >= 2 ? nd - 2 : 0] /= tp; break;
-      case models::Split::row:
-        if (nd >= 2) shape[nd - 1] /= tp;
-        break;
-      case models::Split::vocab: shape[0] = (shape[0] + tp - 1) / tp; break;
-    }
-    // Routed experts, E/ep on this rank: fused tensors ("moe.experts.*", dim 0 is E) lose
-    // rows; per-expert ones ("moe.expert.*") are summed over all E and divided below.
     const bool fused = p.slot.starts_with("moe.experts.");
-    if (p.expert && fused) shape[0] /= ep;
     if (fsdp) shape[0] = (shape[0] + w - 1) / w;  // FSDP2's dim-0 shard, padded
     const uint64_t b = optimizer_state_bytes(s.optimizer, shape, m);
     if (p.expert && !fused) per_expert = checked_add(per_expert, b, "optimizer state bytes");
@@ -425,6 +433,10 @@ class ScheduleBuilder {
   uint32_t fwd_ag_kept_ = UINT32_MAX;
   uint32_t rs_input_ = UINT32_MAX;
   std::vector<bool> run_bwd_;
+  // DeepSpeed stage 3 (deepspeed_stage3_tensors): persistent parameters' elements per group
+  // and in all, the largest optimizer sub-group's partition elements.
+  std::map<std::string, uint64_t> persistent_elems_;
+  uint64_t persistent_total_ = 0, max_sub_group_ = 0;
 
   bool fsdp() const { return o_.profile == Profile::fsdp; }
   // PyTorch's own optimizer on the model's tensors (fsdp and pytorch profiles): states in the
@@ -468,6 +480,44 @@ class ScheduleBuilder {
     // schedule.hpp: DeepSpeed-MoE's expert-data-parallel groups).
     out_.partition_elems = partition_elems(elems, expert, s_.stage, dp_, edp_);
     out_.expert_partition_elems = partition_elems(expert, expert, s_.stage, dp_, edp_);
+    if (o_.profile == Profile::deepspeed && s_.stage == 3) deepspeed_stage3_tensors();
+  }
+
+  // DeepSpeed's stage 3 works per parameter (torch tensor), which the graph's modules merge
+  // (a Linear's weight and bias are one graph tensor); the inventory lists them apart:
+  // - persistence (parameter_offload.py, partition_parameters.py): a parameter of at most
+  //   stage3_param_persistence_threshold elements is never released after its first gather,
+  //   so it is held whole on every GPU (its partition and states stay as they are) and is not
+  //   part of later gathers;
+  // - sub-groups (stage3.py _create_fp16_sub_groups): parameters in order are cut into
+  //   optimizer sub-groups, each closed at the first parameter that brings its partition to
+  //   sub_group_size elements; the step upcasts one sub-group's gradient at a time.
+  void deepspeed_stage3_tensors() {
+    const models::GraphOptions& go = g_.options;
+    const int L = static_cast<int>(g_.model.n_blocks());
+    uint64_t sub = 0;
+    for (const models::ParamTensor& p : models::count_params(g_.model).tensors) {
+      const std::vector<int64_t> shape = rank_shape(p, go);
+      if (shape.empty()) continue;
+      uint64_t n = 1;
+      for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "parameter elements");
+      // Per-expert tensors are listed for all E experts, E/ep of which are this rank's: each
+      // adds 1/ep of its partition to the sub-groups.
+      const bool per_expert = p.expert && !p.slot.starts_with("moe.experts.");
+      uint64_t part = zp::partition_elems(n, p.expert ? edp_ : dp_);
+      if (per_expert) part = zp::partition_elems(part, static_cast<uint64_t>(go.ep));
+      sub = checked_add(sub, part, "sub-group elements");
+      if (sub >= s_.buffers.sub_group_size) {
+        max_sub_group_ = std::max(max_sub_group_, sub);
+        sub = 0;
+      }
+      if (n > s_.buffers.param_persistence_threshold) continue;
+      const std::string grp = p.layer < 0 ? "embed" : p.layer >= L ? "head" : fmt::format("h.{}", p.layer);
+      if (!group_elems_.contains(grp)) continue;
+      persistent_elems_[grp] = checked_add(persistent_elems_[grp], n, "persistent elements");
+      persistent_total_ = checked_add(persistent_total_, n, "persistent elements");
+    }
+    max_sub_group_ = std::max(max_sub_group_, sub);
   }
 
   void model_states() {
@@ -476,6 +526,23 @@ class ScheduleBuilder {
     append_model_states(out_, out_.n_params, part, s_, p_bytes_,
                         torch_native() ? StateLayout::fsdp : StateLayout::zero,
                         per_tensor_optimizer_bytes(g_, s_, o_));
+    // DeepSpeed stage 3: the persistent parameters, whole on the GPU (their partition is
+    // allocated on the device even with offload_param, partition_parameters.py), and ZeRO++
+    // hpZ's secondary partition of the 16-bit parameters over hpz_partition_size ranks (on the
+    // host with offload_param): ceil(group / H) elements per gather group.
+    if (o_.profile == Profile::deepspeed && s_.stage == 3) {
+      if (persistent_total_ > 0)
+        alloc(-1, add_buffer("persistent_params", Tier::gpu, Category::params,
+                             checked_mul(persistent_total_, p_bytes_, "persistent parameters")));
+      if (s_.hpz_partition_size > 1) {
+        uint64_t sec = 0;
+        for (const auto& [grp, n] : group_elems_)
+          sec = checked_add(sec, zp::partition_elems(n, static_cast<uint64_t>(s_.hpz_partition_size)),
+                            "hpZ secondary partition");
+        alloc(-1, add_buffer("hpz_secondary", s_.offload_param == Offload::none ? Tier::gpu : Tier::cpu,
+                             Category::params, checked_mul(sec, p_bytes_, "hpZ secondary partition")));
+      }
+    }
     // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
     if (o_.profile == Profile::pytorch && dp_ > 1) {
       const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
@@ -600,8 +667,13 @@ class ScheduleBuilder {
     auto it = group_expert_elems_.find(grp);
     return it == group_expert_elems_.end() ? 0 : it->second;
   }
+  uint64_t persistent_of(const std::string& grp) const {
+    auto it = persistent_elems_.find(grp);
+    return it == persistent_elems_.end() ? 0 : it->second;
+  }
+  // (Persistent parameters, DeepSpeed's, are held whole and never gathered.)
   uint64_t gathered_bytes(const std::string& grp) const {
-    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x;
+    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x - persistent_of(grp);
     const uint64_t elems =
         checked_add(checked_mul(zp::partition_elems(d, dp_), dp_, "gathered elements"),
                     checked_mul(zp::partition_elems(x, edp_), edp_, "gathered elements"),
@@ -609,7 +681,7 @@ class ScheduleBuilder {
     return checked_mul(elems, p_bytes_, "gathered bytes");
   }
   uint64_t shard_bytes(const std::string& grp) const {
-    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x;
+    const uint64_t x = expert_elems(grp), d = group_elems_.at(grp) - x - persistent_of(grp);
     return checked_mul(zp::partition_elems(d, dp_) + zp::partition_elems(x, edp_), p_bytes_,
                        "shard bytes");
   }
@@ -806,11 +878,20 @@ class ScheduleBuilder {
     append_offload_buffers(out_, pos, s_, out_.partition_elems, p_bytes_);
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
-    // In the master's dtype: bf16 with bf16_master_weights_and_grads.
+    // The step flattens the 16-bit gradient partition into a new buffer and converts that to
+    // the master's dtype (fp32, or bf16 with bf16_master_weights_and_grads), then drops the
+    // flat copy (stage_1_and_2.py step: flatten(averaged_gradients) then .to(); stage3.py
+    // _prepare_fp32_grad_for_sub_group): at stage 3 one optimizer sub-group at a time.
+    const uint64_t n = s_.stage == 3 && max_sub_group_ > 0 ? std::min(max_sub_group_, out_.partition_elems)
+                                                           : out_.partition_elems;
     const uint64_t gb = s_.master_precision == Precision::bf16 ? 2 : 4;
+    const uint32_t flat = add_buffer("grad_partition_flat", Tier::gpu, Category::workspace,
+                                     checked_mul(p_bytes_, n, "flat gradient partition"));
     const uint32_t b = add_buffer("fp32_grad_partition", Tier::gpu, Category::workspace,
-                                  checked_mul(gb, out_.partition_elems, "fp32 gradient partition"));
+                                  checked_mul(gb, n, "fp32 gradient partition"));
+    alloc(pos, flat);
     alloc(pos, b);
+    free(pos, flat);
     free(pos, b);
   }
 };

@@ -113,6 +113,12 @@ void validate(const Strategy& s) {
   if (s.dpu && s.offload_optimizer == Offload::none)
     throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
                 "DPU overlaps the CPU optimizer step with the next forward/backward");
+  if (s.buffers.sub_group_size == 0)
+    throw Error("sub_group_size 0: must be at least 1 element",
+                "DeepSpeed's default is 1e9 elements of fp32 partition per optimizer sub-group");
+  if (s.hpz_partition_size < 1 || s.dp % s.hpz_partition_size != 0)
+    throw Error(fmt::format("--hpz-partition-size {}: must divide --dp {}", s.hpz_partition_size, s.dp),
+                "ZeRO++'s secondary partition spans the GPUs of a node, e.g. 8");
   if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16)
     throw Error("--master-weights and --optimizer-states take fp32 or bf16",
                 "fp16 master weights or moments lose too much range; train in bf16 to keep 16-bit states");
@@ -365,7 +371,7 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     const std::string p = "zero_optimization.";
     require_neutral(*zo, "zero_quantized_weights", false, origin, p);
     require_neutral(*zo, "zero_quantized_gradients", false, origin, p);
-    require_neutral(*zo, "zero_hpz_partition_size", 1, origin, p);
+
     require_neutral(*zo, "mics_shard_size", -1, origin, p);
     Fields z(*zo, origin, p);
     if (z.has("stage")) {
@@ -400,6 +406,14 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     bucket("allgather_bucket_size", s.buffers.allgather_bucket_size);
     bucket("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
     bucket("stage3_max_live_parameters", s.buffers.max_live_parameters);
+    bucket("sub_group_size", s.buffers.sub_group_size);
+    if (is_auto(*zo, "stage3_param_persistence_threshold"))
+      s.buffers.param_persistence_threshold = kPersistenceAuto;
+    else if (z.has("stage3_param_persistence_threshold"))
+      s.buffers.param_persistence_threshold =
+          z.byte_count("stage3_param_persistence_threshold", s.buffers.param_persistence_threshold);
+    if (z.has("zero_hpz_partition_size") && !is_auto(*zo, "zero_hpz_partition_size"))
+      s.hpz_partition_size = z.positive_int("zero_hpz_partition_size", 1);
   }
   return s;
 }
@@ -440,7 +454,14 @@ json to_json(const Strategy& s) {
             {"offload_tile_size", s.buffers.offload_tile_size},
             {"param_swap_buffer_count", s.buffers.param_swap_buffer_count},
             {"param_swap_buffer_size", s.buffers.param_swap_buffer_size},
-            {"param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth}}}};
+            {"param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth},
+            {"sub_group_size", s.buffers.sub_group_size},
+            // null: "auto" (10 x hidden size, as the Trainer sets it)
+            {"stage3_param_persistence_threshold",
+             s.buffers.param_persistence_threshold == kPersistenceAuto
+                 ? json(nullptr)
+                 : json(s.buffers.param_persistence_threshold)}}},
+          {"hpz_partition_size", s.hpz_partition_size}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -451,7 +472,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
-                  "fused_optimizer"},
+                  "fused_optimizer", "hpz_partition_size"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -506,7 +527,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         *b,
         {"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
          "stage3_max_live_parameters", "optimizer_swap_chunk_size", "optimizer_swap_buffer_count",
-         "offload_tile_size", "param_swap_buffer_count", "param_swap_buffer_size", "param_swap_prefetch_depth"},
+         "offload_tile_size", "param_swap_buffer_count", "param_swap_buffer_size", "param_swap_prefetch_depth",
+         "sub_group_size", "stage3_param_persistence_threshold"},
         origin, "strategy.buffers.");
     Fields bf(*b, origin, "strategy.buffers.");
     s.buffers.reduce_bucket_size = bf.byte_count("reduce_bucket_size", s.buffers.reduce_bucket_size);
@@ -527,7 +549,14 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
         bf.byte_count("param_swap_buffer_size", s.buffers.param_swap_buffer_size);
     s.buffers.param_swap_prefetch_depth =
         bf.byte_count("param_swap_prefetch_depth", s.buffers.param_swap_prefetch_depth);
+    s.buffers.sub_group_size = bf.byte_count("sub_group_size", s.buffers.sub_group_size);
+    if (bf.has("stage3_param_persistence_threshold"))
+      s.buffers.param_persistence_threshold =
+          bf.byte_count("stage3_param_persistence_threshold", s.buffers.param_persistence_threshold);
+    else if (b->contains("stage3_param_persistence_threshold"))  // null: "auto"
+      s.buffers.param_persistence_threshold = kPersistenceAuto;
   }
+  s.hpz_partition_size = f.positive_int("hpz_partition_size", 1);
   validate(s);
   return s;
 }

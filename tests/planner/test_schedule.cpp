@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/allocator.hpp"
@@ -223,8 +224,10 @@ TEST_CASE("profile deepspeed adds the fp32 gradient partition and uses the cachi
   const Run ds = run(s, {Profile::deepspeed, Backend::cuda});
   const uint64_t part = ceil_div(kPsi, 2);
   CHECK(ours.rep.per_device[Tier::gpu][Category::workspace] == 0);
+  // The step flattens the 16-bit gradient partition (2 bytes each) and converts the flat
+  // copy to fp32 (4 bytes each) before dropping it: both are alive at once.
   CHECK(ds.rep.per_device[Tier::gpu][Category::workspace] ==
-        CachingAllocatorModel::round_size(4 * part));
+        CachingAllocatorModel::round_size(2 * part) + CachingAllocatorModel::round_size(4 * part));
   // On top of the caching allocator, the CUDA context and PyTorch's kernels: 1343 MiB, what
   // nvidia-smi shows after torch.ones((1, 1)).to("cuda") on a V100 (Hugging Face
   // transformers docs, "Model training anatomy"), 1343 x 1048576 bytes; cuBLAS's 32 MiB
@@ -251,6 +254,50 @@ TEST_CASE("profile deepspeed adds the fp32 gradient partition and uses the cachi
   CHECK(ours.rep.per_device[Tier::gpu][Category::overhead] ==
         ours.rep.per_device.peak(Tier::gpu) - ours.rep.peak_allocated[0]);
   CHECK(ours.rep.per_device[Tier::gpu][Category::overhead] < context);
+}
+
+TEST_CASE("deepspeed stage 3: persistent parameters, optimizer sub-groups and ZeRO++ hpZ") {
+  // gpt2-tiny's torch tensors per block: two LayerNorms (2 x 2C), c_attn (C x 3C + 3C),
+  // attn.c_proj (C x C + C), c_fc (C x 4C + 4C), mlp.c_proj (4C x C + C); ln_f (2C); wte
+  // (V x C) and wpe (P x C). The tensors of at most 1000 elements are the biases and
+  // LayerNorms: 13C per block, 2C for ln_f.
+  auto buffer = [](const Run& r, const std::string& name) {
+    uint64_t n = 0;
+    for (const MemBuffer& b : r.sched.buffers)
+      if (b.name == name) n += b.bytes;
+    return n;
+  };
+  Strategy s;
+  s.stage = 3;
+  s.dp = 2;
+  s.buffers.param_persistence_threshold = 1000;
+  const Run r = run(s, {Profile::deepspeed, Backend::cuda});
+  const uint64_t small_block = 13 * C;
+  CHECK(buffer(r, "persistent_params") == 2 * (L * small_block + kHead));
+  // Persistent parameters are not gathered again: a block gathers its weights alone.
+  for (const MemBuffer& b : r.sched.buffers)
+    if (b.name == "gathered.h.0") CHECK(b.bytes == 2 * ceil_div(kBlock - small_block, 2) * 2);
+  // DeepSpeed's default threshold (1e5) keeps every tensor of gpt2-tiny whole: no gathers.
+  s.buffers.param_persistence_threshold = 100'000;
+  const Run all = run(s, {Profile::deepspeed, Backend::cuda});
+  CHECK(buffer(all, "persistent_params") == 2 * kPsi);
+  // The step converts one optimizer sub-group's gradient at a time: with sub_group_size 1
+  // every tensor is a sub-group, the largest being wte, c_fc and mlp.c_proj (V x C = 4C x C
+  // = 16384 elements), ceil(16384 / 2) of them on this rank.
+  s.buffers.sub_group_size = 1;
+  CHECK(buffer(run(s, {Profile::deepspeed, Backend::cuda}), "fp32_grad_partition") == 4 * 8192);
+  // One sub-group holding everything: the whole partition.
+  s.buffers.sub_group_size = 1'000'000'000;
+  CHECK(buffer(run(s, {Profile::deepspeed, Backend::cuda}), "fp32_grad_partition") ==
+        4 * run(s, {Profile::deepspeed, Backend::cuda}).sched.partition_elems);
+  // hpZ over 2 of 4 ranks: a second copy of each gather group's 16-bit parameters,
+  // partitioned over 2: ceil(group / 2) elements each.
+  s.dp = 4;
+  s.hpz_partition_size = 2;
+  const uint64_t sec = ceil_div(kEmbed, 2) + L * ceil_div(kBlock, 2) + ceil_div(kHead, 2);
+  CHECK(buffer(run(s, {Profile::deepspeed, Backend::cuda}), "hpz_secondary") == 2 * sec);
+  s.hpz_partition_size = 3;
+  CHECK_THROWS_AS(validate(s), zp::Error);
 }
 
 TEST_CASE("timeline: one sample per op at its high point; the trace opens in Perfetto") {

@@ -136,6 +136,18 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
          "--param-swap-buffer-size", f.param_swap_buffer_size,
          "--offload-param nvme: 16-bit elements per host buffer (offload_param.buffer_size) [1e8]")
       ->group(b);
+  app.add_option("--sub-group-size", f.sub_group_size,
+                 "DeepSpeed stage 3: fp32 partition elements one optimizer sub-group steps at "
+                 "once (zero_optimization.sub_group_size) [1e9]")
+      ->group(b);
+  app.add_option("--param-persistence-threshold", f.param_persistence_threshold,
+                 "DeepSpeed stage 3: parameters of at most this many elements stay whole on "
+                 "every GPU (stage3_param_persistence_threshold) [1e5]")
+      ->group(b);
+  app.add_option("--hpz-partition-size", f.hpz_partition_size,
+                 "DeepSpeed stage 3, ZeRO++ hpZ: a secondary copy of the 16-bit parameters "
+                 "partitioned over this many ranks, a node (zero_hpz_partition_size) [1]")
+      ->group(b);
   app.add_option("--param-swap-prefetch-depth", f.param_swap_prefetch_depth,
                  "--offload-param nvme: gathers ahead whose shard reads may be in flight [2]")
       ->group(b);
@@ -287,6 +299,13 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--param-swap-buffer-size"))
     s.buffers.param_swap_buffer_size =
         parse_count(param_swap_buffer_size, "--param-swap-buffer-size");
+  if (given("--sub-group-size")) s.buffers.sub_group_size = parse_count(sub_group_size, "--sub-group-size");
+  if (given("--param-persistence-threshold"))  // 0 is allowed: nothing persists
+    s.buffers.param_persistence_threshold =
+        param_persistence_threshold == "0"
+            ? 0
+            : parse_count(param_persistence_threshold, "--param-persistence-threshold");
+  if (given("--hpz-partition-size")) s.hpz_partition_size = parse_int("--hpz-partition-size", hpz_partition_size);
   if (given("--param-swap-prefetch-depth"))
     s.buffers.param_swap_prefetch_depth =  // 0 is allowed: no read ahead
         param_swap_prefetch_depth == "0"

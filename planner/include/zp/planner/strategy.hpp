@@ -80,6 +80,14 @@ struct BufferSizes {
   uint64_t param_swap_buffer_count = 5;
   uint64_t param_swap_buffer_size = 100'000'000;
   uint64_t param_swap_prefetch_depth = 2;
+  // DeepSpeed stage 3 (the deepspeed profile), deepspeed/runtime/zero/config.py defaults:
+  // sub_group_size, the elements of fp32 partition one optimizer sub-group steps at once (its
+  // fp32 gradient is the step's only one on the GPU: stage3.py _prepare_fp32_grad_for_sub_group);
+  // stage3_param_persistence_threshold, parameters of at most this many elements stay whole
+  // on every GPU after their first gather (parameter_offload.py; kPersistenceAuto: the
+  // Trainer's "auto", 10 x hidden size, set by resolve_for_model).
+  uint64_t sub_group_size = 1'000'000'000;
+  uint64_t param_persistence_threshold = 100'000;
   bool operator==(const BufferSizes&) const = default;
 };
 
@@ -89,6 +97,8 @@ struct BufferSizes {
 // contexts are rarely trained at their full length, and at 131072 tokens the T x T scores
 // of eager attention alone need terabytes. The headline says what was assumed.
 inline constexpr int64_t kDefaultSeq = 4096;
+
+inline constexpr uint64_t kPersistenceAuto = UINT64_MAX;
 
 struct Strategy {
   int stage = 0;                  // 0 plain data parallel, 1 P_os, 2 P_os+g, 3 P_os+g+p
@@ -138,6 +148,11 @@ struct Strategy {
   // reduce_dtype: torchtitan fp32, accelerate the parameter dtype); and whether AdamW runs
   // fused (one kernel, no temporaries; torchtitan's default) or foreach (PyTorch's default on
   // CUDA, whose sqrt of exp_avg_sq is a temporary the size of the shard).
+  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size, the deepspeed profile, stage 3): a
+  // secondary copy of the 16-bit parameters partitioned over this many ranks (a node), which
+  // backward gathers from: ceil(P/H) more elements per rank (partition_parameters.py
+  // _partition_param_sec). 1: none.
+  int64_t hpz_partition_size = 1;
   bool reshard_after_forward = true;
   Precision reduce_precision = Precision::fp32;
   bool fused_optimizer = false;
