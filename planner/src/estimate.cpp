@@ -77,6 +77,10 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
 }
 
 void check_profile(const Strategy& s, const PlanOptions& o) {
+  if (s.cpu_checkpointing && o.profile != Profile::deepspeed)
+    throw Error(fmt::format("--cpu-checkpointing: DeepSpeed's activation checkpointing, not "
+                            "{}'s", to_string(o.profile)),
+                "plan it with --profile deepspeed");
   if (o.profile == Profile::pytorch) {
     if (s.stage != 0)
       throw Error(fmt::format("--profile pytorch: --stage {}: plain PyTorch does not partition", s.stage),

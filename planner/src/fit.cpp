@@ -83,7 +83,8 @@ std::tuple<uint64_t, uint64_t, int64_t> stage3_settings(const Strategy& s) {
 int state_dtypes(const Strategy& s) {
   return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
          static_cast<int>(s.reduce_precision) << 4 | int{s.reshard_after_forward} << 6 |
-         int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8;
+         int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8 |
+         int{s.cpu_checkpointing} << 12;
 }
 
 }  // namespace

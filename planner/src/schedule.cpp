@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -382,6 +383,7 @@ class ScheduleBuilder {
       for (uint32_t b : staged_) free(i, b);
       staged_.clear();
       for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
+      if (!ckpt_last_fwd_.empty()) offload_checkpoints(i, op);
       if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
           if (last_grad_write_[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
@@ -551,8 +553,53 @@ class ScheduleBuilder {
     }
   }
 
+  // ZeRO-R Pa+cpu (Strategy::cpu_checkpointing): a checkpoint is a tensor the forward pass
+  // writes and a recomputation reads (a block input, or its P_a partition). After its last
+  // forward use its device buffer is freed and a host copy kept; the first recomputation
+  // reading it brings it back into a new device buffer (allocated by touch(), freed at its
+  // last use) and frees the host copy.
+  std::map<TensorId, int32_t> ckpt_last_fwd_;       // checkpoint -> its last forward use
+  std::map<TensorId, uint32_t> ckpt_host_;          // checkpoint -> its host copy
+  void find_checkpoints(const models::Liveness& lv) {
+    const int32_t n = static_cast<int32_t>(g_.order.size());
+    std::map<TensorId, int32_t> last_fwd;
+    std::set<TensorId> recomputed;
+    for (int32_t i = 0; i < n; ++i) {
+      const Op& op = op_at(i);
+      for (TensorId t : op.inputs) {
+        if (op.phase == Phase::forward) last_fwd[t] = i;
+        if (op.phase == Phase::recompute && last_fwd.contains(t)) recomputed.insert(t);
+      }
+      if (op.phase == Phase::forward)
+        for (TensorId t : op.outputs) last_fwd[t] = std::max(last_fwd[t], i);
+    }
+    for (TensorId t : recomputed)
+      if (is_dynamic(g_.tensor(t).kind) && g_.tensor(t).kind != TensorKind::input &&
+          lv.last[static_cast<std::size_t>(t)] > last_fwd.at(t))
+        ckpt_last_fwd_[t] = last_fwd.at(t);
+  }
+  void offload_checkpoints(int32_t pos, const Op& op) {
+    for (const auto& [t, last] : ckpt_last_fwd_)
+      if (last == pos && buffer_of_[static_cast<std::size_t>(t)] != UINT32_MAX &&
+          !ckpt_host_.contains(t)) {
+        const Tensor& x = g_.tensor(t);
+        ckpt_host_[t] = alloc(pos, add_buffer("ckpt_cpu." + x.name, Tier::cpu, Category::activations,
+                                              x.bytes, x.layer));
+        free(pos, buffer_of_[static_cast<std::size_t>(t)]);
+        buffer_of_[static_cast<std::size_t>(t)] = UINT32_MAX;
+      }
+    if (op.phase != Phase::recompute) return;
+    for (TensorId t : op.inputs) {
+      auto it = ckpt_host_.find(t);
+      if (it == ckpt_host_.end()) continue;
+      free(pos, it->second);
+      ckpt_host_.erase(it);
+    }
+  }
+
   void liveness() {
     models::Liveness lv = models::liveness(g_);
+    if (s_.cpu_checkpointing && s_.checkpointing == Checkpointing::full) find_checkpoints(lv);
     dies_at_ = std::move(lv.dies_at);
     last_grad_write_ = std::move(lv.last_grad_write);
     buffer_of_.assign(g_.tensors.size(), UINT32_MAX);

@@ -195,6 +195,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const int64_t per_node = std::max<int64_t>(1, std::min<int64_t>(dp * mp, hw.gpus_per_node));
   const double flops_per_s = hw.gpu_tflops * 1e12, hbm = hw.hbm_gbps * 1e9;
   const double h2d = hw.h2d_gbps * 1e9, d2h = hw.d2h_gbps * 1e9;
+  const bool ckpt_cpu = s.cpu_checkpointing && s.checkpointing == Checkpointing::full;
+  const double ckpt_bytes = static_cast<double>(c.boundary_bytes) /
+                            static_cast<double>(s.partition_activations ? s.mp : 1);
   // Host resources are shared by the ranks of a node.
   const double cpu_rate = hw.cpu_adam_gparams * 1e9 / static_cast<double>(per_node);
   const double nvme_r = hw.nvme_read_gbps * 1e9 / static_cast<double>(per_node);
@@ -326,14 +329,22 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       staged.clear();
       const std::vector<int>* reads_wait = m == 0 ? params_ready : nullptr;
       const int before_fwd = last_gpu;
+      int ckpt_copy = -1;  // Pa+cpu: the previous block's checkpoint copy, waited for
       for (int p = 0; p < n_groups; ++p) {
         const std::size_t i = static_cast<std::size_t>(p);
         const int g = gather(i, prefetch_after(p, before_fwd), reads_wait);
         int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true),
-                        {g, overlap || p > 0 ? -1 : reduced},
+                        {g, overlap || p > 0 ? -1 : reduced, ckpt_copy},
                         p == 0 && m == 0 ? params_ready : nullptr);
         if (const double a = a2a_seconds(i, true); a > 0)
           t = sch.add("all-to-all", p, Resource::gpu, a, {t});
+        // ZeRO-R Pa+cpu: the block's checkpoint (one (B, T, C) activation, 1/mp of it
+        // partitioned) goes to the host after its forward; DeepSpeed's copy is a blocking
+        // .cpu() (activation_checkpointing/checkpointing.py), so the next block waits for it.
+        if (ckpt_cpu && p > 0 && p + 1 < n_groups) {
+          t = sch.add("checkpoint d2h", p, Resource::d2h, ckpt_bytes / d2h, {t});
+          ckpt_copy = t;
+        }
         pass_compute.push_back(t);
       }
       // Backward, with bucketed reduction.
@@ -345,8 +356,11 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
         // FSDP's SHARD_GRAD_OP (reshard_after_forward false) keeps forward's gathered
         // parameters for backward: no second all-gather.
-        const int g = s.reshard_after_forward ? gather(i, prefetch_after(p, before_bwd), reads_wait)
-                                              : -1;
+        int g = s.reshard_after_forward ? gather(i, prefetch_after(p, before_bwd), reads_wait) : -1;
+        // Pa+cpu: the checkpoint comes back before the block is recomputed (blocking).
+        if (ckpt_cpu && p > 0 && p + 1 < n_groups)
+          g = sch.add("checkpoint h2d", static_cast<int>(i), Resource::h2d, ckpt_bytes / h2d,
+                      {g, pass_compute.empty() ? before_bwd : pass_compute.back()});
         int t = sch.add("bwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, false),
                         {g, overlap ? -1 : reduced});
         if (const double a = a2a_seconds(i, false); a > 0)

@@ -130,6 +130,10 @@ void validate(const Strategy& s) {
   if (s.optimizer_precision == Precision::bf16 && s.master_precision != Precision::bf16)
     throw Error("--optimizer-states bf16: needs --master-weights bf16",
                 "DeepSpeed's bf16_optimizer_states requires bf16_master_weights_and_grads");
+  if (s.cpu_checkpointing && !s.partition_activations)
+    throw Error("--cpu-checkpointing: needs --partition-activations",
+                "DeepSpeed offloads the partitioned checkpoints (activation_checkpointing."
+                "partition_activations and cpu_checkpointing both true)");
   if (s.partition_activations && s.checkpointing != Checkpointing::full)
     throw Error("--partition-activations: needs --checkpointing full",
                 "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
@@ -349,7 +353,7 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     // DeepSpeed's section configures checkpointing the model code asks for; it does not turn
     // it on. P_a is what it adds to the memory picture.
     s.partition_activations = af.boolean("partition_activations", s.partition_activations);
-    require_neutral(*ac, "cpu_checkpointing", false, origin, "activation_checkpointing.");
+    s.cpu_checkpointing = af.boolean("cpu_checkpointing", s.cpu_checkpointing);
   }
   if (const json* zo = top.object("zero_optimization")) {
     reject_unknown(*zo,
@@ -433,6 +437,7 @@ json to_json(const Strategy& s) {
           {"offload_param", to_string(s.offload_param)},
           {"dpu", s.dpu},
           {"partition_activations", s.partition_activations},
+          {"cpu_checkpointing", s.cpu_checkpointing},
           {"ep", s.ep},
           {"moe_routing", to_string(s.moe_routing)},
           {"moe_capacity_factor", s.moe_capacity_factor},
@@ -469,7 +474,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   reject_unknown(j,
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
-                  "offload_param", "dpu", "partition_activations", "overlap_comm", "buffers",
+                  "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
+                  "overlap_comm", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "hpz_partition_size"},
@@ -520,6 +526,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
+  s.cpu_checkpointing = f.boolean("cpu_checkpointing", false);
   if (f.has("overlap_comm") && !j.at("overlap_comm").is_null())
     s.overlap_comm = f.boolean("overlap_comm", false);
   if (const json* b = f.object("buffers")) {
@@ -582,7 +589,7 @@ std::string describe(const Strategy& s) {
   if (s.master_precision != Precision::fp32) out += fmt::format(", {} master", to_string(s.master_precision));
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));
-  if (s.partition_activations) out += ", P_a";
+  if (s.partition_activations) out += s.cpu_checkpointing ? ", P_a+cpu" : ", P_a";
   if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   return out;

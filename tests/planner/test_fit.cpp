@@ -156,6 +156,24 @@ TEST_CASE("simulate: ring collectives and a step worked by hand") {
     CHECK(t.tflops_per_gpu == doctest::Approx(12.0 / 12.12));
     CHECK_FALSE(t.critical_path.empty());
   }
+  SUBCASE("stage 0 with Pa+cpu: the block's checkpoint goes to the host and back, blocking") {
+    // One block, its checkpoint boundary_bytes = 2e8 bytes at 1 GB/s each way: 0.2 s after
+    // its forward and 0.2 s before its backward, on top of the stage-0 step.
+    StepCosts ck = c;
+    ck.boundary_bytes = 200'000'000;
+    s.checkpointing = Checkpointing::full;
+    s.partition_activations = true;
+    s.cpu_checkpointing = true;
+    const Timeline t = simulate(ck, s, hw, Cluster{2, 1});
+    int d2h = 0, h2d = 0;
+    for (const Task& k : t.tasks) {
+      if (std::string(k.kind) == "checkpoint d2h") ++d2h;
+      if (std::string(k.kind) == "checkpoint h2d") ++h2d;
+    }
+    CHECK(d2h == h2d);
+    CHECK(d2h > 0);
+    CHECK(t.step_seconds == doctest::Approx(12.0 + 0.008 + 0.112 + 0.4));
+  }
   SUBCASE("stage 2, small buckets, overlap_comm: reductions overlap backward; the last one does not") {
     s.stage = 2;
     s.overlap_comm = true;

@@ -300,6 +300,34 @@ TEST_CASE("deepspeed stage 3: persistent parameters, optimizer sub-groups and Ze
   CHECK_THROWS_AS(validate(s), zp::Error);
 }
 
+TEST_CASE("deepspeed cpu_checkpointing: checkpoints on the host between forward and recomputation") {
+  // ZeRO-R Pa+cpu with one model-parallel rank: each block's input, B x T x C in bf16, goes to
+  // the host after the block's forward and comes back when the block is recomputed; at the
+  // end of forward the host holds all L of them and the device none.
+  Strategy s;
+  s.checkpointing = Checkpointing::full;
+  s.partition_activations = true;
+  const Run dev = run(s, {Profile::deepspeed, Backend::cuda});
+  s.cpu_checkpointing = true;
+  const Run host = run(s, {Profile::deepspeed, Backend::cuda});
+  const uint64_t ckpt = 1 * 64 * C * 2;  // B=1, T=64, bf16
+  CHECK(host.rep.per_device[Tier::cpu][Category::activations] == L * ckpt);
+  CHECK(dev.rep.per_device[Tier::cpu][Category::activations] == 0);
+  uint64_t host_copies = 0;
+  for (const MemBuffer& b : host.sched.buffers)
+    if (b.name.rfind("ckpt_cpu.", 0) == 0) {
+      CHECK(b.bytes == ckpt);
+      ++host_copies;
+    }
+  CHECK(host_copies == L);
+  CHECK(host.rep.peak_allocated[0] <= dev.rep.peak_allocated[0]);
+  // It needs P_a, and DeepSpeed.
+  Strategy bad;
+  bad.checkpointing = Checkpointing::full;
+  bad.cpu_checkpointing = true;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+}
+
 TEST_CASE("timeline: one sample per op at its high point; the trace opens in Perfetto") {
   for (int stage : {0, 2, 3}) {
     Strategy s;

@@ -136,6 +136,33 @@ TEST_CASE("DeepSpeed config: the offload sections' buffer settings") {
   CHECK(error_of([&] { validate(v); }).find("param_swap_prefetch_depth 100") != std::string::npos);
 }
 
+TEST_CASE("DeepSpeed config: stage 3's per-parameter settings, hpZ and Pa+cpu are read") {
+  const Strategy s = from_ds(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+      "stage3_param_persistence_threshold": 4096, "zero_hpz_partition_size": 1},
+      "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true}})");
+  CHECK(s.buffers.sub_group_size == 100'000'000);
+  CHECK(s.buffers.param_persistence_threshold == 4096);
+  CHECK(s.hpz_partition_size == 1);
+  CHECK(s.partition_activations);
+  CHECK(s.cpu_checkpointing);
+  // "auto" persistence: the Trainer's 10 x hidden size, once the model is known (gpt2-tiny: 640).
+  Strategy a = from_ds(R"({"zero_optimization": {"stage": 3,
+      "stage3_param_persistence_threshold": "auto"}})");
+  CHECK(a.buffers.param_persistence_threshold == kPersistenceAuto);
+  a = resolve_for_model(a, zp::models::load_model("gpt2-tiny"));
+  CHECK(a.buffers.param_persistence_threshold == 640);
+  // The plan file keeps them (the model's code asks for the recomputation DeepSpeed's
+  // section configures).
+  Strategy full = s;
+  full.checkpointing = Checkpointing::full;
+  CHECK(strategy_from_json(to_json(full), "plan.json") == full);
+  // hpZ must divide the data-parallel degree.
+  Strategy h = s;
+  h.dp = 8;
+  h.hpz_partition_size = 3;
+  CHECK(error_of([&] { validate(h); }).find("--hpz-partition-size 3: must divide --dp 8") == 0);
+}
+
 TEST_CASE("DeepSpeed config errors name the field") {
   CHECK(error_of([] { from_ds(R"({"zero_optimization": {"stage": 4}})"); })
             .find("'zero_optimization.stage' must be 0, 1, 2 or 3, got 4") != std::string::npos);

@@ -59,6 +59,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "ZeRO-R P_a: split activation checkpoints over the --mp ranks (needs "
                "--checkpointing full)")
       ->group(g);
+  app.add_flag("--cpu-checkpointing", f.cpu_checkpointing,
+               "ZeRO-R Pa+cpu: activation checkpoints held on the host between forward and "
+               "recomputation (DeepSpeed's activation_checkpointing.cpu_checkpointing; needs "
+               "--partition-activations)")
+      ->group(g);
   app.add_flag("--overlap-comm,!--no-overlap-comm", f.overlap_comm,
                "stages 2-3: reduce gradient buckets and wait for prefetched all-gathers while "
                "compute goes on (zero_optimization.overlap_comm) [off for stages 0-2, on for 3]")
@@ -277,6 +282,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--reshard-after-forward")) s.reshard_after_forward = reshard_after_forward;
   if (fused_optimizer) s.fused_optimizer = true;
   if (partition_activations) s.partition_activations = true;
+  if (cpu_checkpointing) s.cpu_checkpointing = true;
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");

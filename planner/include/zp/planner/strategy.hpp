@@ -115,6 +115,11 @@ struct Strategy {
   Offload offload_param = Offload::none;
   bool dpu = false;               // one-step delayed parameter update (ZeRO-Offload sec. 5.2)
   bool partition_activations = false;  // ZeRO-R P_a: checkpoints split over the mp ranks
+  // ZeRO-R's Pa+cpu (DeepSpeed's activation_checkpointing.cpu_checkpointing, which needs
+  // partition_activations): each activation checkpoint is copied to the host after its
+  // block's forward and back before the block is recomputed (deepspeed/runtime/
+  // activation_checkpointing/checkpointing.py, CPU_CHECKPOINT).
+  bool cpu_checkpointing = false;
   // Expert parallelism (Mixture-of-Experts models; DeepSpeed-MoE, Rajbhandari et al. 2022
   // sec. 4): each MoE layer's routed experts are split over ep ranks (E/ep each), and the
   // expert parameters' ZeRO partitions span the expert-data-parallel group of dp/ep ranks
