@@ -212,6 +212,10 @@ nlohmann::json to_json(const Estimate& e) {
   for (Tier t : kTiers)
     reserved[std::string(to_string(t))] = e.memory.peak_reserved[static_cast<std::size_t>(t)];
   j["peak_reserved"] = reserved;
+  nlohmann::json init = nlohmann::json::object();
+  for (Tier t : kTiers)
+    init[std::string(to_string(t))] = e.memory.after_init[static_cast<std::size_t>(t)];
+  j["after_init_allocated"] = init;
   const DeviceTotal& d = e.memory.device;
   j["device_total"] = e.options.backend == Backend::cpu
                           ? nlohmann::json(nullptr)

@@ -77,7 +77,8 @@ using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, 
 
 // DeepSpeed stage 3's per-parameter settings (schedule.cpp deepspeed_stage3_tensors) and hpZ.
 std::tuple<uint64_t, uint64_t, int64_t> stage3_settings(const Strategy& s) {
-  return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold, s.hpz_partition_size};
+  return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold,
+          s.hpz_partition_size * 1'000'000 + s.deepspeed_version};
 }
 
 int state_dtypes(const Strategy& s) {

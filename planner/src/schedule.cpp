@@ -496,6 +496,12 @@ class ScheduleBuilder {
   //   sub_group_size elements; the step upcasts one sub-group's gradient at a time.
   void deepspeed_stage3_tensors() {
     const models::GraphOptions& go = g_.options;
+    // Up to 0.4.0 DeepSpeed's sub_group_size defaulted to 1e12 (zero/constants.py of v0.4.0).
+    const uint32_t v = s_.deepspeed_version;
+    const uint64_t sub_group_size =
+        v > 0 && v <= 400 && s_.buffers.sub_group_size == BufferSizes{}.sub_group_size
+            ? uint64_t{1'000'000'000'000}
+            : s_.buffers.sub_group_size;
     const int L = static_cast<int>(g_.model.n_blocks());
     uint64_t sub = 0;
     for (const models::ParamTensor& p : models::count_params(g_.model).tensors) {
@@ -509,7 +515,7 @@ class ScheduleBuilder {
       uint64_t part = zp::partition_elems(n, p.expert ? edp_ : dp_);
       if (per_expert) part = zp::partition_elems(part, static_cast<uint64_t>(go.ep));
       sub = checked_add(sub, part, "sub-group elements");
-      if (sub >= s_.buffers.sub_group_size) {
+      if (sub >= sub_group_size) {
         max_sub_group_ = std::max(max_sub_group_, sub);
         sub = 0;
       }
@@ -536,6 +542,14 @@ class ScheduleBuilder {
       if (persistent_total_ > 0)
         alloc(-1, add_buffer("persistent_params", Tier::gpu, Category::params,
                              checked_mul(persistent_total_, p_bytes_, "persistent parameters")));
+      // DeepSpeed up to 0.4.0 with the optimizer offloaded (strategy.hpp deepspeed_version):
+      // two 16-bit buffers of the largest sub-group's partition, allocated at init.
+      const uint32_t v = s_.deepspeed_version;
+      if (v > 0 && v <= 400 && s_.offload_optimizer != Offload::none)
+        for (const char* name : {"temp_grad_buffer_for_gpu_offload", "temp_grad_gpu_buffer"})
+          alloc(-1, add_buffer(name, Tier::gpu, Category::buffers,
+                               checked_mul(std::min(max_sub_group_, out_.partition_elems), p_bytes_,
+                                           "legacy offload buffer")));
       if (s_.hpz_partition_size > 1) {
         uint64_t sec = 0;
         for (const auto& [grp, n] : group_elems_)
@@ -923,6 +937,16 @@ class ScheduleBuilder {
       return;
     }
     append_offload_buffers(out_, pos, s_, out_.partition_elems, p_bytes_);
+    // DeepSpeed 0.14.1 to 0.16.x, stages 1-2 with the optimizer offloaded (strategy.hpp
+    // deepspeed_version): the updated fp32 partition is copied to the GPU before its cast.
+    const uint32_t v = s_.deepspeed_version;
+    if (o_.profile == Profile::deepspeed && s_.offload_optimizer != Offload::none &&
+        (s_.stage == 1 || s_.stage == 2) && v >= 1401 && v < 1700 && s_.precision != Precision::fp32) {
+      const uint32_t b = add_buffer("fp32_partition_on_gpu", Tier::gpu, Category::workspace,
+                                    checked_mul(4, out_.partition_elems, "fp32 partition"));
+      alloc(pos, b);
+      free(pos, b);
+    }
     if (o_.profile != Profile::deepspeed || s_.offload_optimizer != Offload::none) return;
     if (s_.precision == Precision::fp32 || s_.stage == 0) return;
     // The step flattens the 16-bit gradient partition into a new buffer and converts that to
@@ -990,7 +1014,12 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
   auto sample_through = [&](int32_t pos) {
     for (int32_t q = last_pos; q <= pos; ++q) sample(q);
   };
+  bool init_done = false;
   for (const MemEvent& e : s.events) {
+    if (!init_done && e.pos >= 0) {  // everything allocated before the first op: after init
+      r.after_init = cur_total;
+      init_done = true;
+    }
     if (e.pos != last_pos && last_pos != -2) sample_through(e.pos - 1);
     last_pos = e.pos;
     if (!e.alloc) sample(e.pos);
@@ -1022,6 +1051,7 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
       cur_total[t] -= bytes;
     }
   }
+  if (!init_done) r.after_init = cur_total;
   if (last_pos != -2) sample_through(static_cast<int32_t>(s.op_names.size()) - 1);
   for (Tier t : kTiers) {
     const std::size_t i = static_cast<std::size_t>(t);

@@ -70,6 +70,30 @@ std::optional<Offload> offload_from_string(std::string_view s) { return lookup(s
 // DeepSpeed's default for an unset overlap_comm: on for stage 3 only.
 static bool default_overlap_comm(int stage) { return stage == 3; }
 
+std::optional<uint32_t> deepspeed_version_from_string(std::string_view s) {
+  if (s == "current") return 0;
+  uint32_t part[3] = {0, 0, 0};
+  int n = 0;
+  std::size_t i = 0;
+  while (i < s.size() && n < 3) {
+    std::size_t j = i;
+    uint32_t v = 0;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9' && j - i < 3) v = v * 10 + static_cast<uint32_t>(s[j++] - '0');
+    if (j == i) return std::nullopt;
+    part[n++] = v;
+    if (j == s.size()) break;
+    if (s[j] != '.') return std::nullopt;
+    i = j + 1;
+    if (i == s.size()) return std::nullopt;
+  }
+  if (n < 2 || part[0] != 0 || part[1] > 99 || part[2] > 99) return std::nullopt;
+  const uint32_t v = part[1] * 100 + part[2];
+  return v == 0 ? std::nullopt : std::optional<uint32_t>(v);
+}
+std::string deepspeed_version_string(uint32_t v) {
+  return v == 0 ? "current" : fmt::format("0.{}.{}", v / 100, v % 100);
+}
+
 bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(default_overlap_comm(s.stage)); }
 
 bool holds_buckets_in_flight(const Strategy& s) {
@@ -466,7 +490,8 @@ json to_json(const Strategy& s) {
              s.buffers.param_persistence_threshold == kPersistenceAuto
                  ? json(nullptr)
                  : json(s.buffers.param_persistence_threshold)}}},
-          {"hpz_partition_size", s.hpz_partition_size}};
+          {"hpz_partition_size", s.hpz_partition_size},
+          {"deepspeed_version", deepspeed_version_string(s.deepspeed_version)}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -478,7 +503,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "overlap_comm", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
-                  "fused_optimizer", "hpz_partition_size"},
+                  "fused_optimizer", "hpz_partition_size", "deepspeed_version"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -564,6 +589,11 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
       s.buffers.param_persistence_threshold = kPersistenceAuto;
   }
   s.hpz_partition_size = f.positive_int("hpz_partition_size", 1);
+  if (f.has("deepspeed_version")) {
+    const auto v = deepspeed_version_from_string(f.string("deepspeed_version"));
+    if (!v) f.fail("deepspeed_version", "\"current\" or a release such as \"0.4.0\"");
+    s.deepspeed_version = *v;
+  }
   validate(s);
   return s;
 }

@@ -300,6 +300,35 @@ TEST_CASE("deepspeed stage 3: persistent parameters, optimizer sub-groups and Ze
   CHECK_THROWS_AS(validate(s), zp::Error);
 }
 
+TEST_CASE("deepspeed versions: 0.4.0's stage-3 offload buffers, 0.14-0.16's fp32 partition copy") {
+  auto buffer = [](const Run& r, const std::string& name) {
+    uint64_t n = 0, count = 0;
+    for (const MemBuffer& b : r.sched.buffers)
+      if (b.name == name) n += b.bytes, ++count;
+    return std::pair{n, count};
+  };
+  Strategy s;
+  s.stage = 3;
+  s.dp = 2;
+  s.offload_optimizer = Offload::cpu;
+  s.buffers.param_persistence_threshold = 0;
+  // Up to 0.4.0: two 16-bit buffers of the (then default, whole) partition, from init.
+  s.deepspeed_version = 400;
+  Run old = run(s, {Profile::deepspeed, Backend::cuda});
+  const uint64_t part = old.sched.partition_elems;
+  CHECK(buffer(old, "temp_grad_buffer_for_gpu_offload") == std::pair{2 * part, uint64_t{1}});
+  CHECK(buffer(old, "temp_grad_gpu_buffer") == std::pair{2 * part, uint64_t{1}});
+  s.deepspeed_version = 0;
+  CHECK(buffer(run(s, {Profile::deepspeed, Backend::cuda}), "temp_grad_gpu_buffer").second == 0);
+  // 0.14.1-0.16.x, stage 2 offload: the fp32 partition on the GPU at the step.
+  s.stage = 2;
+  s.deepspeed_version = 1603;
+  const Run mid = run(s, {Profile::deepspeed, Backend::cuda});
+  CHECK(buffer(mid, "fp32_partition_on_gpu") == std::pair{4 * mid.sched.partition_elems, uint64_t{1}});
+  s.deepspeed_version = 1700;
+  CHECK(buffer(run(s, {Profile::deepspeed, Backend::cuda}), "fp32_partition_on_gpu").second == 0);
+}
+
 TEST_CASE("deepspeed cpu_checkpointing: checkpoints on the host between forward and recomputation") {
   // ZeRO-R Pa+cpu with one model-parallel rank: each block's input, B x T x C in bf16, goes to
   // the host after the block's forward and comes back when the block is recomputed; at the

@@ -163,6 +163,21 @@ TEST_CASE("DeepSpeed config: stage 3's per-parameter settings, hpZ and Pa+cpu ar
   CHECK(error_of([&] { validate(h); }).find("--hpz-partition-size 3: must divide --dp 8") == 0);
 }
 
+TEST_CASE("--deepspeed-version: releases as numbers, current as 0, the plan file keeps it") {
+  CHECK(deepspeed_version_from_string("0.4.0") == 400u);
+  CHECK(deepspeed_version_from_string("0.3.17") == 317u);
+  CHECK(deepspeed_version_from_string("0.16") == 1600u);
+  CHECK(deepspeed_version_from_string("current") == 0u);
+  for (const char* bad : {"1.0.0", "0", "0.x", "0.4.", "0.0.0", "", "0.100.1"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(deepspeed_version_from_string(bad).has_value());
+  }
+  CHECK(deepspeed_version_string(317) == "0.3.17");
+  Strategy s;
+  s.deepspeed_version = 1603;
+  CHECK(strategy_from_json(to_json(s), "plan.json").deepspeed_version == 1603u);
+}
+
 TEST_CASE("DeepSpeed config errors name the field") {
   CHECK(error_of([] { from_ds(R"({"zero_optimization": {"stage": 4}})"); })
             .find("'zero_optimization.stage' must be 0, 1, 2 or 3, got 4") != std::string::npos);

@@ -153,6 +153,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "DeepSpeed stage 3, ZeRO++ hpZ: a secondary copy of the 16-bit parameters "
                  "partitioned over this many ranks, a node (zero_hpz_partition_size) [1]")
       ->group(b);
+  app.add_option("--deepspeed-version", f.deepspeed_version,
+                 "the DeepSpeed release to predict, e.g. 0.4.0 (up to 0.4.0 stage 3 with an "
+                 "offloaded optimizer held two partition-sized buffers; 0.14.1-0.16.x copied "
+                 "the fp32 partition to the GPU in ZeRO-Offload's step) [current]")
+      ->group(b);
   app.add_option("--param-swap-prefetch-depth", f.param_swap_prefetch_depth,
                  "--offload-param nvme: gathers ahead whose shard reads may be in flight [2]")
       ->group(b);
@@ -305,6 +310,13 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--param-swap-buffer-size"))
     s.buffers.param_swap_buffer_size =
         parse_count(param_swap_buffer_size, "--param-swap-buffer-size");
+  if (given("--deepspeed-version")) {
+    const auto v = planner::deepspeed_version_from_string(deepspeed_version);
+    if (!v)
+      throw Error(fmt::format("--deepspeed-version: '{}' is not a release", deepspeed_version),
+                  "e.g. 0.4.0, 0.16.3, or current");
+    s.deepspeed_version = *v;
+  }
   if (given("--sub-group-size")) s.buffers.sub_group_size = parse_count(sub_group_size, "--sub-group-size");
   if (given("--param-persistence-threshold"))  // 0 is allowed: nothing persists
     s.buffers.param_persistence_threshold =

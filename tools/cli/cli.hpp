@@ -30,7 +30,7 @@ struct StrategyFlags {
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
   std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count, offload_tile_size;
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;
-  std::string sub_group_size, param_persistence_threshold, hpz_partition_size;
+  std::string sub_group_size, param_persistence_threshold, hpz_partition_size, deepspeed_version;
   bool flash_attention = false, dpu = false, partition_activations = false, cpu_checkpointing = false;
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given
   CLI::App* app = nullptr;  // to ask which flags were given

@@ -243,6 +243,9 @@ struct MemoryReport {
   std::array<uint64_t, kTiers.size()> peak_reserved{};   // high-water of the allocator's
                                                          // reservation (max_memory_reserved)
   DeviceTotal device;                 // the gpu tier as nvidia-smi sees it
+  // Bytes allocated per tier before the first op: what the states and buffers of
+  // initialization hold (DeepSpeed's see_memory_usage "MA" after deepspeed.initialize).
+  std::array<uint64_t, kTiers.size()> after_init{};
   std::vector<TimelineSample> timeline;  // per position, at its high point (after its
                                          // allocations, before its frees)
   int32_t peak_pos = -1;              // where the gpu tier peaked

@@ -35,6 +35,9 @@ enum class Offload { none, cpu, nvme };
 enum class MoeRouting { balanced, worst };
 
 std::string_view to_string(Precision p);
+// "0.4.0" <-> 400 (Strategy::deepspeed_version); "current" for 0. nullopt when unparsable.
+std::optional<uint32_t> deepspeed_version_from_string(std::string_view s);
+std::string deepspeed_version_string(uint32_t v);
 std::string_view to_string(OptimizerKind o);
 std::string_view to_string(Checkpointing c);
 std::string_view to_string(Offload o);
@@ -158,6 +161,18 @@ struct Strategy {
   // backward gathers from: ceil(P/H) more elements per rank (partition_parameters.py
   // _partition_param_sec). 1: none.
   int64_t hpz_partition_size = 1;
+  // The DeepSpeed release the deepspeed profile predicts, major * 10000 + minor * 100 + patch
+  // (0: the current one). Releases whose allocations differ from today's:
+  // - up to 0.4.0, stage 3 with the optimizer offloaded allocated at init two 16-bit GPU
+  //   buffers the size of the largest optimizer sub-group's partition (its then default
+  //   sub_group_size 1e12 made that the whole partition); backward wrote the gradient
+  //   partition into one (stage3.py of v0.4.0, temp_grad_buffer_for_gpu_offload and
+  //   temp_grad_gpu_buffer; fixed by PR #1150 in 0.4.1, removed by PR #1453 in 0.6.0);
+  // - from 0.14.1 to 0.16.x, stage 1-2 ZeRO-Offload copied the updated fp32 partition to the
+  //   GPU before casting it (PR #5301, April 2024, until PR #7309, May 2025, in 0.17.0): a
+  //   transient 4 x partition bytes on the GPU at the step.
+  // planner/notes/deepspeed-memory.md sec. 5 and 6 have the commits.
+  uint32_t deepspeed_version = 0;
   bool reshard_after_forward = true;
   Precision reduce_precision = Precision::fp32;
   bool fused_optimizer = false;
