@@ -55,7 +55,8 @@ std::string_view to_string(OpKind k) {
       "flash_attention_bwd", "gelu_bwd", "swiglu_bwd", "cross_entropy_bwd", "checkpoint_partition", "checkpoint_gather", "optimizer_step",
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
-      "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd"};
+      "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd", "tanh",
+      "tanh_bwd"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -174,7 +175,13 @@ class Builder {
     TensorId enc_tokens = kNone;
     if (encdec) enc_tokens = tensor("enc.tokens", {B, T_enc}, 4, TensorKind::input, -1);
     TensorId tokens = tensor("tokens", {B, T_dec}, 4, TensorKind::input, -1);
-    TensorId targets = tensor("targets", {B, T_dec}, 4, TensorKind::input, head_layer);
+    // Targets: the next (or masked) token of every position; one class per sequence for BERT's
+    // sequence classifier (BertForPreTraining's next-sentence labels come as well).
+    TensorId targets = tensor("targets", m_.head == Head::seq_cls ? Shape{B} : Shape{B, T_dec}, 4,
+                              TensorKind::input, head_layer);
+    TensorId cls_targets = m_.head == Head::seq_cls ? targets : kNone;
+    if (m_.head == Head::mlm && m_.n_labels > 0)
+      cls_targets = tensor("targets.cls", {B}, 4, TensorKind::input, head_layer);
 
     // ---- forward ----
     const Recompute rc = o_.recompute;
@@ -216,108 +223,10 @@ class Builder {
       x = run_blocks(0, m_.n_layer, x);
     }
     T = T_dec;
-    // The last block's output is the final norm's input: saved whatever the recomputation.
+    // The last block's output is the head's input: saved whatever the recomputation.
     g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
-    TensorId nf_stats = kNone;
-    TensorId nf = norm("lnf", x, head_layer, Phase::forward, TensorKind::saved, nf_stats,
-                       final_norm_);
-    TensorId head_in = nf;
-    if (head_proj_.w != kNone) {
-      head_in = tensor("head.proj", {B, T, E}, ab, TensorKind::saved, head_layer);
-      matmul("head.proj", nf, head_in, head_proj_, head_layer, Phase::forward, C, E);
-    }
-    // The fused cross-entropy's logits are fp32 (the head's GEMM writes them so) and become its
-    // probabilities in place; Hugging Face's LM head (an nn.Linear) returns them in the model's
-    // precision.
-    const bool hf = o_.hf_modeling;
-    const double btv = double(B * T * V);
-    const TensorId logits = tensor("logits", {B, T, V}, hf ? ab : 4, TensorKind::logits, head_layer);
-    matmul("lm_head", head_in, logits, lm_head_, head_layer, Phase::forward, E, V);
-    TensorId logits_tanh = kNone;
-    if (m_.final_softcap > 0) {
-      // Gemma 2 caps the logits (in place here); tanh's output, in the model's precision, is
-      // saved for its backward (HF: logits / cap, tanh, * cap before the loss).
-      logits_tanh = tensor("logits.softcap", {B, T, V}, ab, TensorKind::saved, head_layer);
-      op("logits.softcap", OpKind::softcap, Phase::forward, head_layer, {logits},
-         {logits, logits_tanh}, {}, {}, {}, 4.0 * btv);
-    }
-    TensorId logprobs = kNone;
-    if (!hf) {
-      const TensorId losses = tensor("losses", {B, T}, 4, TensorKind::activation, head_layer);
-      op("cross_entropy", OpKind::cross_entropy, Phase::forward, head_layer, {logits, targets},
-         {logits, losses}, {}, {}, {}, 5.0 * btv);
-    } else {
-      // hf_modeling: transformers' loss (src/transformers/loss/loss_utils.py ForCausalLMLoss,
-      // which LlamaForCausalLM.forward and its kin call as self.loss_function(logits=logits,
-      // labels=labels, vocab_size=...); read at commits 0114da07 and d0fed636, the same in both):
-      // `logits = logits.float()`, a new fp32 tensor where the model computes in 16 bits and the
-      // same tensor in fp32, then nn.functional.cross_entropy, which is log_softmax (autograd
-      // keeps its output for its own backward and nll_loss's) and nll_loss (the mean over the
-      // tokens). T5 (modeling_t5.py T5ForConditionalGeneration.forward) applies
-      // CrossEntropyLoss to its logits as they are: no upcast, the loss in the model's
-      // precision (lb). Nothing keeps the 16-bit logits for backward; the model's output still
-      // holds them, which a loop that keeps only the loss (the Trainer's compute_loss) drops
-      // before backward.
-      const uint32_t lb = m_.encoder_decoder() ? ab : 4;
-      TensorId logits32 = logits;
-      if (lb != ab) {
-        logits32 = tensor("logits.f32", {B, T, V}, 4, TensorKind::logits, head_layer);
-        op("loss.upcast", OpKind::cross_entropy, Phase::forward, head_layer, {logits}, {logits32},
-           {}, {}, {}, 0.0);
-      }
-      logprobs = tensor("logprobs", {B, T, V}, lb, TensorKind::logits, head_layer);
-      op("loss.log_softmax", OpKind::cross_entropy, Phase::forward, head_layer, {logits32},
-         {logprobs}, {}, {}, {}, 4.0 * btv);
-      const TensorId loss = tensor("loss", {1}, 4, TensorKind::activation, head_layer);
-      op("loss.nll", OpKind::cross_entropy, Phase::forward, head_layer, {logprobs, targets},
-         {loss}, {}, {}, {}, double(B * T));
-    }
-
-    // ---- backward ----
-    // The logits' gradient replaces the probabilities in place where activations are fp32. With
-    // 16-bit activations it is a tensor of its own in the activation type: the LM head's
-    // backward multiplies it with 16-bit weights and inputs, and a GEMM's two inputs share one
-    // type (cublasGemmEx); PyTorch likewise hands the head a 16-bit gradient of the logits.
-    TensorId dlogits = kNone;
-    if (!hf) {
-      dlogits = ab == 4 ? logits : tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
-      op("cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
-         {logits, targets}, {dlogits}, {}, {}, {}, 2.0 * btv);
-    } else {
-      // hf_modeling, in autograd's order: nll_loss's backward scatters -1/N into a new gradient
-      // of the log-probabilities (NllLossBackward0, which keeps them for their shape);
-      // log_softmax's backward writes the logits' gradient into another new tensor
-      // (grad - exp(logprobs) * sum(grad)), both in the loss's precision; where the loss was
-      // upcast, .float()'s backward (ToCopyBackward0) casts it to the model's precision for the
-      // LM head.
-      const uint32_t lb = g_.tensors[static_cast<std::size_t>(logprobs)].elem_bytes;
-      const TensorId d_logprobs = tensor("logprobs.d", {B, T, V}, lb, TensorKind::logits, head_layer);
-      op("loss.nll.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
-         {logprobs, targets}, {d_logprobs}, {}, {}, {}, double(B * T));
-      dlogits = tensor(lb == ab ? "logits.d" : "logits.f32.d", {B, T, V}, lb, TensorKind::logits,
-                       head_layer);
-      op("loss.log_softmax.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer,
-         {d_logprobs, logprobs}, {dlogits}, {}, {}, {}, 3.0 * btv);
-      if (lb != ab) {
-        const TensorId d32 = dlogits;
-        dlogits = tensor("logits.d", {B, T, V}, ab, TensorKind::logits, head_layer);
-        op("loss.upcast.bwd", OpKind::cross_entropy_bwd, Phase::backward, head_layer, {d32},
-           {dlogits}, {}, {}, {}, 0.0);
-      }
-    }
-    if (logits_tanh != kNone)
-      op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
-         {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * btv);
-    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
-                                TensorKind::act_grad, head_layer);
-    matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
-    TensorId d_nf = d_head_in;
-    if (head_proj_.w != kNone) {
-      d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
-      matmul_bwd("head.proj", d_head_in, nf, d_nf, head_proj_, head_layer, C, E);
-    }
-    TensorId dres = tensor("dresidual", {B, T, C}, ab, TensorKind::act_grad, head_layer);
-    norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
+    const TensorId dres = m_.head == Head::lm ? lm_head(x, targets, head_layer)
+                                              : bert_heads(x, targets, cls_targets, head_layer);
 
     auto backward_blocks = [&](int64_t from, int64_t to, TensorId d) {
       for (int64_t l = to - 1; l >= from; --l) {
@@ -380,6 +289,8 @@ class Builder {
   uint32_t ab;
   bool hf_renorm_ = false;  // hf_modeling and the router renormalizes (hf_topk_renorm)
   Param wte_, wpe_, embed_norm_, embed_proj_, lm_head_, final_norm_, enc_final_norm_, head_proj_;
+  Param wtt_;                                  // BERT's token-type embeddings
+  Param pooler_, mlm_dense_, mlm_norm_, mlm_bias_, cls_;  // BERT's heads
   // One graph module per slot group of a block (zero-sized ones are left out).
   struct BlockParams {
     Param n1, n1_post, q_a, q_a_norm, q, kv_a, kv_a_norm, kv_b, qkv, qk_norm, sinks, rel_bias,
@@ -517,6 +428,7 @@ class Builder {
     g_.groups.push_back("embed");
     wte_ = param("wte", top["embed"], "embed", -1);
     wpe_ = param("wpe", top["pos"], "embed", -1);
+    wtt_ = param("wtt", top["type"], "embed", -1);
     embed_proj_ = param("embed.proj", top["embed_proj"], "embed", -1);
     embed_norm_ = param("embed.norm", top["embed_norm"], "embed", -1);
     for (int l = 0; l < L; ++l) {
@@ -559,9 +471,14 @@ class Builder {
     g_.groups.push_back("head");
     final_norm_ = param("norm_f", top["final_norm"], "head", static_cast<int>(L));
     head_proj_ = param("head.proj", top["head_proj"], "head", static_cast<int>(L));
+    pooler_ = param("head.pooler", top["head.pooler"], "head", static_cast<int>(L));
+    mlm_bias_ = param("head.mlm.bias", top["head.mlm"], "head", static_cast<int>(L));
+    mlm_dense_ = param("head.mlm.dense", top["head.mlm.dense"], "head", static_cast<int>(L));
+    mlm_norm_ = param("head.mlm.norm", top["head.mlm_norm"], "head", static_cast<int>(L));
     lm_head_ = m_.tied_embeddings
                    ? wte_
                    : param("lm_head", top["head"], "head", static_cast<int>(L));
+    cls_ = param("head.cls", top["head.cls"], "head", static_cast<int>(L));
   }
 
   // ---- building blocks (forward, then backward in reverse with the same names) ----
@@ -570,16 +487,19 @@ class Builder {
     const bool drop = o_.dropout && m_.embd_dropout > 0;
     std::vector<TensorId> ps = {wte_.w};
     if (wpe_.w != kNone) ps.push_back(wpe_.w);
+    if (wtt_.w != kNone) ps.push_back(wtt_.w);
     const bool more = embed_proj_.w != kNone || embed_norm_.w != kNone;
     const TensorId emb = tensor(name + ".out", {B, T, more ? E : C}, ab,
                                 drop || more ? TensorKind::activation : TensorKind::saved, layer);
     op(name, OpKind::embedding, Phase::forward, layer, {tokens}, {emb}, {}, ps, {},
        double(B * T * C));
-    if (o_.hf_modeling && wpe_.w != kNone) {
+    if (o_.hf_modeling && wpe_.w != kNone && m_.model_type != "bert") {
       // hf_modeling: the learned positions' lookup keeps its int64 position ids for the table's
       // backward (EmbeddingBackward0.indices): GPT-2's (1, T) from cache_position
       // (modeling_gpt2.py GPT2Model.forward), OPT's (B, T) from the attention mask's cumulative
-      // sum (modeling_opt.py OPTDecoder.forward). The fused lookup derives them from t.
+      // sum (modeling_opt.py OPTDecoder.forward). The fused lookup derives them from t. BERT's
+      // (and its token-type ids, when not given) are slices of registered buffers
+      // (BertEmbeddings.position_ids, token_type_ids): buffers, not activations.
       const TensorId ids = tensor(name + ".pos_ids", {m_.model_type == "opt" ? B : 1, T}, 8,
                                   TensorKind::saved, layer);
       g_.ops.back().outputs.push_back(ids);
@@ -593,7 +513,7 @@ class Builder {
                  layer);
       matmul(name + ".proj", emb, x, embed_proj_, layer, Phase::forward, E, C);
     }
-    if (embed_norm_.w != kNone) {  // BLOOM's word_embeddings_layernorm
+    if (embed_norm_.w != kNone) {  // BLOOM's word_embeddings_layernorm, BERT's embeddings.LayerNorm
       g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
       x = norm(name + ".norm", x, layer, Phase::forward, TensorKind::saved, embed_norm_stats_,
                embed_norm_);
@@ -616,6 +536,7 @@ class Builder {
   void embedding_bwd(TensorId tokens, TensorId dres, const std::string& name, TensorId mask) {
     std::vector<TensorId> gs = {wte_.g};
     if (wpe_.g != kNone) gs.push_back(wpe_.g);
+    if (wtt_.g != kNone) gs.push_back(wtt_.g);
     const int layer = -1;
     if (mask != kNone) {
       op(name + ".drop.bwd", OpKind::dropout_bwd, Phase::backward, layer, {dres, mask}, {dres},
@@ -1302,6 +1223,233 @@ class Builder {
       }
     }
     return a;
+  }
+
+  // ---- the heads and the loss ----
+
+  // The mean cross-entropy of `logits` (rows of classes: (B, T, V) or (B, n_labels)) against
+  // `targets`. Fused: one op turns the fp32 logits into probabilities in place; returns kNone.
+  // hf_modeling: transformers' loss (src/transformers/loss/loss_utils.py ForCausalLMLoss, which
+  // LlamaForCausalLM.forward and its kin call as self.loss_function(logits=logits,
+  // labels=labels, vocab_size=...); read at commits 0114da07 and d0fed636, the same in both):
+  // `logits = logits.float()`, a new fp32 tensor where the model computes in 16 bits and the
+  // same tensor in fp32, then nn.functional.cross_entropy, which is log_softmax (autograd keeps
+  // its output for its own backward and nll_loss's) and nll_loss (the mean over the rows).
+  // `lb` is the loss's precision: 4 where the logits are upcast, the model's (ab) where the
+  // modeling code applies CrossEntropyLoss to its logits as they are (T5, BERT). Nothing keeps
+  // the 16-bit logits for backward; the model's output still holds them, which a loop that
+  // keeps only the loss (the Trainer's compute_loss) drops before backward. Returns the
+  // log-probabilities.
+  TensorId loss_forward(const std::string& p, TensorId logits, TensorId targets, uint32_t lb,
+                        int layer) {
+    const Shape shape = g_.tensors[static_cast<std::size_t>(logits)].shape;
+    const Shape rows(shape.begin(), shape.end() - 1);
+    int64_t n_rows = 1;
+    for (int64_t d : rows) n_rows *= d;
+    const double cells = double(n_rows * shape.back());
+    if (!o_.hf_modeling) {
+      const TensorId losses = tensor(p + "losses", rows, 4, TensorKind::activation, layer);
+      op(p + "cross_entropy", OpKind::cross_entropy, Phase::forward, layer, {logits, targets},
+         {logits, losses}, {}, {}, {}, 5.0 * cells);
+      return kNone;
+    }
+    TensorId logits32 = logits;
+    if (lb != ab) {
+      logits32 = tensor(p + "logits.f32", shape, 4, TensorKind::logits, layer);
+      op(p + "loss.upcast", OpKind::cross_entropy, Phase::forward, layer, {logits}, {logits32},
+         {}, {}, {}, 0.0);
+    }
+    const TensorId logprobs = tensor(p + "logprobs", shape, lb, TensorKind::logits, layer);
+    op(p + "loss.log_softmax", OpKind::cross_entropy, Phase::forward, layer, {logits32},
+       {logprobs}, {}, {}, {}, 4.0 * cells);
+    const TensorId loss = tensor(p + "loss", {1}, 4, TensorKind::activation, layer);
+    op(p + "loss.nll", OpKind::cross_entropy, Phase::forward, layer, {logprobs, targets},
+       {loss}, {}, {}, {}, double(n_rows));
+    return logprobs;
+  }
+  // Its backward, to the logits' gradient. Fused: in place where activations are fp32; with
+  // 16-bit activations a tensor of its own in the activation type: the head's backward
+  // multiplies it with 16-bit weights and inputs, and a GEMM's two inputs share one type
+  // (cublasGemmEx); PyTorch likewise hands the head a 16-bit gradient of the logits.
+  // hf_modeling, in autograd's order: nll_loss's backward scatters -1/N into a new gradient of
+  // the log-probabilities (NllLossBackward0, which keeps them for their shape); log_softmax's
+  // backward writes the logits' gradient into another new tensor (grad - exp(logprobs) *
+  // sum(grad)), both in the loss's precision; where the loss was upcast, .float()'s backward
+  // (ToCopyBackward0) casts it to the model's precision for the head.
+  TensorId loss_backward(const std::string& p, TensorId logits, TensorId logprobs,
+                         TensorId targets, int layer) {
+    const Shape shape = g_.tensors[static_cast<std::size_t>(logits)].shape;
+    int64_t n_rows = 1;
+    for (std::size_t i = 0; i + 1 < shape.size(); ++i) n_rows *= shape[i];
+    const double cells = double(n_rows * shape.back());
+    if (!o_.hf_modeling) {
+      const TensorId d = ab == 4 ? logits : tensor(p + "logits.d", shape, ab, TensorKind::logits, layer);
+      op(p + "cross_entropy.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer,
+         {logits, targets}, {d}, {}, {}, {}, 2.0 * cells);
+      return d;
+    }
+    const uint32_t lb = g_.tensors[static_cast<std::size_t>(logprobs)].elem_bytes;
+    const TensorId d_logprobs = tensor(p + "logprobs.d", shape, lb, TensorKind::logits, layer);
+    op(p + "loss.nll.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer,
+       {logprobs, targets}, {d_logprobs}, {}, {}, {}, double(n_rows));
+    TensorId d = tensor(p + (lb == ab ? "logits.d" : "logits.f32.d"), shape, lb,
+                        TensorKind::logits, layer);
+    op(p + "loss.log_softmax.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer,
+       {d_logprobs, logprobs}, {d}, {}, {}, {}, 3.0 * cells);
+    if (lb != ab) {
+      const TensorId d32 = d;
+      d = tensor(p + "logits.d", shape, ab, TensorKind::logits, layer);
+      op(p + "loss.upcast.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer, {d32}, {d},
+         {}, {}, {}, 0.0);
+    }
+    return d;
+  }
+
+  // The LM head on the last block's output x: the final norm, OPT's project_out, the logits
+  // (Gemma 2's softcap) and the loss, then their backward. Returns d(x).
+  TensorId lm_head(TensorId x, TensorId targets, int head_layer) {
+    TensorId nf_stats = kNone;
+    TensorId nf = x;
+    if (final_norm_.w != kNone)
+      nf = norm("lnf", x, head_layer, Phase::forward, TensorKind::saved, nf_stats, final_norm_);
+    TensorId head_in = nf;
+    if (head_proj_.w != kNone) {
+      head_in = tensor("head.proj", {B, T, E}, ab, TensorKind::saved, head_layer);
+      matmul("head.proj", nf, head_in, head_proj_, head_layer, Phase::forward, C, E);
+    }
+    // The fused cross-entropy's logits are fp32 (the head's GEMM writes them so) and become its
+    // probabilities in place; Hugging Face's LM head (an nn.Linear) returns them in the model's
+    // precision.
+    const double btv = double(B * T * V);
+    const TensorId logits = tensor("logits", {B, T, V}, o_.hf_modeling ? ab : 4,
+                                   TensorKind::logits, head_layer);
+    matmul("lm_head", head_in, logits, lm_head_, head_layer, Phase::forward, E, V);
+    TensorId logits_tanh = kNone;
+    if (m_.final_softcap > 0) {
+      // Gemma 2 caps the logits (in place here); tanh's output, in the model's precision, is
+      // saved for its backward (HF: logits / cap, tanh, * cap before the loss).
+      logits_tanh = tensor("logits.softcap", {B, T, V}, ab, TensorKind::saved, head_layer);
+      op("logits.softcap", OpKind::softcap, Phase::forward, head_layer, {logits},
+         {logits, logits_tanh}, {}, {}, {}, 4.0 * btv);
+    }
+    // T5 (modeling_t5.py T5ForConditionalGeneration.forward) applies CrossEntropyLoss to its
+    // logits as they are: no upcast, the loss in the model's precision.
+    const TensorId logprobs =
+        loss_forward("", logits, targets, m_.encoder_decoder() ? ab : 4, head_layer);
+
+    const TensorId dlogits = loss_backward("", logits, logprobs, targets, head_layer);
+    if (logits_tanh != kNone)
+      op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
+         {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * btv);
+    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
+                                TensorKind::act_grad, head_layer);
+    matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
+    TensorId d_nf = d_head_in;
+    if (head_proj_.w != kNone) {
+      d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
+      matmul_bwd("head.proj", d_head_in, nf, d_nf, head_proj_, head_layer, C, E);
+    }
+    if (final_norm_.w == kNone) return d_nf;
+    TensorId dres = tensor("dresidual", {B, T, C}, ab, TensorKind::act_grad, head_layer);
+    norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
+    return dres;
+  }
+
+  // BERT's heads on the last block's output x (modeling_bert.py, read at commit 8ec58104),
+  // then their backward; returns d(x).
+  //   - BertPooler: dense and tanh (whose backward reads its output) on each sequence's first
+  //     token. The slice is a view: the dense's backward keeps x whole, which is the last
+  //     block's output and saved anyway.
+  //   - BertForSequenceClassification: dropout (classifier_dropout, else hidden_dropout_prob)
+  //     and the classifier, (B, n_labels) logits; BertForPreTraining's seq_relationship is the
+  //     same on 2 classes, without the dropout.
+  //   - BertLMPredictionHead: dense, the activation and a LayerNorm on every token, then the
+  //     decoder (the word embedding, tied) with its own bias: (B, T, V) logits.
+  // Each loss is CrossEntropyLoss on the logits as they are (logits.view(-1, num_labels) and
+  // .view(-1, vocab_size)): no upcast, the model's precision under hf_modeling; two are added.
+  // Backward in autograd's order: the classifier's (created last) and the pooler's, then the
+  // MLM head's, accumulating into d(x).
+  TensorId bert_heads(TensorId x, TensorId targets, TensorId cls_targets, int hl) {
+    const bool hf = o_.hf_modeling;
+    const double bc = double(B * C), btc = double(B * T * C);
+    TensorId pooled = kNone, cls_in = kNone, cls_mask = kNone, cls_logits = kNone;
+    TensorId cls_logprobs = kNone;
+    const int64_t N = m_.n_labels;
+    if (cls_.w != kNone) {
+      const TensorId pre = tensor("head.pooler.dense", {B, C}, ab, TensorKind::activation, hl);
+      matmul("head.pooler.dense", x, pre, pooler_, hl, Phase::forward, C, C, B);
+      pooled = tensor("head.pooler.tanh", {B, C}, ab, TensorKind::saved, hl);
+      op("head.pooler.tanh", OpKind::tanh, Phase::forward, hl, {pre}, {pooled}, {}, {}, {}, bc);
+    }
+    TensorId fc = kNone, act = kNone, mlm_out = kNone, mlm_stats = kNone, logits = kNone;
+    TensorId logprobs = kNone;
+    std::vector<TensorId> act_hf;
+    const Shape btc_shape = {B, T, C};
+    if (m_.head == Head::mlm) {
+      fc = tensor("head.mlm.dense", btc_shape, ab, relu() ? TensorKind::activation : TensorKind::saved,
+                  hl);
+      matmul("head.mlm.dense", x, fc, mlm_dense_, hl, Phase::forward, C, C);
+      act = tensor(relu() ? "head.mlm.relu" : "head.mlm.gelu", btc_shape, ab, TensorKind::saved, hl);
+      act_hf = hf_mlp_extras("head.mlm", btc_shape, hl, TensorKind::saved);
+      std::vector<TensorId> out = {act};
+      out.insert(out.end(), act_hf.begin(), act_hf.end());
+      op(relu() ? "head.mlm.relu" : "head.mlm.gelu", relu() ? OpKind::relu : OpKind::gelu,
+         Phase::forward, hl, {fc}, out, {}, {}, {}, (relu() ? 1.0 : 10.0) * btc);
+      mlm_out = norm("head.mlm.norm", act, hl, Phase::forward, TensorKind::saved, mlm_stats,
+                     mlm_norm_);
+      logits = tensor("logits", {B, T, V}, hf ? ab : 4, TensorKind::logits, hl);
+      matmul("head.mlm.decoder", mlm_out, logits, lm_head_, hl, Phase::forward, C, V);
+      g_.ops.back().params.push_back(mlm_bias_.w);
+      logprobs = loss_forward("", logits, targets, ab, hl);
+    }
+    if (cls_.w != kNone) {
+      cls_in = pooled;
+      if (o_.dropout && m_.cls_dropout > 0) {
+        cls_mask = tensor("head.cls.drop.mask", {B, C}, 1, TensorKind::saved, hl);
+        cls_in = tensor("head.cls.drop.out", {B, C}, ab, TensorKind::saved, hl);
+        op("head.cls.drop", OpKind::dropout, Phase::forward, hl, {pooled}, {cls_in, cls_mask}, {},
+           {}, {}, bc);
+        g_.ops.back().dropout_p = m_.cls_dropout;
+      }
+      cls_logits = tensor("cls.logits", {B, N}, hf ? ab : 4, TensorKind::logits, hl);
+      matmul("head.cls", cls_in, cls_logits, cls_, hl, Phase::forward, C, N, B);
+      cls_logprobs = loss_forward("cls.", cls_logits, cls_targets, ab, hl);
+    }
+
+    const TensorId dres = tensor("dresidual", btc_shape, ab, TensorKind::act_grad, hl);
+    if (cls_.w != kNone) {
+      const TensorId d_logits = loss_backward("cls.", cls_logits, cls_logprobs, cls_targets, hl);
+      const TensorId d = tensor("head.pooler.d", {B, C}, ab, TensorKind::act_grad, hl);
+      matmul_bwd("head.cls", d_logits, cls_in, d, cls_, hl, C, N, B);
+      if (cls_mask != kNone) {
+        op("head.cls.drop.bwd", OpKind::dropout_bwd, Phase::backward, hl, {d, cls_mask}, {d}, {},
+           {}, {}, bc);
+        g_.ops.back().dropout_p = m_.cls_dropout;
+      }
+      op("head.pooler.tanh.bwd", OpKind::tanh_bwd, Phase::backward, hl, {d, pooled}, {d}, {}, {},
+         {}, 3.0 * bc);
+      matmul_bwd("head.pooler.dense", d, x, dres, pooler_, hl, C, C, B);
+    }
+    if (m_.head == Head::mlm) {
+      const TensorId d_logits = loss_backward("", logits, logprobs, targets, hl);
+      const TensorId d_out = tensor("head.mlm.norm.d", btc_shape, ab, TensorKind::act_grad, hl);
+      matmul_bwd("head.mlm.decoder", d_logits, mlm_out, d_out, lm_head_, hl, C, V);
+      g_.ops.back().grads.push_back(mlm_bias_.g);
+      const TensorId d_act = tensor(relu() ? "head.mlm.relu.d" : "head.mlm.gelu.d", btc_shape, ab,
+                                    TensorKind::act_grad, hl);
+      norm_bwd("head.mlm.norm", d_out, act, mlm_stats, d_act, mlm_norm_, hl);
+      if (relu()) {
+        op("head.mlm.relu.bwd", OpKind::relu_bwd, Phase::backward, hl, {d_act, act}, {d_act}, {},
+           {}, {}, btc);
+      } else {
+        std::vector<TensorId> in_g = {d_act, fc};
+        in_g.insert(in_g.end(), act_hf.begin(), act_hf.end());
+        op("head.mlm.gelu.bwd", OpKind::gelu_bwd, Phase::backward, hl, in_g, {d_act}, {}, {}, {},
+           12.0 * btc);
+      }
+      matmul_bwd("head.mlm.dense", d_act, x, dres, mlm_dense_, hl, C, C);
+    }
+    return dres;
   }
 
   void recompute_core(int l, BlockActs& a) {

@@ -220,6 +220,17 @@ constexpr std::array<std::string_view, 31> k_falcon{
     "vocab_size"sv,
 };
 
+// Source: huggingface/transformers src/transformers/models/bert/configuration_bert.py @ 008f5c8c29be84d4721dc6d1e0fcd72300580be4
+// Source: directionality, pooler_fc_size, pooler_num_attention_heads, pooler_num_fc_layers, pooler_size_per_head, pooler_type: Google's original bert_config.json keys, carried by published google-bert/bert-base-multilingual-* and bert-base-chinese config.json (transformers sets them as attributes; no module reads them)
+constexpr std::array<std::string_view, 25> k_bert{
+    "add_cross_attention"sv, "attention_probs_dropout_prob"sv, "classifier_dropout"sv, "directionality"sv,
+    "hidden_act"sv, "hidden_dropout_prob"sv, "hidden_size"sv, "initializer_range"sv, "intermediate_size"sv,
+    "is_decoder"sv, "layer_norm_eps"sv, "max_position_embeddings"sv, "num_attention_heads"sv,
+    "num_hidden_layers"sv, "pad_token_id"sv, "pooler_fc_size"sv, "pooler_num_attention_heads"sv,
+    "pooler_num_fc_layers"sv, "pooler_size_per_head"sv, "pooler_type"sv, "position_embedding_type"sv,
+    "tie_word_embeddings"sv, "type_vocab_size"sv, "use_cache"sv, "vocab_size"sv,
+};
+
 // Source: huggingface/transformers src/transformers/models/bloom/configuration_bloom.py @ 04efa883e0ad40da203df78a0eee902b460ee3cd
 // Source: later v4 BloomConfig (n_embed BC kwarg, attribute_map num_attention_heads->n_head) and published bigscience/bloom* config.json keys (offset_alibi, seq_length, skip_bias_add*, unk_token_id)
 constexpr std::array<std::string_view, 30> k_bloom{
@@ -298,7 +309,8 @@ struct TypeEntry {
     std::span<const std::string_view> fields;
 };
 
-constexpr std::array<TypeEntry, 23> kTypes{{
+constexpr std::array<TypeEntry, 24> kTypes{{
+    {"bert"sv, k_bert},
     {"bloom"sv, k_bloom},
     {"deepseek_v2"sv, k_deepseek_v2},
     {"deepseek_v3"sv, k_deepseek_v3},

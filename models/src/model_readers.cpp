@@ -569,6 +569,98 @@ ModelSpec read_t5(Cfg& c) {
   return m;
 }
 
+// The classes of a classifier, as PretrainedConfig resolves them (configuration_utils.py
+// __init__): id2label, when present, decides (num_labels is then ignored); else num_labels,
+// default 2. label2id decides nothing.
+int64_t read_num_labels(Cfg& c) {
+  (void)c.raw("label2id");
+  if (const json* id2label = c.raw("id2label")) {
+    if (!id2label->is_object() || id2label->empty())
+      c.fail("field 'id2label' must be a non-empty object of class names",
+             "PretrainedConfig takes the number of labels from id2label");
+    (void)c.raw("num_labels");
+    return static_cast<int64_t>(id2label->size());
+  }
+  return c.pos("num_labels", 2);
+}
+
+// BERT (configuration_bert.py BertConfig; modeling_bert.py): a post-LN encoder with learned
+// absolute and token-type embeddings and an embedding LayerNorm, biases everywhere, a plain
+// MLP; the head from `architectures`.
+ModelSpec read_bert(Cfg& c) {
+  ModelSpec m;
+  read_sizes(c, m, SizeKeys{.kv = "", .positions = 512, .vocab = 30522});
+  m.norm_place = NormPlace::post_residual;
+  m.final_norm = false;
+  m.embed_norm = true;
+  m.type_vocab_size = c.pos("type_vocab_size", 2);
+  m.activation = c.str("hidden_act", "gelu");
+  // ACT2FN names the docstring lists ("gelu", "relu", "silu", "gelu_new"), swish (silu's
+  // alias) and gelu_pytorch_tanh (one native op); gelu is the erf GELU.
+  static constexpr std::string_view kActs[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu",
+                                               "silu", "swish"};
+  if (std::find(std::begin(kActs), std::end(kActs), m.activation) == std::end(kActs))
+    c.fail(fmt::format("field 'hidden_act': '{}' is not an activation zeroplan plans for BERT",
+                       m.activation),
+           "zeroplan reads \"gelu\", \"gelu_new\", \"gelu_pytorch_tanh\", \"relu\", \"silu\" "
+           "or \"swish\"");
+  const std::string pos = c.str("position_embedding_type", "absolute");
+  if (pos != "absolute")
+    c.fail(fmt::format("field 'position_embedding_type': '{}' is not supported", pos),
+           "zeroplan plans BERT's absolute positions; relative_key and relative_key_query add "
+           "a distance embedding and T x T score terms it does not model");
+  if (c.flag("is_decoder", false))
+    c.fail("field 'is_decoder': true (BERT as a causal decoder) is not supported",
+           "zeroplan plans BERT as the bidirectional encoder it is pretrained as");
+  m.resid_dropout = c.prob("hidden_dropout_prob", 0.1);
+  m.embd_dropout = m.resid_dropout;  // BertEmbeddings.dropout is hidden_dropout_prob
+  m.attn_dropout = c.prob("attention_probs_dropout_prob", 0.1);
+  (void)c.number("layer_norm_eps", 1e-12);
+  (void)c.number("initializer_range", 0.02);
+  (void)c.flag("use_cache", true);
+  (void)c.raw("pad_token_id");
+  // The head: the first architecture the config names (what save_pretrained wrote), else
+  // BertForMaskedLM, which every google-bert checkpoint names.
+  std::string arch = "BertForMaskedLM";
+  if (const json* a = c.raw("architectures")) {
+    if (!a->is_array() || a->empty() || !a->front().is_string())
+      c.fail("field 'architectures' must be a list of class names");
+    arch = a->front().get<std::string>();
+  } else {
+    m.notes.push_back("no 'architectures': planned as BertForMaskedLM (the masked-LM head)");
+  }
+  const std::string problem = c.str("problem_type", "");
+  if (arch == "BertForSequenceClassification") {
+    m.head = Head::seq_cls;
+    m.pooler = true;
+    m.n_labels = read_num_labels(c);
+    m.tied_embeddings = false;  // no decoder to tie
+    // classifier_dropout, else hidden_dropout_prob (BertForSequenceClassification.__init__).
+    m.cls_dropout = c.prob("classifier_dropout", m.resid_dropout);
+    (void)c.flag("tie_word_embeddings", true);  // nothing to tie
+    // The loss (forward: problem_type, or regression for one label): every one of them reads
+    // (B, num_labels) logits; the graph counts cross-entropy's tensors of that shape.
+    if (m.n_labels == 1 || (!problem.empty() && problem != "single_label_classification"))
+      m.notes.push_back(fmt::format(
+          "{} loss planned as cross-entropy over (B, {}) logits: a few bytes apart",
+          m.n_labels == 1 && problem.empty() ? "regression (num_labels 1)" : problem,
+          m.n_labels));
+  } else if (arch == "BertForMaskedLM" || arch == "BertForPreTraining") {
+    m.head = Head::mlm;
+    m.tied_embeddings = c.flag("tie_word_embeddings", true);
+    (void)c.raw("classifier_dropout");
+    if (arch == "BertForPreTraining") {  // BertPreTrainingHeads: + seq_relationship, 2 classes
+      m.pooler = true;
+      m.n_labels = 2;
+    }
+  } else {
+    c.fail(fmt::format("field 'architectures': '{}' is not a BERT head zeroplan plans", arch),
+           "zeroplan plans BertForSequenceClassification, BertForMaskedLM and "
+           "BertForPreTraining; name the one you train first in 'architectures'");
+  }
+  return m;
+}
+
 struct Reader {
   std::string_view type;
   std::function<ModelSpec(Cfg&)> read;
@@ -599,6 +691,7 @@ const std::vector<Reader>& readers() {
       {"deepseek_v3", [](Cfg& c) { return read_deepseek(c, true); }, "num_hidden_layers"},
       {"gpt_oss", read_gpt_oss, "num_hidden_layers"},
       {"t5", read_t5, "num_layers"},
+      {"bert", read_bert, "num_hidden_layers"},
   };
   return r;
 }

@@ -56,6 +56,7 @@ class Walker {
     emit("embed.weight", {V, E}, -1, Split::vocab);
     if (m_.positions == Positions::learned)
       emit("pos.weight", {m_.n_positions + m_.position_offset, C}, -1);
+    if (m_.type_vocab_size > 0) emit("type.weight", {m_.type_vocab_size, C}, -1);
     if (m_.embed_proj_dim > 0) emit("embed_proj.weight", {C, E}, -1);
     if (m_.embed_norm) norm("embed_norm", C, -1);
     for (int64_t l = 0; l < m_.n_layer; ++l) block(l, false);
@@ -64,12 +65,23 @@ class Walker {
       for (int64_t l = 0; l < m_.n_decoder_layer; ++l) block(m_.n_layer + l, true);
     }
     const int64_t head = m_.n_blocks();
-    norm("final_norm", C, head);
+    if (m_.final_norm) norm("final_norm", C, head);
     if (m_.embed_proj_dim > 0) emit("head_proj.weight", {E, C}, head);
-    if (!m_.tied_embeddings) {
+    // BERT's heads, in BertFor*'s module order: the pooler (part of BertModel), the MLM head's
+    // own bias and transform, its decoder where untied, the classifier on the pooled output.
+    if (m_.pooler)
+      linear("head.pooler.weight", "head.pooler.bias", C, C, true, head, Split::replicated);
+    if (m_.head == Head::mlm) {
+      emit("head.mlm.bias", {V}, head, Split::vocab);
+      linear("head.mlm.dense.weight", "head.mlm.dense.bias", C, C, true, head, Split::replicated);
+      norm("head.mlm_norm", C, head);
+    }
+    if (m_.head != Head::seq_cls && !m_.tied_embeddings) {
       emit("head.weight", {V, E}, head, Split::vocab);
       if (m_.head_bias) emit("head.bias", {V}, head, Split::vocab);
     }
+    if (m_.n_labels > 0)
+      linear("head.cls.weight", "head.cls.bias", m_.n_labels, C, true, head, Split::replicated);
   }
 
  private:
@@ -82,7 +94,8 @@ class Walker {
       std::map<std::string_view, std::pair<std::string, std::string>> out;
       for (std::string_view b : {"embed_norm", "norm_attn", "norm_attn_post", "norm_mlp",
                                  "norm_mlp_post", "norm_cross", "enc_final_norm", "final_norm",
-                                 "attn.q_norm", "attn.k_norm", "attn.q_a_norm", "attn.kv_a_norm"})
+                                 "attn.q_norm", "attn.k_norm", "attn.q_a_norm", "attn.kv_a_norm",
+                                 "head.mlm_norm"})
         out[b] = {std::string(b) + ".weight", std::string(b) + ".bias"};
       return out;
     }();
@@ -98,6 +111,14 @@ class Walker {
   }
 
   void block(int64_t l, bool decoder) {
+    if (m_.norm_place == NormPlace::post_residual && !norms_first_) {
+      // Post-LN blocks that register each norm after its sublayer (BERT).
+      attention(l);
+      norm("norm_attn", m_.n_embd, l);
+      mlp(l);
+      norm("norm_mlp", m_.n_embd, l);
+      return;
+    }
     if (norms_first_) {
       block_norms(l);
       attention(l);
@@ -373,6 +394,28 @@ Scheme scheme_of(const ModelSpec& m) {
     s.slots["norm_mlp"] = two ? "ln_mlp" : "post_attention_layernorm";
     return s;
   }
+  if (t == "bert") {
+    // modeling_bert.py: BertModel under "bert."; BertForMaskedLM's and BertForPreTraining's
+    // heads under "cls." (predictions, seq_relationship), BertForSequenceClassification's
+    // "classifier". The MLM decoder's weight is the word embedding (tied) and its bias
+    // cls.predictions.bias: neither is listed twice.
+    Scheme s{"bert.embeddings.word_embeddings", "bert.embeddings.position_embeddings",
+             "bert.encoder.layer.{}", "", "cls.predictions.decoder",
+             {{"type", "bert.embeddings.token_type_embeddings"},
+              {"embed_norm", "bert.embeddings.LayerNorm"},
+              {"attn.q", "attention.self.query"}, {"attn.k", "attention.self.key"},
+              {"attn.v", "attention.self.value"}, {"attn.o", "attention.output.dense"},
+              {"norm_attn", "attention.output.LayerNorm"},
+              {"mlp.up", "intermediate.dense"}, {"mlp.down", "output.dense"},
+              {"norm_mlp", "output.LayerNorm"},
+              {"head.pooler", "bert.pooler.dense"},
+              {"head.mlm", "cls.predictions"},
+              {"head.mlm.dense", "cls.predictions.transform.dense"},
+              {"head.mlm_norm", "cls.predictions.transform.LayerNorm"},
+              {"head.cls", m.head == Head::seq_cls ? "classifier" : "cls.seq_relationship"}},
+             false, false};
+    return s;
+  }
   if (t == "t5") {
     const std::string ff = m.mlp == Mlp::swiglu ? "wi_0" : "wi";
     return {"shared", "", "{}", "decoder.final_layer_norm", "lm_head",
@@ -431,7 +474,7 @@ std::pair<std::string, std::string> hf_name(const ModelSpec& m, const Scheme& s,
       throw Error(fmt::format("internal: no {} name for slot '{}'", m.model_type, base));
     module = it->second;
     const bool top = base == "embed_norm" || base == "embed_proj" || base == "head_proj" ||
-                     base == "enc_final_norm";
+                     base == "enc_final_norm" || base == "type" || base.starts_with("head.");
     if (!top) {
       std::string prefix;
       if (m.model_type == "t5") {
@@ -473,7 +516,7 @@ ParamInventory count_params(const ModelSpec& m) {
       n = checked_mul(n, d, fmt::format("elements of {}.{}", module, leaf));
     inv.total = checked_add(inv.total, n, "total parameters");
     const std::string_view sl = x.slot;
-    if (sl.starts_with("embed") || sl.starts_with("pos")) {
+    if (sl.starts_with("embed") || sl.starts_with("pos") || sl.starts_with("type.")) {
       if (!sl.starts_with("embed_norm") && !sl.starts_with("embed_proj")) inv.embedding += n;
     } else if (sl.starts_with("final_norm")) {
       inv.final_norm += n;

@@ -246,3 +246,103 @@ TEST_CASE("unknown names suggest the closest catalog names") {
   CHECK(error_of([] { load_model("/no/such/config.json"); }).find("no such file") !=
         std::string::npos);
 }
+
+namespace {
+// bert-base-uncased's published config.json (google-bert/bert-base-uncased): BertForMaskedLM.
+constexpr const char* kBertBase = R"({"architectures":["BertForMaskedLM"],
+    "attention_probs_dropout_prob":0.1,"gradient_checkpointing":false,"hidden_act":"gelu",
+    "hidden_dropout_prob":0.1,"hidden_size":768,"initializer_range":0.02,"intermediate_size":3072,
+    "layer_norm_eps":1e-12,"max_position_embeddings":512,"model_type":"bert",
+    "num_attention_heads":12,"num_hidden_layers":12,"pad_token_id":0,
+    "position_embedding_type":"absolute","transformers_version":"4.6.0.dev0","type_vocab_size":2,
+    "use_cache":true,"vocab_size":30522})";
+
+// The config with more fields, or with another head.
+std::string with(std::string base, const std::string& fields) {
+  return base.insert(1, fields + ",");
+}
+std::string swap(const std::string& from, const std::string& to) {
+  std::string s = kBertBase;
+  return s.replace(s.find(from), from.size(), to);
+}
+std::string head(const std::string& arch) { return swap("BertForMaskedLM", arch); }
+}  // namespace
+
+TEST_CASE("BERT: published totals, counted from the shapes") {
+  // bert-large-uncased fine-tuned with AutoModelForSequenceClassification (2 labels), as the
+  // Hugging Face docs' "Model training anatomy" trains it. From the shapes: embeddings
+  // 30522*1024 + 512*1024 + 2*1024 + LayerNorm 2*1024; per layer q, k, v, o 4*(1024^2 + 1024),
+  // two LayerNorms 4*1024, intermediate 4096*1024 + 4096, output 1024*4096 + 1024; pooler
+  // 1024^2 + 1024; classifier 2*1024 + 2.
+  const int64_t C = 1024, F = 4096;
+  const int64_t layer = 4 * (C * C + C) + 4 * C + (F * C + F) + (C * F + C);
+  const int64_t large = 30522 * C + 512 * C + 2 * C + 2 * C + 24 * layer + (C * C + C) + (2 * C + 2);
+  CHECK(large == 335'143'938);
+  const ModelSpec m = load_model(std::string(ZP_SOURCE_DIR) +
+                                 "/tests/data/published/bert-large-uncased-seqcls.json");
+  CHECK(m.head == Head::seq_cls);
+  CHECK(m.n_labels == 2);
+  CHECK(m.cls_dropout == 0.1);  // classifier_dropout null: hidden_dropout_prob
+  const ParamInventory inv = count_params(m);
+  CHECK(inv.total == 335'143'938);
+  CHECK(inv.per_layer == layer);
+  CHECK(inv.head == (C * C + C) + (2 * C + 2));
+  CHECK(inv.final_norm == 0);
+  CHECK(inv.tensors.back().name == "classifier.bias");
+  // bert-base-uncased with its masked-LM head (BertForMaskedLM: no pooler; the transform's
+  // dense and LayerNorm and the decoder's bias; the decoder's weight is the word embedding):
+  // 109,482,240 for BertModel, less the pooler's 590,592, plus 590,592 + 1,536 + 30,522.
+  const ParamInventory base = count_params(parse_hf_config(kBertBase, "bert-base-uncased"));
+  CHECK(base.total == 109'514'298);
+  auto has = [&](const std::string& n) {
+    for (const auto& t : base.tensors)
+      if (t.name == n) return true;
+    return false;
+  };
+  CHECK(has("cls.predictions.bias"));
+  CHECK(has("cls.predictions.transform.LayerNorm.weight"));
+  CHECK_FALSE(has("cls.predictions.decoder.weight"));  // tied
+  CHECK_FALSE(has("bert.pooler.dense.weight"));
+  // BertForPreTraining: + the pooler and the next-sentence classifier (2 classes).
+  const ParamInventory pre = count_params(parse_hf_config(head("BertForPreTraining"), "pre"));
+  CHECK(pre.total == base.total + (768 * 768 + 768) + (2 * 768 + 2));
+  // An untied decoder is listed under its own name.
+  CHECK(count_params(parse_hf_config(with(kBertBase, R"("tie_word_embeddings":false)"), "u"))
+            .total == base.total + 30522 * 768);
+}
+
+TEST_CASE("BERT reader: the head, the labels and what it refuses") {
+  auto seqcls = [](const std::string& fields) {
+    return parse_hf_config(with(head("BertForSequenceClassification"), fields), "c");
+  };
+  // PretrainedConfig: id2label decides (num_labels ignored), else num_labels, else 2.
+  CHECK(seqcls(R"("id2label":{"0":"a","1":"b","2":"c"},"num_labels":7)").n_labels == 3);
+  CHECK(seqcls(R"("num_labels":5)").n_labels == 5);
+  CHECK(seqcls(R"("label2id":{"a":0,"b":1,"c":2})").n_labels == 2);
+  CHECK(seqcls(R"("classifier_dropout":0.3)").cls_dropout == 0.3);
+  CHECK(seqcls(R"("num_labels":1)").notes.back().find("regression") != std::string::npos);
+  // Google's original config keys (multilingual and Chinese checkpoints) are accepted.
+  CHECK_NOTHROW(seqcls(R"("directionality":"bidi","pooler_fc_size":768,
+      "pooler_num_attention_heads":12,"pooler_num_fc_layers":3,"pooler_size_per_head":128,
+      "pooler_type":"first_token_transform")"));
+  // No architectures: the masked-LM head, noted.
+  std::string plain = kBertBase;
+  const std::string arch = R"("architectures":["BertForMaskedLM"],)";
+  plain.erase(plain.find(arch), arch.size());
+  const ModelSpec none = parse_hf_config(plain, "c");
+  CHECK(none.head == Head::mlm);
+  CHECK(none.notes.front().find("BertForMaskedLM") != std::string::npos);
+  // Refused, naming the field.
+  CHECK(error_of([&] { parse_hf_config(swap(R"("absolute")", R"("relative_key")"), "c"); })
+            .find("field 'position_embedding_type': 'relative_key'") != std::string::npos);
+  CHECK(error_of([&] { parse_hf_config(with(kBertBase, R"("is_decoder":true)"), "c"); })
+            .find("field 'is_decoder'") != std::string::npos);
+  CHECK(error_of([&] { parse_hf_config(with(kBertBase, R"("add_cross_attention":true)"), "c"); })
+            .find("field 'add_cross_attention'") != std::string::npos);
+  CHECK(error_of([&] { parse_hf_config(swap(R"("gelu")", R"("mish")"), "c"); })
+            .find("field 'hidden_act': 'mish'") != std::string::npos);
+  CHECK(error_of([&] { seqcls(R"("id2label":{})"); }).find("field 'id2label'") !=
+        std::string::npos);
+  CHECK(error_of([&] { parse_hf_config(head("BertForQuestionAnswering"), "c"); })
+            .find("field 'architectures': 'BertForQuestionAnswering'") != std::string::npos);
+}

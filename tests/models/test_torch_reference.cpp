@@ -233,12 +233,16 @@ TEST_CASE("saved activations equal what PyTorch's autograd saves, eager extras a
 }
 
 TEST_CASE("families without eager extras match autograd with no adjustment at all") {
-  // GPT-NeoX (fused q|k|v, parallel residual, plain GELU), BLOOM (ALiBi, embedding LayerNorm)
-  // and T5 with ReLU (encoder-decoder, cross-attention, relative buckets): the graph alone,
+  // GPT-NeoX (fused q|k|v, parallel residual, plain GELU), BLOOM (ALiBi, embedding LayerNorm),
+  // T5 with ReLU (encoder-decoder, cross-attention, relative buckets) and BERT with each head
+  // (post-LN, token types, erf GELU; pooler and classifier, MLM head, both): the graph alone,
   // which hf_modeling leaves as it is.
+  const std::set<std::string> names = {"gpt_neox_parallel", "bloom_alibi", "t5_relu_tied",
+                                       "bert_seqcls_3labels", "bert_seqcls_dropout",
+                                       "bert_mlm_tied", "bert_pretraining"};
   for (const json& c : fixture()["configs"]) {
     const std::string name = c["name"];
-    if (name != "gpt_neox_parallel" && name != "bloom_alibi" && name != "t5_relu_tied") continue;
+    if (!names.contains(name)) continue;
     CAPTURE(name);
     const ModelSpec m = parse_hf_config(c["config"].dump(), name);
     CHECK(graph_saved_bytes(m) == reference_saved_bytes(c));
@@ -404,4 +408,95 @@ TEST_CASE("hf_modeling's loss tensors by hand, and the fused path as it was") {
     CAPTURE(n);
     CHECK_FALSE(find_tensor(fused, n).has_value());
   }
+}
+
+TEST_CASE("BERT's heads: the tensors the backward reads, and the loss in the model's precision") {
+  // modeling_bert.py: the pooler's tanh output (its backward's and the classifier's input), the
+  // classifier dropout's mask and output; the MLM transform's dense output (GELU's input), GELU's
+  // output and LayerNorm's (the decoder's input); (B, n_labels) and (B, T, V) logits. No final
+  // norm after the post-LN blocks; position and token-type ids are buffers, not activations.
+  struct Want {
+    std::string config, tensor;
+    std::vector<int64_t> shape;
+  };
+  const std::vector<Want> want = {
+      {"bert_seqcls_dropout", "head.pooler.tanh", {kB, 64}},
+      {"bert_seqcls_dropout", "head.cls.drop.mask", {kB, 64}},
+      {"bert_seqcls_dropout", "head.cls.drop.out", {kB, 64}},
+      {"bert_seqcls_dropout", "h.1.norm2.stats", {kB, kT, 2}},
+      {"bert_mlm_tied", "head.mlm.dense", {kB, kT, 64}},
+      {"bert_mlm_tied", "head.mlm.gelu", {kB, kT, 64}},
+      {"bert_mlm_tied", "head.mlm.norm.out", {kB, kT, 64}},
+      {"bert_pretraining", "head.pooler.tanh", {kB, 64}},
+      {"bert_pretraining", "head.mlm.norm.out", {kB, kT, 64}},
+  };
+  for (const Want& w : want) {
+    CAPTURE(w.config);
+    CAPTURE(w.tensor);
+    const ModelSpec m = parse_hf_config(fixture_config(w.config)["config"].dump(), w.config);
+    for (bool hf : {false, true}) {
+      const TrainingGraph g = build_training_graph(m, fixture_options(hf));
+      const Liveness lv = liveness(g);
+      const int32_t end_fwd = end_of_forward(g);
+      std::size_t id = 0;
+      while (id < g.tensors.size() &&
+             (g.tensors[id].name != w.tensor || !is_dynamic(g.tensors[id].kind)))
+        ++id;  // activations only: a module's weight may bear its output's name
+      REQUIRE(id < g.tensors.size());
+      CHECK(g.tensors[id].shape == w.shape);
+      CHECK(kept_for_backward(lv, end_fwd, id));
+      CHECK_FALSE(find_tensor(g, "lnf.out").has_value());
+      CHECK_FALSE(find_tensor(g, "embed.pos_ids").has_value());
+    }
+  }
+  // bf16 with hf_modeling: CrossEntropyLoss on the logits as they are (no .float() copy), so
+  // the log-probabilities and their gradients are 16-bit; the classifier's logits are
+  // TensorKind::logits like the vocabulary's.
+  const ModelSpec pre = parse_hf_config(fixture_config("bert_pretraining")["config"].dump(), "pre");
+  GraphOptions o = fixture_options(true);
+  o.act_bytes = o.param_bytes = 2;
+  const TrainingGraph g = build_training_graph(pre, o);
+  const uint64_t btv = uint64_t(kB * kT * 256);
+  CHECK(find_tensor(g, "logits")->bytes == btv * 2);
+  CHECK(find_tensor(g, "logprobs")->bytes == btv * 2);
+  CHECK(find_tensor(g, "logprobs.d")->bytes == btv * 2);
+  CHECK_FALSE(find_tensor(g, "logits.f32").has_value());
+  CHECK(find_tensor(g, "cls.logits")->shape == std::vector<int64_t>{kB, 2});
+  CHECK(find_tensor(g, "cls.logits")->kind == TensorKind::logits);
+  CHECK(find_tensor(g, "cls.logprobs")->bytes == uint64_t(kB * 2 * 2));
+  CHECK_FALSE(find_tensor(g, "cls.logits.f32").has_value());
+  // The fused path: fp32 logits the cross-entropy overwrites, for both heads.
+  o.hf_modeling = false;
+  const TrainingGraph fused = build_training_graph(pre, o);
+  CHECK(find_tensor(fused, "logits")->bytes == btv * 4);
+  CHECK(find_tensor(fused, "cls.logits")->bytes == uint64_t(kB * 2 * 4));
+  CHECK_FALSE(find_tensor(fused, "cls.logprobs").has_value());
+}
+
+TEST_CASE("bert-large-uncased at the published measurement's shape: saved bytes by hand") {
+  // The Hugging Face docs' "Model training anatomy" run: BertForSequenceClassification, 2
+  // labels, B=4, T=512, fp32, eager attention, dropout 0.1. What one post-LN block keeps, from
+  // the ops (each checked against autograd on the small configs above), per token in units of
+  // C: q|k|v 12, attention output 4, its dropout mask 1, x + attn 4 (LayerNorm's input), its
+  // output 4 (the MLP's input), the MLP dropout mask 1, the second sum 4, the block output 4:
+  // 34 C; the MLP's fc and GELU output 2 x 4 F; per head and query the T x T softmax 4,
+  // dropout mask 1 and dropped probabilities 4; two LayerNorms' mean and rstd 16 bytes.
+  const ModelSpec m = load_model(std::string(ZP_SOURCE_DIR) +
+                                 "/tests/data/published/bert-large-uncased-seqcls.json");
+  const uint64_t B = 4, T = 512, C = 1024, F = 4096, NH = 16;
+  const uint64_t block = 34 * B * T * C + 8 * B * T * F + 9 * B * NH * T * T + 16 * B * T;
+  // Embeddings: the sum (LayerNorm's input) 4, the dropout mask 1 and output 4, stats 8 per
+  // token; the head: the pooler's tanh 4, the classifier dropout's mask 1 and output 4 per
+  // sequence and channel, the 2 classes' fp32 log-probabilities (or fused: logits).
+  const uint64_t total = 24 * block + 9 * B * T * C + 8 * B * T + 9 * B * C + 4 * B * 2;
+  for (bool hf : {false, true}) {
+    CAPTURE(hf);
+    GraphOptions o;
+    o.batch = 4;
+    o.seq = 512;
+    o.act_bytes = o.param_bytes = 4;
+    o.hf_modeling = hf;
+    CHECK(saved_bytes(build_training_graph(m, o)) == total);
+  }
+  CHECK(block == 289'439'744);  // 276.0 MiB
 }

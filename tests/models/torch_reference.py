@@ -5,7 +5,7 @@
 # WHAT: small nn.Module re-implementations of Hugging Face transformers model
 #   families (gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
 #   gemma, gemma2, gemma3_text, phi, phi3, gpt_neox, opt, falcon, bloom, olmo2,
-#   deepseek_v2, deepseek_v3, gpt_oss, t5).  Parameter names, shapes,
+#   deepseek_v2, deepseek_v3, gpt_oss, t5, bert).  Parameter names, shapes,
 #   registration order and block structure follow
 #   huggingface/transformers src/transformers/models/<type>/modeling_<type>.py
 #   (MoE experts use the per-expert names that Hub checkpoints store, see
@@ -53,7 +53,7 @@ T5_DEC_T = 8
 CONVENTIONS = {
     "dtype": "float32 everywhere (params, activations, loss)",
     "batch": {"B": B, "T": T, "t5_decoder_T": T5_DEC_T},
-    "pass": "model.train(); one forward + F.cross_entropy(logits.view(-1,V), targets.view(-1), ignore_index=-100, reduction='mean') inside torch.autograd.graph.saved_tensors_hooks; causal-LM targets are HF's ForCausalLMLoss shift (labels padded with -100 then shifted by one) built outside the model; T5 takes decoder_input_ids and labels (B,8) directly, no shift",
+    "pass": "model.train(); one forward + F.cross_entropy(logits.view(-1,V), targets.view(-1), ignore_index=-100, reduction='mean') inside torch.autograd.graph.saved_tensors_hooks; causal-LM targets are HF's ForCausalLMLoss shift (labels padded with -100 then shifted by one) built outside the model; T5 takes decoder_input_ids and labels (B,8) directly, no shift; BERT takes labels as its heads do: (B,) classes for BertForSequenceClassification (CrossEntropyLoss on logits.view(-1,num_labels)), (B,T) masked-LM labels (-100 except every 4th position) for BertForMaskedLM, plus (B,) next_sentence_label for BertForPreTraining (the two losses added); BERT's position and token-type ids are slices of registered buffers, as in BertEmbeddings",
     "native_ops": "nn.Linear/F.linear, F.layer_norm, F.embedding, F.gelu/F.silu/F.relu, torch.softmax, torch.matmul, F.cross_entropy exactly where HF eager code uses them; HF eager attention (repeat_kv materialising GQA K/V, additive causal mask, softmax in fp32, dropout, matmul with V); GPT-2 Conv1D as torch.addmm with weight stored (in,out)",
     "custom_functions": {
         "RMSNorm": "fused autograd.Function: saves its input (and the weight, which is a parameter and therefore not listed) plus the fp32 per-row rstd of shape (...,1); Gemma-family (1+weight) variant, T5LayerNorm, Olmo2 full-width q_norm/k_norm and Qwen3/Gemma3 per-head q_norm/k_norm all use it",
@@ -928,6 +928,8 @@ def storage_key(t):
 def make_inputs(c, family):
     g = torch.Generator().manual_seed(1234)
     V = c["vocab_size"]
+    if family == "bert":
+        return bert_inputs(c, g)
     if family == "t5":
         ids = torch.randint(0, V, (B, T), generator=g)
         labels = torch.randint(0, V, (B, T5_DEC_T), generator=g)
@@ -2145,6 +2147,276 @@ def _other_families():
 
 
 EXTRA_REGISTRATIONS.append(_other_families)
+
+
+# =============================================================================
+# BERT (post-LN encoder; sequence-classification, masked-LM and pretraining heads)
+# Written from huggingface/transformers src/transformers/models/bert/modeling_bert.py (commit
+# 8ec58104: BertEmbeddings, BertSelfAttention (eager), BertSelfOutput, BertIntermediate,
+# BertOutput, BertPooler, BertPredictionHeadTransform, BertLMPredictionHead,
+# BertForSequenceClassification, BertForMaskedLM, BertForPreTraining) and configuration_bert.py.
+# =============================================================================
+def bert_num_labels(c):
+    """PretrainedConfig.__init__: id2label decides when present, else num_labels (default 2)."""
+    if c.get("id2label") is not None:
+        return len(c["id2label"])
+    return c.get("num_labels", 2)
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        H = c["hidden_size"]
+        self.word_embeddings = nn.Embedding(c["vocab_size"], H, padding_idx=c.get("pad_token_id", 0))
+        self.position_embeddings = nn.Embedding(c["max_position_embeddings"], H)
+        self.token_type_embeddings = nn.Embedding(c["type_vocab_size"], H)
+        self.LayerNorm = nn.LayerNorm(H, eps=c["layer_norm_eps"])
+        self.p = c["hidden_dropout_prob"]
+        # registered buffers, sliced in forward (not activations)
+        self.register_buffer("position_ids", torch.arange(c["max_position_embeddings"]).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(self.position_ids.size(), dtype=torch.long), persistent=False)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        position_ids = self.position_ids[:, :t]
+        token_type_ids = self.token_type_ids[:, :t].expand(b, t)
+        e = self.word_embeddings(ids) + self.token_type_embeddings(token_type_ids)
+        e += self.position_embeddings(position_ids)
+        return dropout(self.LayerNorm(e), self.p, self.training)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        H, nh = c["hidden_size"], c["num_attention_heads"]
+        self.nh, self.hd = nh, H // nh
+        self.query = nn.Linear(H, H)
+        self.key = nn.Linear(H, H)
+        self.value = nn.Linear(H, H)
+        self.p = c["attention_probs_dropout_prob"]
+
+    def _split(self, x):
+        return x.view(x.size()[:-1] + (self.nh, self.hd)).permute(0, 2, 1, 3)
+
+    def forward(self, x, mask):
+        q = self._split(self.query(x))
+        k = self._split(self.key(x))
+        v = self._split(self.value(x))
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / math.sqrt(self.hd)
+        w = w + mask  # extended padding mask (B,1,1,T): bidirectional
+        w = F.softmax(w, dim=-1)
+        w = dropout(w, self.p, self.training)
+        o = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous()
+        return o.view(o.size()[:-2] + (self.nh * self.hd,))
+
+
+class BertSelfOutput(nn.Module):  # also BertOutput (dense from intermediate_size)
+    def __init__(self, c, d_in):
+        super().__init__()
+        self.dense = nn.Linear(d_in, c["hidden_size"])
+        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
+        self.p = c["hidden_dropout_prob"]
+
+    def forward(self, h, x):
+        return self.LayerNorm(dropout(self.dense(h), self.p, self.training) + x)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.self = BertSelfAttention(c)
+        self.output = BertSelfOutput(c, c["hidden_size"])
+
+    def forward(self, x, mask):
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dense = nn.Linear(c["hidden_size"], c["intermediate_size"])
+        self.act = ACT[c["hidden_act"]]
+
+    def forward(self, x):
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attention = BertAttention(c)
+        self.intermediate = BertIntermediate(c)
+        self.output = BertSelfOutput(c, c["intermediate_size"])
+
+    def forward(self, x, mask):
+        a = self.attention(x, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(c) for _ in range(c["num_hidden_layers"])])
+
+    def forward(self, x, mask):
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dense = nn.Linear(c["hidden_size"], c["hidden_size"])
+        self.activation = nn.Tanh()
+
+    def forward(self, h):
+        return self.activation(self.dense(h[:, 0]))
+
+
+class BertModel(nn.Module):
+    def __init__(self, c, add_pooling_layer=True):
+        super().__init__()
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = BertEncoder(c)
+        self.pooler = BertPooler(c) if add_pooling_layer else None
+
+    def forward(self, ids):
+        b, t = ids.shape
+        am = torch.ones(b, t)  # no padding; get_extended_attention_mask
+        mask = (1.0 - am[:, None, None, :]) * torch.finfo(torch.float32).min
+        h = self.encoder(self.embeddings(ids), mask)
+        return h, (self.pooler(h) if self.pooler is not None else None)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dense = nn.Linear(c["hidden_size"], c["hidden_size"])
+        self.act = ACT[c["hidden_act"]]
+        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
+
+    def forward(self, h):
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(c)
+        self.decoder = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        self.bias = nn.Parameter(torch.zeros(c["vocab_size"]))
+        self.decoder.bias = self.bias
+
+    def forward(self, h):
+        return self.decoder(self.transform(h))
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(c)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(c)
+        self.seq_relationship = nn.Linear(c["hidden_size"], 2)
+
+
+class BertForSequenceClassification(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.num_labels = bert_num_labels(c)
+        self.bert = BertModel(c)
+        cd = c.get("classifier_dropout")
+        self.p = cd if cd is not None else c["hidden_dropout_prob"]
+        self.classifier = nn.Linear(c["hidden_size"], self.num_labels)
+
+    def forward(self, input_ids, labels):
+        _, pooled = self.bert(input_ids)
+        logits = self.classifier(dropout(pooled, self.p, self.training))
+        return F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+
+
+class BertForMaskedLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.V = c["vocab_size"]
+        self.bert = BertModel(c, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(c)
+        if c.get("tie_word_embeddings", True):
+            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, labels):
+        h, _ = self.bert(input_ids)
+        scores = self.cls.predictions(h)
+        return F.cross_entropy(scores.view(-1, self.V), labels.view(-1))
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.V = c["vocab_size"]
+        self.bert = BertModel(c)
+        self.cls = BertPreTrainingHeads(c)
+        if c.get("tie_word_embeddings", True):
+            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, labels, next_sentence_label):
+        h, pooled = self.bert(input_ids)
+        scores = self.cls.predictions(h)
+        nsp = self.cls.seq_relationship(pooled)
+        mlm_loss = F.cross_entropy(scores.view(-1, self.V), labels.view(-1))
+        return mlm_loss + F.cross_entropy(nsp.view(-1, 2), next_sentence_label.view(-1))
+
+
+def bert_inputs(c, g):
+    """Token ids and the head's labels: a class per sequence (sequence classification), the
+    original token at every 4th position and -100 elsewhere (masked LM), plus next-sentence
+    labels (pretraining)."""
+    V = c["vocab_size"]
+    ids = torch.randint(0, V, (B, T), generator=g)
+    arch = c["architectures"][0]
+    if arch == "BertForSequenceClassification":
+        labels = torch.randint(0, bert_num_labels(c), (B,), generator=g)
+        kw = {"input_ids": ids, "labels": labels}
+        return kw, dict(kw)
+    labels = ids.masked_fill(torch.arange(T)[None, :] % 4 != 0, -100)
+    kw = {"input_ids": ids, "labels": labels}
+    if arch == "BertForPreTraining":
+        kw["next_sentence_label"] = torch.randint(0, 2, (B,), generator=g)
+    return kw, dict(kw)
+
+
+BERT_ARCH = {"BertForSequenceClassification": BertForSequenceClassification, "BertForMaskedLM": BertForMaskedLM,
+             "BertForPreTraining": BertForPreTraining}
+
+
+def build_bert(c):
+    return BERT_ARCH[c["architectures"][0]](c)
+
+
+def _bert_family():
+    base = dict(model_type="bert", vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=256, hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                max_position_embeddings=64, type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12,
+                pad_token_id=0, position_embedding_type="absolute", use_cache=True, classifier_dropout=None)
+    brx = r"^(bert\.encoder\.layer\.\d+)(\.|$)"
+    register("bert", "bert_seqcls_3labels", dict(base, architectures=["BertForSequenceClassification"],
+                                                  id2label={"0": "neg", "1": "neu", "2": "pos"},
+                                                  label2id={"neg": 0, "neu": 1, "pos": 2}), build_bert, brx)
+    register("bert", "bert_seqcls_dropout", dict(base, architectures=["BertForSequenceClassification"], num_labels=5,
+                                                  hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                                                  classifier_dropout=0.2), build_bert, brx)
+    register("bert", "bert_mlm_tied", dict(base, architectures=["BertForMaskedLM"]), build_bert, brx)
+    register("bert", "bert_pretraining", dict(base, architectures=["BertForPreTraining"], type_vocab_size=3),
+             build_bert, brx)
+
+
+EXTRA_REGISTRATIONS.append(_bert_family)
 
 
 # ==== MAIN ====

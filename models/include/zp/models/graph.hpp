@@ -1,5 +1,5 @@
 // zp/models/graph.hpp: the training computation graph of one micro-step of a decoder
-// transformer (or an encoder-decoder) built from its recipe, plus the optimizer step, as a Boost.Graph: ops are
+// transformer (or an encoder-decoder, or BERT's encoder with its heads) built from its recipe, plus the optimizer step, as a Boost.Graph: ops are
 // vertices, tensors flow along edges. Shapes, dtypes, bytes, kinds and FLOPs; no memory
 // policy (the planner decides lifetimes, placement and ZeRO buffers) and no arithmetic.
 //
@@ -58,6 +58,7 @@ enum class OpKind : uint8_t {
   gate_mul, gate_mul_bwd,            // Qwen2-MoE: sigmoid gate on the shared expert
   relu, relu_bwd,                    // OPT, T5: the backward needs only the output
   softcap, softcap_bwd,              // Gemma 2: cap * tanh(x / cap); the backward reads tanh
+  tanh, tanh_bwd,                    // BERT's pooler; the backward reads the output
 };
 std::string_view to_string(OpKind k);
 
@@ -99,8 +100,9 @@ struct GraphOptions {
   //   - the loss (loss_utils.py ForCausalLMLoss): logits in the activation type, an fp32 copy
   //     (logits.float(), 16-bit runs only), log_softmax's fp32 output kept for backward, nll;
   //     backward: the log-probabilities' and the logits' fp32 gradients, then the cast back
-  //     (T5 computes its loss on the logits as they are: no copy, no cast). All (B, T, V)
-  //     tensors are TensorKind::logits, as the fused path's are;
+  //     (T5 and BERT compute their losses on the logits as they are: no copy, no cast). All
+  //     logits-shaped tensors ((B, T, V); BERT's classifier's (B, n_labels)) are
+  //     TensorKind::logits, as the fused path's are;
   //   - repeat_kv's copies of the key and value heads: eager attention always; with
   //     flash_attention (transformers' SDPA) only where a mask is materialized, i.e. in
   //     sliding-window layers the sequence reaches (use_gqa_in_sdpa; batches without padding);

@@ -34,6 +34,12 @@ enum class NormPlace { pre, sandwich, post_sublayer, post_residual };
 // sequential: x + attn, then + mlp; parallel: x + attn(norm(x)) + mlp(norm'(x)) (GPT-NeoX,
 // GPT-J, Phi, Falcon), with one shared norm or two.
 enum class Residual { sequential, parallel };
+// What the last hidden state is trained to predict. lm: the next token through the LM head
+// (every decoder, T5); mlm: BERT's masked-LM head (a dense + activation + LayerNorm transform,
+// then a decoder tied to the token embedding, with a bias of its own), on every token;
+// seq_cls: one class per sequence, through BERT's pooler (dense + tanh on the first token),
+// a dropout and a classifier of n_labels outputs.
+enum class Head { lm, mlm, seq_cls };
 
 // DeepSeek's multi-head latent attention (DeepSeek-V2 paper sec. 2.1): queries through an
 // optional low-rank q_a/q_b pair, keys and values through one compressed latent kv_a (plus one
@@ -114,10 +120,16 @@ struct ModelSpec {
   bool mlp_bias = true;            // biases on the dense MLP projections
   WindowSpec window;
   MoeSpec moe;
-  bool tied_embeddings = true;     // LM head shares the token embedding
+  bool tied_embeddings = true;     // LM head (or BERT's MLM decoder) shares the token embedding
   bool head_bias = false;          // Phi: the LM head has a bias
   bool embed_norm = false;         // BLOOM: a LayerNorm right after the token embedding
   int64_t embed_proj_dim = 0;      // OPT: word_embed_proj_dim != hidden (project_in/out)
+  int64_t type_vocab_size = 0;     // BERT: token-type (segment) embedding rows; 0: none
+  bool final_norm = true;          // a norm after the last block (none in BERT's post-LN encoder)
+  Head head = Head::lm;
+  bool pooler = false;             // BERT's pooler (dense + tanh on the first token)
+  int64_t n_labels = 0;            // classes of the classifier on the pooled output (seq_cls;
+                                   // BertForPreTraining's next-sentence head: 2); 0: none
   bool fused_qkv = false;          // one q|k|v matrix in the checkpoint (names only)
   bool fused_gate_up = false;      // one gate|up matrix in the checkpoint (names only)
   double attn_softcap = 0;         // Gemma 2: scores = cap * tanh(scores / cap); 0: none
@@ -127,6 +139,7 @@ struct ModelSpec {
   double attn_dropout = 0.0;       // attention-probability dropout
   double resid_dropout = 0.0;      // dropout after the attention and MLP output projections
   double embd_dropout = 0.0;       // dropout after the embedding
+  double cls_dropout = 0.0;        // dropout on the pooled output before the classifier
   // The config.json this spec was read from (its JSON text; empty for a hand-built spec), so a
   // plan file can carry it; the layer-count field is rewritten from n_layer (fit --max-model).
   std::string source_config;
@@ -168,8 +181,10 @@ struct ParamInventory {
   std::vector<ParamTensor> tensors;   // every tensor, in module order
   int64_t total = 0;                  // all parameters (a tied head counted once)
   int64_t per_layer = 0;              // the last transformer block
-  int64_t embedding = 0;              // token (+ position) embeddings
-  int64_t head = 0;                   // untied LM head, 0 when tied
+  int64_t embedding = 0;              // token (+ position, + token-type) embeddings
+  int64_t head = 0;                   // the head's own parameters: an untied LM head; BERT's
+                                      // pooler, MLM transform and bias, classifier (not a tied
+                                      // decoder: 0 for a tied LM head)
   int64_t final_norm = 0;
   int64_t experts = 0;                // routed experts' parameters (all layers)
   int64_t active = 0;                 // parameters a token passes through: total minus the
