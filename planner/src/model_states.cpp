@@ -92,7 +92,7 @@ PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateL
   if (layout == StateLayout::fsdp) {
     // model_states.hpp: the sharded parameters in the model's dtype are the weights; their
     // gradients and the moments (zeros_like the parameters) share that dtype.
-    const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
+    const bool pure = weights_in_compute_dtype(s);
     const uint64_t w = pure ? b.params : 4;
     const uint64_t held = s.stage >= 3 ? part : n;
     gpu[pure ? Category::params : Category::master] = checked_mul(w, held, "bytes of params");

@@ -231,7 +231,7 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
                 "plan 8-bit Adam with --profile deepspeed (ZeRO hands it flat partitions), or "
                 "FSDP with --optimizer adamw");
   // The moments' dtype: fp32 or --optimizer-states bf16; under fsdp the sharded parameters'.
-  const bool pure = s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
+  const bool pure = weights_in_compute_dtype(s);
   const uint64_t m = fsdp || whole_tensors ? (pure ? g.options.param_bytes : 4)
                                            : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
   const int64_t ep = g.options.ep, w = s.dp;
@@ -561,7 +561,7 @@ class ScheduleBuilder {
     }
     // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
     if (o_.profile == Profile::pytorch && dp_ > 1) {
-      const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+      const bool pure = weights_in_compute_dtype(s_);
       alloc(-1, add_buffer("ddp_buckets", Tier::gpu, Category::buffers,
                            checked_mul(pure ? p_bytes_ : 4, out_.n_params, "DDP bucket bytes")));
     }
@@ -896,7 +896,7 @@ class ScheduleBuilder {
     const uint32_t in = alloc(pos, add_buffer("rs_input." + grp, Tier::gpu, Category::buffers,
                                               checked_mul(gathered_elems, rb, "reduce-scatter input")));
     for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-    const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+    const bool pure = weights_in_compute_dtype(s_);
     const uint64_t sharded_grad_bytes = pure ? p_bytes_ : 4;
     if (rb != sharded_grad_bytes) {
       const uint32_t out = alloc(pos, add_buffer("rs_output." + grp, Tier::gpu, Category::buffers,
@@ -928,7 +928,7 @@ class ScheduleBuilder {
     if (torch_native()) {
       const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
       if (s_.fused_optimizer || !adam) return;
-      const bool pure = s_.precision == Precision::fp32 || s_.master_precision == Precision::bf16;
+      const bool pure = weights_in_compute_dtype(s_);
       const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
       const uint32_t b = add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
                                     checked_mul(pure ? p_bytes_ : 4, held, "foreach temporary"));

@@ -84,6 +84,14 @@ uint64_t optimizer_state_bytes(OptimizerKind o, std::span<const int64_t> shape,
 //     gradients and moments in the same dtype: 2 + 2 + 4 (bf16) or 4 + 4 + 8 (fp32).
 enum class StateLayout { zero, fsdp };
 
+// Under PyTorch's own layout (StateLayout::fsdp: the fsdp and pytorch profiles), whether the
+// weights are kept in the compute dtype (fp32 training, or a 16-bit model: --master-weights
+// bf16) rather than in fp32 under a 16-bit compute policy. Their gradients, moments and
+// foreach temporaries take the same dtype.
+inline bool weights_in_compute_dtype(const Strategy& s) {
+  return s.precision == Precision::fp32 || s.master_precision == Precision::bf16;
+}
+
 // Per-device bytes of each state, all on one device, for `n` parameters of which a rank owns
 // `part` elements of each partitioned state.
 Breakdown stage_bytes(uint64_t n, uint64_t part, int stage, const BytesPerParam& b);

@@ -208,10 +208,10 @@ inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1
 // stage3_max_live_parameters, overlap_comm}, fp16.enabled, bf16.enabled, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps, optimizer.type, activation_checkpointing. DeepSpeed fields
 // that do not change memory are accepted and ignored; unknown fields are an error. "auto"
-// (the Hugging Face Trainer's placeholder) leaves the field as it was, except the two bucket
-// sizes the Trainer derives from the model (BufferSizes: 0, set by resolve_for_model); each
-// "auto" adds a line to `assumed` (when given) saying what the plan takes for it and which
-// flag settles it.
+// (which the Hugging Face Trainer replaces with its own values) leaves the field as it was,
+// except the two bucket sizes the Trainer derives from the model (BufferSizes: 0, set by
+// resolve_for_model); each "auto" adds a line to `assumed` (when given) saying what the plan
+// takes for it and which flag settles it.
 Strategy apply_deepspeed_config(Strategy base, const nlohmann::json& ds, const std::string& origin,
                                 std::vector<std::string>* assumed = nullptr);
 
