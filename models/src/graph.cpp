@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iterator>
 #include <map>
+#include <set>
 
 #include <boost/graph/topological_sort.hpp>
 #include <fmt/format.h>
@@ -76,6 +77,9 @@ struct BlockActs {
   TensorId kv_a = kNone, kv_an = kNone, kv_a_stats = kNone, kv_lat = kNone;
   TensorId att = kNone, att_mask = kNone, att_drop = kNone, lse = kNone, att_tanh = kNone;
   TensorId atty = kNone;
+  TensorId probs16 = kNone;    // autocast: the values matmul's 16-bit copy of fp32 probabilities
+  TensorId att_in = kNone;     // softmax_keeps_input: the scores the softmax read
+  TensorId scores = kNone;     // the softmax's input (eager attention)
   TensorId attn_raw = kNone, attn_post_stats = kNone;  // sublayer output before its post norm
   TensorId proj_mask = kNone;
   TensorId res2 = kNone;       // after the attention's residual (LN2 input when pre-norm)
@@ -165,6 +169,7 @@ class Builder {
       QKV = checked_add(2 * Q, checked_mul(NH, VS, "value width"), "MLA qkv width");
     QO = checked_mul(NH, VS, "attention output width");
     ab = o.act_bytes;
+    aw = o.autocast ? 4 : ab;
     hf_renorm_ = o.hf_modeling && hf_topk_renorm(m);
   }
 
@@ -266,6 +271,17 @@ class Builder {
       embedding_bwd(tokens, dres, "embed", embed_mask_);
     }
 
+    // Autocast: the forward's weight casts that no backward reads (a fully recomputed block
+    // casts its weights again) are dropped with the cast cache when the autocast region ends,
+    // after the forward's last op (the loss: the Trainer's compute_loss runs in the region).
+    if (o_.autocast) {
+      std::size_t last_fwd = 0;
+      for (std::size_t i = 0; i < g_.ops.size(); ++i)
+        if (g_.ops[i].phase == Phase::forward) last_fwd = i;
+      for (TensorId c : fwd_casts_)
+        if (!casts_read_in_bwd_.contains(c)) g_.ops[last_fwd].inputs.push_back(c);
+    }
+
     // ---- optimizer ----
     std::vector<TensorId> all_params, all_grads;
     for (std::size_t i = 0; i < g_.tensors.size(); ++i) {
@@ -287,6 +303,20 @@ class Builder {
   TrainingGraph& g_;
   int64_t B, T, T_enc, T_dec, C, HS, VS, NH, KVH, F, Fe = 0, Fs = 0, V, Q, QKV, QO, E = 0;
   uint32_t ab;
+  // The dtype of the residual stream, norms' and softmax's outputs and embedding lookups: the
+  // activation type, or fp32 under autocast (GraphOptions::autocast).
+  uint32_t aw;
+  // Autocast's 16-bit copies (GraphOptions::autocast): each weight's cast per pass (the
+  // forward's, and a recomputed block's), the forward's in creation order, and each matmul's
+  // copy of its fp32 input by the matmul's name (a recomputation's replaces the forward's).
+  // linears_: how many separate nn.Linear modules a graph module stands for (q, k, v).
+  std::map<TensorId, TensorId> wcast_fwd_, wcast_re_;
+  std::vector<TensorId> fwd_casts_;
+  std::set<TensorId> casts_read_in_bwd_;
+  std::map<std::string, TensorId> in16_;
+  std::map<TensorId, int64_t> linears_;
+  // softmax_keeps_input: each log_softmax's input, by its output.
+  std::map<TensorId, TensorId> log_softmax_in_;
   bool hf_renorm_ = false;  // hf_modeling and the router renormalizes (hf_topk_renorm)
   Param wte_, wpe_, embed_norm_, embed_proj_, lm_head_, final_norm_, enc_final_norm_, head_proj_;
   Param wtt_;                                  // BERT's token-type embeddings
@@ -308,7 +338,7 @@ class Builder {
     std::string name;
   };
   TensorId need(Target& t, int l) {
-    if (t.id == kNone) t.id = tensor(t.name, {B, T, C}, ab, TensorKind::act_grad, l);
+    if (t.id == kNone) t.id = tensor(t.name, {B, T, C}, aw, TensorKind::act_grad, l);
     return t.id;
   }
   static Target target(TensorId existing) { return Target{existing, {}}; }
@@ -392,6 +422,7 @@ class Builder {
     const int64_t L = m_.n_blocks();
     std::map<std::string, uint64_t> top;
     std::vector<std::map<std::string, uint64_t>> per(static_cast<std::size_t>(L));
+    std::vector<std::map<std::string, std::set<std::string>>> bases(static_cast<std::size_t>(L));
     const bool mla = m_.attention == Attention::mla;
     detail::walk_params(m_, [&](const detail::SlotTensor& x) {
       std::string_view s = x.slot;
@@ -424,6 +455,8 @@ class Builder {
       std::string_view module = kModule.at(base);
       if (mla && base == "attn.q") module = "q";
       per[static_cast<std::size_t>(x.layer)][std::string(module)] += n;
+      if (!base.ends_with("bias"))
+        bases[static_cast<std::size_t>(x.layer)][std::string(module)].insert(std::string(base));
     });
     g_.groups.push_back("embed");
     wte_ = param("wte", top["embed"], "embed", -1);
@@ -435,7 +468,12 @@ class Builder {
       const std::string h = fmt::format("h.{}", l);
       g_.groups.push_back(h);
       auto& s = per[static_cast<std::size_t>(l)];
-      auto p = [&](const char* key, const char* name) { return param(h + "." + name, s[key], h, l); };
+      auto p = [&](const char* key, const char* name) {
+        const Param r = param(h + "." + name, s[key], h, l);
+        const std::size_t n_lin = bases[static_cast<std::size_t>(l)][key].size();
+        if (r.w != kNone) linears_[r.w] = n_lin > 0 ? static_cast<int64_t>(n_lin) : 1;
+        return r;
+      };
       BlockParams b;
       b.n1 = p("n1", "norm1");
       b.n1_post = p("n1_post", "norm1.post");
@@ -489,7 +527,7 @@ class Builder {
     if (wpe_.w != kNone) ps.push_back(wpe_.w);
     if (wtt_.w != kNone) ps.push_back(wtt_.w);
     const bool more = embed_proj_.w != kNone || embed_norm_.w != kNone;
-    const TensorId emb = tensor(name + ".out", {B, T, more ? E : C}, ab,
+    const TensorId emb = tensor(name + ".out", {B, T, more ? E : C}, aw,
                                 drop || more ? TensorKind::activation : TensorKind::saved, layer);
     op(name, OpKind::embedding, Phase::forward, layer, {tokens}, {emb}, {}, ps, {},
        double(B * T * C));
@@ -522,7 +560,8 @@ class Builder {
     }
     if (!drop) return x;
     const TensorId mask = tensor(name + ".drop.mask", {B, T, C}, 1, TensorKind::saved, layer);
-    const TensorId out = tensor(name + ".drop.out", {B, T, C}, ab, TensorKind::saved, layer);
+    const TensorId out = tensor(name + ".drop.out", {B, T, C}, g_.tensors[static_cast<std::size_t>(x)].elem_bytes,
+                                TensorKind::saved, layer);
     op(name + ".drop", OpKind::dropout, Phase::forward, layer, {x}, {out, mask}, {}, {}, {},
        double(B * T * C));
     g_.ops.back().dropout_p = m_.embd_dropout;
@@ -608,7 +647,7 @@ class Builder {
     if (part > 0) shape.back() = part;  // normalizes the first `part` features (MLA's kv_a)
     const int64_t width = shape.back();
     stats = tensor(name + ".stats", {B, T, ln ? 2 : 1}, 4, kind, layer, true);
-    const TensorId out = tensor(name + ".out", shape, ab, kind, layer);
+    const TensorId out = tensor(name + ".out", shape, aw, kind, layer);
     op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""),
        ln ? OpKind::layernorm : OpKind::rmsnorm, ph, layer, {in}, {out, stats}, {}, {p.w}, {},
        8.0 * double(B * T * width));
@@ -624,17 +663,70 @@ class Builder {
        12.0 * double(B * T * width));
   }
 
+  // Autocast (GraphOptions::autocast): the casts a forward (or recomputed) matmul `name` on
+  // input `in` and weight `p` adds to its outputs (made by it) and inputs (a cached weight
+  // cast made by an earlier matmul of the same pass: a tied embedding).
+  void autocast_matmul(const std::string& name, TensorId in, const Param& p, int layer, Phase ph,
+                       int64_t n_in, int64_t rows, std::vector<TensorId>& ins,
+                       std::vector<TensorId>& outs) {
+    if (!o_.autocast) return;
+    // Under full recomputation the forward runs without autograd (torch.utils.checkpoint):
+    // nothing it makes is kept for backward.
+    const bool kept = !(ph == Phase::forward && o_.recompute == Recompute::full && layer >= 0 &&
+                        layer < static_cast<int>(m_.n_blocks()));
+    const TensorKind kind = kept ? TensorKind::saved : TensorKind::activation;
+    const Tensor& x = g_.tensors[static_cast<std::size_t>(in)];
+    if (x.elem_bytes == 4) {
+      auto it = linears_.find(p.w);
+      const int64_t copies = it == linears_.end() ? 1 : it->second;
+      Shape shp = rows > 0 ? Shape{rows, n_in} : x.shape;
+      shp.insert(shp.begin(), copies);
+      const TensorId c = tensor(name + ".in16", shp, ab, kind, layer);
+      outs.push_back(c);
+      in16_[name] = c;
+    }
+    auto& casts = ph == Phase::recompute ? wcast_re_ : wcast_fwd_;
+    auto it = casts.find(p.w);
+    if (it != casts.end()) {
+      ins.push_back(it->second);
+      return;
+    }
+    const Tensor& w = g_.tensors[static_cast<std::size_t>(p.w)];
+    const TensorId c = tensor(w.name + ".autocast", {static_cast<int64_t>(w.bytes / w.elem_bytes)},
+                              ab, kind, layer);
+    g_.tensors[static_cast<std::size_t>(c)].source = p.w;
+    casts[p.w] = c;
+    if (ph == Phase::forward) fwd_casts_.push_back(c);
+    outs.push_back(c);
+  }
+  // What a matmul's backward reads under autocast: its 16-bit input copy (where it made one)
+  // instead of the input, and the weight's cast of the pass it recomputes or of the forward.
+  void autocast_matmul_bwd(const std::string& name, const Param& p, std::vector<TensorId>& ins) {
+    if (!o_.autocast) return;
+    auto c = in16_.find(name);
+    if (c != in16_.end()) ins[1] = c->second;
+    auto it = wcast_re_.find(p.w);
+    if (it == wcast_re_.end()) it = wcast_fwd_.find(p.w);
+    if (it == wcast_fwd_.end()) return;
+    ins.push_back(it->second);
+    casts_read_in_bwd_.insert(it->second);
+  }
+
   void matmul(const std::string& name, TensorId in, TensorId out, const Param& p, int layer,
               Phase ph, int64_t n_in, int64_t n_out, int64_t rows = 0) {
     const double r = rows > 0 ? double(rows) : double(B * T);
+    std::vector<TensorId> ins = {in}, outs = {out};
+    autocast_matmul(name, in, p, layer, ph, n_in, rows, ins, outs);
     op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""), OpKind::matmul, ph, layer,
-       {in}, {out}, {}, {p.w}, {}, 2.0 * r * double(n_in) * double(n_out));
+       ins, outs, {}, {p.w}, {}, 2.0 * r * double(n_in) * double(n_out));
   }
   // dX = dY W^T and dW += X^T dY: twice the forward FLOPs.
   void matmul_bwd(const std::string& name, TensorId d_out, TensorId in, TensorId d_in,
                   const Param& p, int layer, int64_t n_in, int64_t n_out, int64_t rows = 0) {
     const double r = rows > 0 ? double(rows) : double(B * T);
-    op(name + ".bwd", OpKind::matmul_bwd, Phase::backward, layer, {d_out, in}, {d_in}, {}, {p.w},
+    std::vector<TensorId> ins = {d_out, in};
+    autocast_matmul_bwd(name, p, ins);
+    op(name + ".bwd", OpKind::matmul_bwd, Phase::backward, layer, ins, {d_in}, {}, {p.w},
        {p.g}, 4.0 * r * double(n_in) * double(n_out));
   }
 
@@ -673,7 +765,10 @@ class Builder {
     std::vector<TensorId> sin = src;
     if (bias != kNone) sin.push_back(bias);
     if (a.k_rep != kNone) sin.push_back(a.k_rep);
-    const TensorId preatt = tensor(h + ".attn.preatt", {B, NH, T, T}, ab, TensorKind::activation, l);
+    // Autocast: BERT and transformers' eager attention add an fp32 mask (in the embeddings'
+    // dtype) to the 16-bit scores, which promotes them; GPT-2 masks with a 16-bit torch.where.
+    const uint32_t sb = m_.model_type == "gpt2" ? ab : aw;
+    const TensorId preatt = tensor(h + ".attn.preatt", {B, NH, T, T}, sb, TensorKind::activation, l);
     op(h + ".attn.scores" + re, OpKind::attn_scores, ph, l, sin, {preatt}, {}, {}, {},
        2.0 * s2 * double(HS));
     TensorId scores = preatt;
@@ -689,8 +784,13 @@ class Builder {
     // keeps its int64 indices) and the softmax's output, kept for its backward, has T + 1
     // columns; the probabilities are a view of its first T. The fused kernel folds the sink
     // into the normalizer.
+    a.scores = scores;
+    if (o_.softmax_keeps_input) {  // PyTorch before 1.11 (GraphOptions::softmax_keeps_input)
+      g_.tensors[static_cast<std::size_t>(scores)].kind = kind;
+      a.att_in = scores;
+    }
     const bool sink_col = o_.hf_modeling && m_.attn_sinks;
-    a.att = tensor(h + ".attn.att", {B, NH, T, sink_col ? T + 1 : T}, ab, kind, l);
+    a.att = tensor(h + ".attn.att", {B, NH, T, sink_col ? T + 1 : T}, aw, kind, l);
     std::vector<TensorId> sm_out = {a.att};
     if (sink_col) {
       a.sink_idx = tensor(h + ".attn.sink_max", {B, NH, T, 1}, 8, kind, l);
@@ -706,15 +806,25 @@ class Builder {
       g_.ops.back().dropout_p = m_.attn_dropout;
       probs = a.att_drop;
     }
+    // Autocast without dropout: the values matmul casts the fp32 probabilities to 16 bits and
+    // keeps the copy (with dropout, its 16-bit output above plays that part).
+    const bool cast_probs = o_.autocast && g_.tensors[static_cast<std::size_t>(probs)].elem_bytes == 4;
+    if (cast_probs)
+      a.probs16 = tensor(h + ".attn.att.in16", g_.tensors[static_cast<std::size_t>(a.att)].shape,
+                         ab, kind, l);
     if (values) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, a.atty_kind, l);
       std::vector<TensorId> vin = {probs, a.qkv};
       if (a.v_rep != kNone) vin.push_back(a.v_rep);
-      op(h + ".attn.values" + re, OpKind::attn_values, ph, l, vin, {a.atty}, {}, {}, {},
+      std::vector<TensorId> vout = {a.atty};
+      if (cast_probs) vout.push_back(a.probs16);
+      op(h + ".attn.values" + re, OpKind::attn_values, ph, l, vin, vout, {}, {}, {},
          2.0 * s2 * double(VS));
-    } else {
+    } else if (cast_probs) {
       // Selective recomputation: the values product is not redone (its output is saved), but
-      // the probabilities are its backward's input, so the recomputed core ends at dropout.
+      // the probabilities are its backward's input, so the recomputed core ends at dropout
+      // (and under autocast at their 16-bit copy).
+      g_.ops.back().outputs.push_back(a.probs16);
     }
   }
 
@@ -936,7 +1046,9 @@ class Builder {
     } else {
       fch = tensor(name + ".gate", shp, ab, k.block, l);
       up = tensor(name + ".up", shp, ab, k.block, l);
-      op(name + ".gate_up" + re, OpKind::matmul, ph, l, {in}, {fch, up}, {}, {fc.w}, {},
+      std::vector<TensorId> ins = {in}, outs = {fch, up};
+      autocast_matmul(name + ".gate_up", in, fc, l, ph, C, rows, ins, outs);
+      op(name + ".gate_up" + re, OpKind::matmul, ph, l, ins, outs, {}, {fc.w}, {},
          2.0 * n * double(C) * double(2 * width));
       act = tensor(name + ".swiglu", shp, ab, k.block, l);
       hf = hf_mlp_extras(name, shp, l, k.block);
@@ -979,7 +1091,9 @@ class Builder {
       in_g.insert(in_g.end(), hf.begin(), hf.end());
       op(name + ".swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, in_g, {d_gu}, {}, {}, {},
          10.0 * n * double(width));
-      op(name + ".gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, {d_gu, in}, {din}, {},
+      std::vector<TensorId> ins = {d_gu, in};
+      autocast_matmul_bwd(name + ".gate_up", fc, ins);
+      op(name + ".gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, ins, {din}, {},
          {fc.w}, {fc.g}, 4.0 * n * double(C) * double(2 * width));
     }
   }
@@ -1150,7 +1264,7 @@ class Builder {
 
   TensorId residual(const std::string& name, int l, Phase ph, std::vector<TensorId> in,
                     TensorKind kind) {
-    const TensorId out = tensor(name, {B, T, C}, ab, kind, l);
+    const TensorId out = tensor(name, {B, T, C}, aw, kind, l);
     op(name + (ph == Phase::recompute ? ".re" : ""), OpKind::residual, ph, l, std::move(in), {out},
        {}, {}, {}, double(B * T * C));
     return out;
@@ -1262,6 +1376,7 @@ class Builder {
     const TensorId logprobs = tensor(p + "logprobs", shape, lb, TensorKind::logits, layer);
     op(p + "loss.log_softmax", OpKind::cross_entropy, Phase::forward, layer, {logits32},
        {logprobs}, {}, {}, {}, 4.0 * cells);
+    if (o_.softmax_keeps_input) log_softmax_in_[logprobs] = logits32;
     const TensorId loss = tensor(p + "loss", {1}, 4, TensorKind::activation, layer);
     op(p + "loss.nll", OpKind::cross_entropy, Phase::forward, layer, {logprobs, targets},
        {loss}, {}, {}, {}, double(n_rows));
@@ -1294,8 +1409,11 @@ class Builder {
        {logprobs, targets}, {d_logprobs}, {}, {}, {}, double(n_rows));
     TensorId d = tensor(p + (lb == ab ? "logits.d" : "logits.f32.d"), shape, lb,
                         TensorKind::logits, layer);
-    op(p + "loss.log_softmax.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer,
-       {d_logprobs, logprobs}, {d}, {}, {}, {}, 3.0 * cells);
+    std::vector<TensorId> in_lsm = {d_logprobs, logprobs};
+    if (auto it = log_softmax_in_.find(logprobs); it != log_softmax_in_.end())
+      in_lsm.push_back(it->second);
+    op(p + "loss.log_softmax.bwd", OpKind::cross_entropy_bwd, Phase::backward, layer, in_lsm, {d},
+       {}, {}, {}, 3.0 * cells);
     if (lb != ab) {
       const TensorId d32 = d;
       d = tensor(p + "logits.d", shape, ab, TensorKind::logits, layer);
@@ -1335,22 +1453,23 @@ class Builder {
     // T5 (modeling_t5.py T5ForConditionalGeneration.forward) applies CrossEntropyLoss to its
     // logits as they are: no upcast, the loss in the model's precision.
     const TensorId logprobs =
-        loss_forward("", logits, targets, m_.encoder_decoder() ? ab : 4, head_layer);
+        loss_forward("", logits, targets, m_.encoder_decoder() && !o_.autocast ? ab : 4, head_layer);
 
     const TensorId dlogits = loss_backward("", logits, logprobs, targets, head_layer);
     if (logits_tanh != kNone)
       op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
          {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * btv);
-    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E}, ab,
+    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E},
+                                g_.tensors[static_cast<std::size_t>(head_in)].elem_bytes,
                                 TensorKind::act_grad, head_layer);
     matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
     TensorId d_nf = d_head_in;
     if (head_proj_.w != kNone) {
-      d_nf = tensor("lnf.d", {B, T, C}, ab, TensorKind::act_grad, head_layer);
+      d_nf = tensor("lnf.d", {B, T, C}, aw, TensorKind::act_grad, head_layer);
       matmul_bwd("head.proj", d_head_in, nf, d_nf, head_proj_, head_layer, C, E);
     }
     if (final_norm_.w == kNone) return d_nf;
-    TensorId dres = tensor("dresidual", {B, T, C}, ab, TensorKind::act_grad, head_layer);
+    TensorId dres = tensor("dresidual", {B, T, C}, aw, TensorKind::act_grad, head_layer);
     norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
     return dres;
   }
@@ -1400,7 +1519,7 @@ class Builder {
       logits = tensor("logits", {B, T, V}, hf ? ab : 4, TensorKind::logits, hl);
       matmul("head.mlm.decoder", mlm_out, logits, lm_head_, hl, Phase::forward, C, V);
       g_.ops.back().params.push_back(mlm_bias_.w);
-      logprobs = loss_forward("", logits, targets, ab, hl);
+      logprobs = loss_forward("", logits, targets, aw, hl);
     }
     if (cls_.w != kNone) {
       cls_in = pooled;
@@ -1413,10 +1532,10 @@ class Builder {
       }
       cls_logits = tensor("cls.logits", {B, N}, hf ? ab : 4, TensorKind::logits, hl);
       matmul("head.cls", cls_in, cls_logits, cls_, hl, Phase::forward, C, N, B);
-      cls_logprobs = loss_forward("cls.", cls_logits, cls_targets, ab, hl);
+      cls_logprobs = loss_forward("cls.", cls_logits, cls_targets, aw, hl);
     }
 
-    const TensorId dres = tensor("dresidual", btc_shape, ab, TensorKind::act_grad, hl);
+    const TensorId dres = tensor("dresidual", btc_shape, aw, TensorKind::act_grad, hl);
     if (cls_.w != kNone) {
       const TensorId d_logits = loss_backward("cls.", cls_logits, cls_logprobs, cls_targets, hl);
       const TensorId d = tensor("head.pooler.d", {B, C}, ab, TensorKind::act_grad, hl);
@@ -1432,7 +1551,7 @@ class Builder {
     }
     if (m_.head == Head::mlm) {
       const TensorId d_logits = loss_backward("", logits, logprobs, targets, hl);
-      const TensorId d_out = tensor("head.mlm.norm.d", btc_shape, ab, TensorKind::act_grad, hl);
+      const TensorId d_out = tensor("head.mlm.norm.d", btc_shape, aw, TensorKind::act_grad, hl);
       matmul_bwd("head.mlm.decoder", d_logits, mlm_out, d_out, lm_head_, hl, C, V);
       g_.ops.back().grads.push_back(mlm_bias_.g);
       const TensorId d_act = tensor(relu() ? "head.mlm.relu.d" : "head.mlm.gelu.d", btc_shape, ab,
@@ -1494,9 +1613,20 @@ class Builder {
       op(h + ".attn.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l, in_f, out_f,
          {dq_acc, dsum}, {}, {}, 2.5 * 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
     } else {
-      const TensorId probs = a.att_drop != kNone ? a.att_drop : a.att;
-      const Shape att_shape = g_.tensors[static_cast<std::size_t>(a.att)].shape;
-      const TensorId d_att = tensor(h + ".attn.att.d", att_shape, ab, TensorKind::act_grad, l);
+      const TensorId probs = a.probs16 != kNone ? a.probs16 : a.att_drop != kNone ? a.att_drop : a.att;
+      const Tensor& att = g_.tensors[static_cast<std::size_t>(a.att)];
+      const Shape att_shape = att.shape;
+      // transformers' eager attention is autograd's ops: each backward writes a new gradient in
+      // its tensor's dtype and the one it read dies after it (at most two (B, NH, T, T)
+      // gradients at once); the fused core updates one in place. Under autocast the 16-bit
+      // probabilities' gradient is cast back to fp32 (ToCopyBackward0) by the op reading it.
+      const bool hf = o_.hf_modeling;
+      auto grad_like = [&](const char* n, TensorId like) {
+        return tensor(h + n, att_shape, g_.tensors[static_cast<std::size_t>(like)].elem_bytes,
+                      TensorKind::act_grad, l);
+      };
+      TensorId d_att = hf ? grad_like(".attn.probs.d", probs)
+                          : tensor(h + ".attn.att.d", att_shape, att.elem_bytes, TensorKind::act_grad, l);
       std::vector<TensorId> in_v = {d_atty, probs, a.qkv}, out_v = {d_att, d_qkv};
       if (d_rep != kNone) {
         in_v.push_back(a.v_rep);
@@ -1505,14 +1635,19 @@ class Builder {
       op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, in_v, out_v, {}, {},
          {}, 4.0 * s2 * double(VS));
       if (a.att_mask != kNone) {
+        const TensorId d_in = hf ? grad_like(".attn.drop.d", a.att) : d_att;
         op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
-           {d_att}, {}, {}, {}, s2);
+           {d_in}, {}, {}, {}, s2);
         g_.ops.back().dropout_p = m_.attn_dropout;
+        d_att = d_in;
       }
       std::vector<TensorId> in_sm = {d_att, a.att};
       if (a.sink_idx != kNone) in_sm.push_back(a.sink_idx);
-      op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, in_sm, {d_att}, {}, {},
-         {}, 4.0 * s2);
+      if (a.att_in != kNone) in_sm.push_back(a.att_in);
+      const TensorId d_scores = hf ? grad_like(".attn.scores.d", a.scores) : d_att;
+      op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, in_sm, {d_scores}, {},
+         {}, {}, 4.0 * s2);
+      d_att = d_scores;
       if (a.att_tanh != kNone)
         op(h + ".attn.softcap.bwd", OpKind::softcap_bwd, Phase::backward, l, {d_att, a.att_tanh},
            {d_att}, {}, {}, {}, 3.0 * s2);

@@ -76,7 +76,7 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
   return s;
 }
 
-void check_profile(const Strategy& s, const PlanOptions& o) {
+void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelSpec* m) {
   if (s.cpu_checkpointing && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--cpu-checkpointing: DeepSpeed's activation checkpointing, not "
                             "{}'s", to_string(o.profile)),
@@ -85,11 +85,21 @@ void check_profile(const Strategy& s, const PlanOptions& o) {
     if (s.stage != 0)
       throw Error(fmt::format("--profile pytorch: --stage {}: plain PyTorch does not partition", s.stage),
                   "--stage 0 (one GPU or DDP); ZeRO is --profile deepspeed, sharding --profile fsdp");
-    if (s.precision != Precision::fp32 && s.master_precision != Precision::bf16)
-      throw Error(fmt::format("--profile pytorch --precision {}: autocast (AMP) on fp32 weights "
-                              "is not modelled yet", to_string(s.precision)),
-                  "plan --precision fp32, or a 16-bit model with --master-weights bf16 "
-                  "(--precision bf16)");
+    // --precision fp16|bf16 on fp32 weights is autocast (models::GraphOptions::autocast),
+    // whose casts the graph follows for dense decoder and encoder stacks.
+    const bool autocast = s.precision != Precision::fp32 && s.master_precision != Precision::bf16;
+    if (autocast && m != nullptr) {
+      const char* what = m->is_moe()                              ? "Mixture-of-Experts layers"
+                         : m->attention == models::Attention::mla ? "multi-head latent attention"
+                         : m->qk_norm != models::QkNorm::none     ? "q/k norms"
+                         : m->encoder_decoder()                   ? "encoder-decoder stacks"
+                                                                  : nullptr;
+      if (what != nullptr)
+        throw Error(fmt::format("--profile pytorch --precision {}: autocast on fp32 weights is "
+                                "not modelled for {}'s {} yet", to_string(s.precision), m->name, what),
+                    "plan --precision fp32, or a 16-bit model with --master-weights bf16 "
+                    "(--precision bf16)");
+    }
     if (s.offload_optimizer != Offload::none || s.mp > 1 || s.ep > 1)
       throw Error("--profile pytorch: no offload, tensor or expert parallelism",
                   "plain PyTorch replicates the model on every rank");
@@ -135,7 +145,7 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.params = models::count_params(m);
   e.assumed = std::move(assumed);
   e.strategy = resolve_for_model(s, m, &e.assumed);
-  check_profile(e.strategy, o);
+  check_profile(e.strategy, o, &m);
   e.options = o;
   if (e.strategy.seq > m.n_positions)
     e.model.notes.push_back(fmt::format(

@@ -42,11 +42,12 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
 }
 
 using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool,
-                            int64_t, bool, int64_t, double, bool>;
+                            int64_t, bool, int64_t, double, bool, bool, bool>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
           g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch,
-          g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor, g.hf_modeling};
+          g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor, g.hf_modeling,
+          g.autocast, g.softmax_keeps_input};
 }
 
 // What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts
@@ -85,7 +86,7 @@ int state_dtypes(const Strategy& s) {
   return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
          static_cast<int>(s.reduce_precision) << 4 | int{s.reshard_after_forward} << 6 |
          int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8 |
-         int{s.cpu_checkpointing} << 12;
+         int{s.cpu_checkpointing} << 12 | static_cast<int>(s.optimizer_impl) << 13;
 }
 
 }  // namespace

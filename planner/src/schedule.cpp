@@ -80,14 +80,22 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   // SGEMM has no 16-bit inputs); cuBLAS takes 16-bit inputs directly.
   g.f32_weight_scratch = o.backend == Backend::cpu;
   g.hf_modeling = o.model_code == ModelCode::transformers;
+  // Plain PyTorch in 16 bits on fp32 weights is autocast (the Trainer's --fp16/--bf16): the
+  // weights stay fp32 (model_states.hpp: master 4, grads 4, moments 8 bytes) and each op
+  // computes in the dtype autocast gives it.
+  g.autocast = o.profile == Profile::pytorch && o.backend == Backend::cuda &&
+               s.precision != Precision::fp32 && !weights_in_compute_dtype(s);
+  // PyTorch before 1.11 (strategy.hpp torch_version); zero-run's kernels keep what they keep.
+  g.softmax_keeps_input = o.profile != Profile::zeroplan && s.torch_version != 0 &&
+                          s.torch_version < 111;
   return g;
 }
 
 std::string describe_compute(const models::ModelSpec& m, const Strategy& s, const PlanOptions& o) {
   const models::GraphOptions g = graph_options(m, s, o);
   const bool dropout = g.dropout && (m.embd_dropout > 0 || m.attn_dropout > 0 || m.resid_dropout > 0);
-  return fmt::format("{} activations{}", g.act_bytes == 4 ? "fp32" : to_string(s.precision),
-                     dropout ? ", dropout" : "");
+  return fmt::format("{} activations{}{}", g.act_bytes == 4 ? "fp32" : to_string(s.precision),
+                     g.autocast ? " (autocast on fp32 weights)" : "", dropout ? ", dropout" : "");
 }
 
 uint64_t partition_elems(const std::vector<uint64_t>& group_elems, int stage, uint64_t dp) {
@@ -658,7 +666,10 @@ class ScheduleBuilder {
 
   uint32_t alloc_tensor(int32_t pos, TensorId t) {
     const Tensor& x = g_.tensor(t);
-    const uint32_t b = add_buffer(x.name, Tier::gpu, category_of(x.kind), x.bytes, x.layer);
+    // Autocast's cached 16-bit weight casts are the step's 16-bit working copies: params.
+    const Category c = x.source >= 0 && x.kind != TensorKind::workspace ? Category::params
+                                                                        : category_of(x.kind);
+    const uint32_t b = add_buffer(x.name, Tier::gpu, c, x.bytes, x.layer);
     buffer_of_[static_cast<std::size_t>(t)] = b;
     return alloc(pos, b);
   }
@@ -924,16 +935,65 @@ class ScheduleBuilder {
   // torch._foreach_sqrt(exp_avg_sq) as a new list, one temporary the size of the shard in the
   // moments' dtype (torch/optim/adam.py _multi_tensor_adam; planner/notes/
   // fsdp-and-optimizers-memory.md sec. 4); the fused kernel (torchtitan's default) none.
+  // The for-loop implementations (Strategy::optimizer_impl) instead take one tensor at a
+  // time: their temporaries are sized by the largest tensor the optimizer is handed (under
+  // fsdp its dim-0 shard), twice for torch's (the sqrt and its quotient), once for
+  // transformers' AdamW (sqrt, then add_ in place).
+  uint64_t largest_tensor_elems() const {
+    uint64_t most = 0;
+    for (const models::ParamTensor& p : models::count_params(g_.model).tensors) {
+      std::vector<int64_t> shape = rank_shape(p, g_.options);
+      if (shape.empty()) continue;
+      if (fsdp()) shape[0] = (shape[0] + static_cast<int64_t>(dp_) - 1) / static_cast<int64_t>(dp_);
+      uint64_t n = 1;
+      for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "tensor elements");
+      most = std::max(most, n);
+    }
+    return most;
+  }
   void optimizer_buffers(int32_t pos) {
     if (torch_native()) {
       const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
-      if (s_.fused_optimizer || !adam) return;
       const bool pure = weights_in_compute_dtype(s_);
+      if (s_.optimizer == OptimizerKind::adafactor) {
+        // transformers' Adafactor (optimization.py Adafactor.step) updates one tensor at a
+        // time through full-size fp32 temporaries, two alive at once three times: grad**2
+        // and + eps; the old update while _approx_sq_grad's product is made; update and
+        // -update at the end. Twice the largest tensor.
+        const uint64_t n = largest_tensor_elems();
+        const uint32_t a = add_buffer("adafactor_update", Tier::gpu, Category::workspace,
+                                      checked_mul(4, n, "Adafactor temporary"));
+        const uint32_t b = add_buffer("adafactor_update2", Tier::gpu, Category::workspace,
+                                      checked_mul(4, n, "Adafactor temporary"));
+        alloc(pos, a);
+        alloc(pos, b);
+        free(pos, a);
+        free(pos, b);
+        return;
+      }
+      if (s_.fused_optimizer || s_.optimizer_impl == OptimizerImpl::fused || !adam) return;
       const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
-      const uint32_t b = add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
-                                    checked_mul(pure ? p_bytes_ : 4, held, "foreach temporary"));
-      alloc(pos, b);
-      free(pos, b);
+      const uint64_t w = pure ? p_bytes_ : 4;
+      std::vector<uint32_t> temps;
+      switch (s_.optimizer_impl) {
+        case OptimizerImpl::foreach:
+          temps.push_back(add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
+                                     checked_mul(w, held, "foreach temporary")));
+          break;
+        case OptimizerImpl::for_loop:
+          temps.push_back(add_buffer("adam_sqrt", Tier::gpu, Category::workspace,
+                                     checked_mul(w, largest_tensor_elems(), "Adam temporary")));
+          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+                                     checked_mul(w, largest_tensor_elems(), "Adam temporary")));
+          break;
+        case OptimizerImpl::transformers:
+          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+                                     checked_mul(w, largest_tensor_elems(), "Adam temporary")));
+          break;
+        case OptimizerImpl::fused: break;
+      }
+      for (uint32_t b : temps) alloc(pos, b);
+      for (uint32_t b : temps) free(pos, b);
       return;
     }
     append_offload_buffers(out_, pos, s_, out_.partition_elems, p_bytes_);
@@ -1117,6 +1177,10 @@ ActivationSummary summarize_activations(const TrainingGraph& g) {
     const models::Tensor& x = g.tensors[t];
     if (!is_dynamic(x.kind) || x.kind == TensorKind::input) continue;
     if (first[t] < 0 || first[t] > end_fwd || last[t] <= end_fwd) continue;
+    if (x.source >= 0) {
+      a.weight_casts += x.bytes;
+      continue;
+    }
     a.saved_total += x.bytes;
     if (x.layer >= 0 && x.layer < L) {
       if (x.stats) a.stats_per_layer[static_cast<std::size_t>(x.layer)] += x.bytes;

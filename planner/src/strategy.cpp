@@ -48,6 +48,11 @@ constexpr std::array<std::pair<std::string_view, Offload>, 3> kOffloads = {
     {{"none", Offload::none}, {"cpu", Offload::cpu}, {"nvme", Offload::nvme}}};
 constexpr std::array<std::pair<std::string_view, MoeRouting>, 2> kMoeRoutings = {
     {{"balanced", MoeRouting::balanced}, {"worst", MoeRouting::worst}}};
+constexpr std::array<std::pair<std::string_view, OptimizerImpl>, 4> kOptimizerImpls = {
+    {{"foreach", OptimizerImpl::foreach},
+     {"fused", OptimizerImpl::fused},
+     {"for-loop", OptimizerImpl::for_loop},
+     {"transformers", OptimizerImpl::transformers}}};
 }  // namespace
 
 std::string_view to_string(Precision p) { return name_of(p, kPrecisions); }
@@ -55,6 +60,10 @@ std::string_view to_string(OptimizerKind o) { return name_of(o, kOptimizers); }
 std::string_view to_string(Checkpointing c) { return name_of(c, kCheckpointing); }
 std::string_view to_string(Offload o) { return name_of(o, kOffloads); }
 std::string_view to_string(MoeRouting r) { return name_of(r, kMoeRoutings); }
+std::string_view to_string(OptimizerImpl i) { return name_of(i, kOptimizerImpls); }
+std::optional<OptimizerImpl> optimizer_impl_from_string(std::string_view s) {
+  return lookup(s, kOptimizerImpls);
+}
 std::optional<MoeRouting> moe_routing_from_string(std::string_view s) {
   return lookup(s, kMoeRoutings);
 }
@@ -94,6 +103,32 @@ std::string deepspeed_version_string(uint32_t v) {
   return v == 0 ? "current" : fmt::format("0.{}.{}", v / 100, v % 100);
 }
 
+std::optional<uint32_t> torch_version_from_string(std::string_view s) {
+  if (s == "current") return 0;
+  const std::size_t dot = s.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot > 2) return std::nullopt;
+  auto number = [](std::string_view d) -> std::optional<uint32_t> {
+    if (d.empty() || d.size() > 2) return std::nullopt;
+    uint32_t v = 0;
+    for (char c : d) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + static_cast<uint32_t>(c - '0');
+    }
+    return v;
+  };
+  std::string_view minor = s.substr(dot + 1);
+  if (const std::size_t patch = minor.find('.'); patch != std::string_view::npos) {
+    if (!number(minor.substr(patch + 1))) return std::nullopt;  // 1.10.2: the patch is ignored
+    minor = minor.substr(0, patch);
+  }
+  const auto ma = number(s.substr(0, dot)), mi = number(minor);
+  if (!ma || !mi || *ma == 0) return std::nullopt;
+  return *ma * 100 + *mi;
+}
+std::string torch_version_string(uint32_t v) {
+  return v == 0 ? "current" : fmt::format("{}.{}", v / 100, v % 100);
+}
+
 bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(default_overlap_comm(s.stage)); }
 
 bool holds_buckets_in_flight(const Strategy& s) {
@@ -115,6 +150,11 @@ void validate(const Strategy& s) {
     throw Error(fmt::format("--seq: must be >= 1, got {}", s.seq),
                 "tokens per sequence; leave it out to use the model's context length");
   positive(s.ep, "--ep", "the expert-parallel degree, 1 without expert parallelism");
+  if (s.fused_optimizer && s.optimizer_impl != OptimizerImpl::foreach &&
+      s.optimizer_impl != OptimizerImpl::fused)
+    throw Error(fmt::format("--fused-optimizer with --optimizer-impl {}: one implementation runs",
+                            to_string(s.optimizer_impl)),
+                "--optimizer-impl fused is --fused-optimizer; leave out one of them");
   if (!(s.moe_capacity_factor >= 0) || !std::isfinite(s.moe_capacity_factor))
     throw Error(fmt::format("--moe-capacity-factor: must be >= 0, got {}", s.moe_capacity_factor),
                 "0 routes every token (dropless); DeepSpeed's default capacity_factor is 1.0");
@@ -471,6 +511,7 @@ json to_json(const Strategy& s) {
           {"reshard_after_forward", s.reshard_after_forward},
           {"reduce_precision", to_string(s.reduce_precision)},
           {"fused_optimizer", s.fused_optimizer},
+          {"optimizer_impl", to_string(s.optimizer_impl)},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"buffers",
@@ -491,7 +532,8 @@ json to_json(const Strategy& s) {
                  ? json(nullptr)
                  : json(s.buffers.param_persistence_threshold)}}},
           {"hpz_partition_size", s.hpz_partition_size},
-          {"deepspeed_version", deepspeed_version_string(s.deepspeed_version)}};
+          {"deepspeed_version", deepspeed_version_string(s.deepspeed_version)},
+          {"torch_version", torch_version_string(s.torch_version)}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -503,7 +545,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "overlap_comm", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
-                  "fused_optimizer", "hpz_partition_size", "deepspeed_version"},
+                  "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
+                  "torch_version"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -542,6 +585,9 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                   "\"fp32\" or \"bf16\"");
   s.reshard_after_forward = f.boolean("reshard_after_forward", true);
   s.fused_optimizer = f.boolean("fused_optimizer", false);
+  s.optimizer_impl = enum_field("optimizer_impl", optimizer_impl_from_string, s.optimizer_impl,
+                                "\"foreach\", \"fused\", \"for-loop\" or \"transformers\"");
+  if (s.optimizer_impl == OptimizerImpl::fused) s.fused_optimizer = true;
   if (f.has("moe_capacity_factor")) {
     const json& v = j.at("moe_capacity_factor");
     if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
@@ -594,6 +640,11 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
     if (!v) f.fail("deepspeed_version", "\"current\" or a release such as \"0.4.0\"");
     s.deepspeed_version = *v;
   }
+  if (f.has("torch_version")) {
+    const auto v = torch_version_from_string(f.string("torch_version"));
+    if (!v) f.fail("torch_version", "\"current\" or a release such as \"1.10\"");
+    s.torch_version = *v;
+  }
   validate(s);
   return s;
 }
@@ -620,6 +671,9 @@ std::string describe(const Strategy& s) {
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));
   if (s.partition_activations) out += s.cpu_checkpointing ? ", P_a+cpu" : ", P_a";
+  if (s.optimizer_impl == OptimizerImpl::for_loop || s.optimizer_impl == OptimizerImpl::transformers)
+    out += fmt::format(", {} optimizer", to_string(s.optimizer_impl));
+  if (s.torch_version != 0) out += fmt::format(", torch {}", torch_version_string(s.torch_version));
   if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   return out;

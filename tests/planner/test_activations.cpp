@@ -174,3 +174,54 @@ TEST_CASE("graph structure: topological order, backward mirrors forward") {
   CHECK(g.flops_backward > 1.9 * g.flops_forward);
   CHECK(g.ops.back().kind == OpKind::optimizer_step);
 }
+
+TEST_CASE("autocast on fp32 weights: a BERT layer's saved tensors, counted by hand from autocast's rules") {
+  // models::GraphOptions::autocast; the rules are PyTorch's CUDA autocast lists
+  // (aten/src/ATen/autocast_mode.cpp): nn.Linear runs in 16 bits and keeps a 16-bit copy of
+  // an fp32 input, one per Linear (BERT's query, key and value are three); layer_norm and
+  // softmax run in fp32; dropout, gelu and matmul outputs keep their input's dtype; the
+  // residual add of the fp32 stream and a 16-bit sublayer output promotes to fp32. Per
+  // BertLayer (modeling_bert.py), with N = B*T*C and S = B*NH*T*T elements:
+  //   query/key/value copies of the fp32 layer input   3 x 2N
+  //   q, k, v (16-bit Linear outputs the matmuls keep) 3 x 2N
+  //   softmax output (fp32)                             4S
+  //   attention dropout mask (bool)                     1S
+  //   dropout output, 16 bits (the values matmul's)     2S
+  //   context (16-bit, kept by the output dense)        2N
+  //   hidden dropout mask                               1N
+  //   LayerNorm input: x + attention (fp32)             4N
+  //   the intermediate dense's copy of LN's fp32 output 2N
+  //   its output, gelu's input (16-bit, 4C wide)        8N
+  //   gelu's output (the output dense's input)          8N
+  //   hidden dropout mask                               1N
+  //   LayerNorm input: attention output + MLP (fp32)    4N
+  // = 42N + 7S, against 66N + 9S in fp32 (the same list with every tensor 4 bytes and x kept
+  // once). The layer's fp32 input is no longer kept (its Linears keep their copies), nor is
+  // LN1's fp32 output. The weight casts: every Linear's weight and bias, 2 bytes each.
+  const ModelSpec m = load_model(std::string(ZP_TEST_DATA) + "/published/bert-large-uncased-seqcls.json");
+  const uint64_t B = 2, T = 64, C = 1024, NH = 16, L = 24;
+  GraphOptions o;
+  o.batch = B;
+  o.seq = T;
+  o.act_bytes = 2;
+  o.param_bytes = 4;
+  o.dropout = true;
+  o.hf_modeling = true;
+  o.autocast = true;
+  const uint64_t N = B * T * C, S = B * NH * T * T;
+  const ActivationSummary a = summarize_activations(build_training_graph(m, o));
+  for (uint64_t l = 0; l < L; ++l) {
+    CAPTURE(l);
+    CHECK(a.saved_per_layer[l] == 42 * N + 7 * S);
+  }
+  const uint64_t linears_per_layer = (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
+                                     (4 * C * C + C);
+  const uint64_t heads = (C * C + C) + (2 * C + 2);  // pooler dense, classifier (2 labels)
+  CHECK(a.weight_casts == 2 * (L * linears_per_layer + heads));
+  // fp32, the same graph without autocast: 66N + 9S.
+  o.autocast = false;
+  o.act_bytes = 4;
+  const ActivationSummary f = summarize_activations(build_training_graph(m, o));
+  CHECK(f.saved_per_layer[0] == 66 * N + 9 * S);
+  CHECK(f.weight_casts == 0);
+}

@@ -12,6 +12,7 @@
 #include "zp/json_fields.hpp"
 #include "zp/units.hpp"
 #include "zp/planner/accelerate_config.hpp"
+#include "zp/planner/model_states.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -109,6 +110,12 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "AdamW(fused=True), torchtitan's default: no temporaries; without it PyTorch's "
                "foreach AdamW holds a sqrt(exp_avg_sq) the size of the shard")
       ->group(fs);
+  app.add_option("--optimizer-impl", f.optimizer_impl,
+                 "which PyTorch Adam runs (--profile fsdp|pytorch), by its temporaries: foreach "
+                 "(torch >= 2.0's default: a sqrt of all the moments), fused (none), for-loop "
+                 "(foreach=False, torch 1.x's default: twice the largest tensor), transformers "
+                 "(the Trainer's adamw_hf before v4.39: the largest tensor) [foreach]")
+      ->group(fs);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -153,6 +160,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "DeepSpeed stage 3, ZeRO++ hpZ: a secondary copy of the 16-bit parameters "
                  "partitioned over this many ranks, a node (zero_hpz_partition_size) [1]")
       ->group(b);
+  app.add_option("--torch-version", f.torch_version,
+                 "the PyTorch release the run uses, e.g. 1.10 (before 1.11 softmax and "
+                 "log_softmax kept their input for backward too: eager attention holds a second "
+                 "T x T tensor per layer) [current]")
+      ->group(g);
   app.add_option("--deepspeed-version", f.deepspeed_version,
                  "the DeepSpeed release to predict, e.g. 0.4.0 (up to 0.4.0 stage 3 with an "
                  "offloaded optimizer held two partition-sized buffers; 0.14.1-0.16.x copied "
@@ -286,6 +298,12 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--reduce-dtype")) s.reduce_precision = fp32_or_bf16("--reduce-dtype", reduce_dtype);
   if (given("--reshard-after-forward")) s.reshard_after_forward = reshard_after_forward;
   if (fused_optimizer) s.fused_optimizer = true;
+  if (given("--optimizer-impl")) {
+    s.optimizer_impl = parse_enum<planner::OptimizerImpl>(
+        "--optimizer-impl", optimizer_impl, planner::optimizer_impl_from_string,
+        "foreach, fused, for-loop or transformers");
+    if (s.optimizer_impl == planner::OptimizerImpl::fused) s.fused_optimizer = true;
+  }
   if (partition_activations) s.partition_activations = true;
   if (cpu_checkpointing) s.cpu_checkpointing = true;
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
@@ -310,6 +328,13 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--param-swap-buffer-size"))
     s.buffers.param_swap_buffer_size =
         parse_count(param_swap_buffer_size, "--param-swap-buffer-size");
+  if (given("--torch-version")) {
+    const auto v = planner::torch_version_from_string(torch_version);
+    if (!v)
+      throw Error(fmt::format("--torch-version: '{}' is not a release", torch_version),
+                  "e.g. 1.10, 2.4, or current");
+    s.torch_version = *v;
+  }
   if (given("--deepspeed-version")) {
     const auto v = planner::deepspeed_version_from_string(deepspeed_version);
     if (!v)
@@ -357,6 +382,12 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       left.push_back(fmt::format("--micro-batch {}", s.micro_batch));
     if (!given("--precision") && ds_config.empty() && !acc)
       left.push_back(fmt::format("--precision {}", planner::to_string(s.precision)));
+    // Plain PyTorch in 16 bits on fp32 weights is autocast (models::GraphOptions::autocast).
+    if (o.profile == planner::Profile::pytorch && s.precision != planner::Precision::fp32 &&
+        !planner::weights_in_compute_dtype(s))
+      left.push_back(fmt::format("autocast to {} on fp32 weights (the Trainer's --{}; a bf16 "
+                                 "model is --master-weights bf16)",
+                                 planner::to_string(s.precision), planner::to_string(s.precision)));
     if (!given("--optimizer") && !in_ds({"optimizer"}))
       left.push_back(fmt::format("--optimizer {}", planner::to_string(s.optimizer)));
     if (!given("--checkpointing") && !acc)

@@ -116,6 +116,39 @@ struct GraphOptions {
   // convention), DeepSeek's router on an fp32 copy of its input (16-bit runs).
   // The deepspeed and fsdp profiles predict runs of transformers models.
   bool hf_modeling = false;
+  // CUDA autocast on fp32 weights (torch.autocast("cuda", fp16|bf16): the Hugging Face
+  // Trainer's --fp16/--bf16 and accelerate's mixed_precision without DeepSpeed or FSDP).
+  // param_bytes stays the weights' 4, act_bytes is the autocast dtype's 2, and each op takes
+  // the dtype autocast gives it (aten/src/ATen/autocast_mode.cpp and autocast_mode.h, the
+  // CUDA lists; cached_cast):
+  //   - matmuls (linear, addmm, matmul, bmm: lower_precision_fp) run in 16 bits: a 16-bit
+  //     copy of each fp32 weight, cached for the autocast region (fp32 leaves that require
+  //     grad), which the op keeps for backward ("<weight>.autocast"); and a 16-bit copy of an
+  //     fp32 activation input, made anew by every call (not cached: not a leaf), which the op
+  //     keeps instead of its input (".in16"): one per nn.Linear reading it, so three for
+  //     separate q, k and v projections, one for a fused q|k|v;
+  //   - layer_norm, softmax and log_softmax are in the fp32 lists: their outputs are fp32;
+  //     transformers' RMSNorm computes in fp32 and multiplies by its fp32 weight (fp32);
+  //     embedding lookups read fp32 weights (fp32);
+  //   - every other op keeps its input's dtype, and binary ops promote (torch's type
+  //     promotion): the residual stream (fp32 embeddings + 16-bit sublayer outputs) is fp32;
+  //     gelu, dropout and the gated product of 16-bit matmul outputs are 16-bit;
+  //   - eager attention: the softmax's fp32 output is kept, and the values matmul keeps a
+  //     16-bit copy of the probabilities (the dropout's output where there is dropout, BERT's
+  //     fp32 dropout output cast by the matmul, GPT-2's 16-bit cast then dropout alike);
+  //   - the loss's log_softmax is fp32 (on a transient fp32 copy of the 16-bit logits);
+  //   - lifetimes: a weight's cast lives until its matmul's backward; under full
+  //     recomputation the forward's casts (made under no_grad, still cached) live until the
+  //     autocast region ends with the forward's last op, and each recomputed block casts its
+  //     weights again for its own backward (torch.utils.checkpoint re-enters autocast).
+  // Activation gradients take their tensors' dtypes: fp32 along the residual stream.
+  // Not modelled (refused by the planner): Mixture-of-Experts, MLA, q/k norms and
+  // encoder-decoder stacks, whose casts this does not follow.
+  bool autocast = false;
+  // PyTorch before 1.11: softmax and log_softmax keep their input for backward beside their
+  // output (pytorch issue #64000; PR #65242 passes only its dtype since): eager attention's
+  // scores and the loss's logits stay alive until their backward.
+  bool softmax_keeps_input = false;
 };
 
 struct Tensor {
@@ -130,8 +163,9 @@ struct Tensor {
   bool stats = false;
   // For params and grads: the module group ZeRO-3 gathers together ("embed", "h.3", "head").
   std::string group;
-  // For fp32 scratch copies of a weight or its gradient (GraphOptions::f32_weight_scratch):
-  // the param or grad tensor it stands for; -1 otherwise.
+  // For fp32 scratch copies of a weight or its gradient (GraphOptions::f32_weight_scratch),
+  // and autocast's 16-bit casts of a weight (GraphOptions::autocast): the param or grad
+  // tensor it stands for; -1 otherwise.
   TensorId source = -1;
 };
 

@@ -360,6 +360,9 @@ struct ActivationSummary {
                                                 // forward, per block (stats excluded)
   std::vector<uint64_t> stats_per_layer;        // the per-token statistics, per block
   uint64_t saved_total = 0;                     // everything alive at the end of forward
+                                                // (autocast's weight casts excluded)
+  uint64_t weight_casts = 0;                    // autocast's cached 16-bit weight casts alive
+                                                // at the end of forward (models::Tensor::source)
   uint64_t peak = 0;                            // peak of activations + act grads + logits
 };
 ActivationSummary summarize_activations(const models::TrainingGraph& g);

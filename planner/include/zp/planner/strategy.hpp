@@ -33,15 +33,32 @@ enum class Offload { none, cpu, nvme };
 // each rank's experts receive as many rows as it sends (k*B*T); worst, every token of the
 // expert-parallel group chooses this rank's experts.
 enum class MoeRouting { balanced, worst };
+// PyTorch's own optimizer implementation, where the framework runs one (the fsdp and pytorch
+// profiles; --optimizer-impl), by the temporaries its Adam step allocates:
+//   foreach: torch.optim's default on CUDA since torch 2.0 (_multi_tensor_adam): torch.
+//     _foreach_sqrt(exp_avg_sq) as a new list, one temporary the size of all the moments;
+//   fused: AdamW(fused=True) (torchtitan's default; --fused-optimizer): none;
+//   for-loop: foreach=False, torch 1.x's default (_single_tensor_adam): per tensor
+//     (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), the sqrt and its quotient alive
+//     together: twice the largest tensor;
+//   transformers: transformers' own AdamW (optimization.py AdamW, the Trainer's "adamw_hf",
+//     its default before v4.39's "adamw_torch"): exp_avg_sq.sqrt().add_(eps) per tensor, the
+//     largest tensor once.
+enum class OptimizerImpl { foreach, fused, for_loop, transformers };
 
 std::string_view to_string(Precision p);
 // "0.4.0" <-> 400 (Strategy::deepspeed_version); "current" for 0. nullopt when unparsable.
 std::optional<uint32_t> deepspeed_version_from_string(std::string_view s);
 std::string deepspeed_version_string(uint32_t v);
+// "1.10" <-> 110 (Strategy::torch_version, major * 100 + minor); "current" for 0.
+std::optional<uint32_t> torch_version_from_string(std::string_view s);
+std::string torch_version_string(uint32_t v);
 std::string_view to_string(OptimizerKind o);
 std::string_view to_string(Checkpointing c);
 std::string_view to_string(Offload o);
 std::string_view to_string(MoeRouting r);
+std::string_view to_string(OptimizerImpl i);
+std::optional<OptimizerImpl> optimizer_impl_from_string(std::string_view s);
 std::optional<Precision> precision_from_string(std::string_view s);
 std::optional<OptimizerKind> optimizer_from_string(std::string_view s);
 std::optional<Checkpointing> checkpointing_from_string(std::string_view s);
@@ -173,9 +190,18 @@ struct Strategy {
   //   transient 4 x partition bytes on the GPU at the step.
   // planner/notes/deepspeed-memory.md sec. 5 and 6 have the commits.
   uint32_t deepspeed_version = 0;
+  // The PyTorch release the PyTorch-run profiles predict (deepspeed, fsdp, pytorch), major *
+  // 100 + minor (0: the current one). Releases whose allocations differ from today's:
+  // - before 1.11, softmax and log_softmax kept their input for backward beside their output
+  //   (derivatives.yaml passed `self` to _softmax_backward_data only for its dtype; pytorch
+  //   issue #64000, fixed for 1.11 by "Avoid saving self for softmax and log_softmax",
+  //   PR #65242): eager attention keeps a second T x T tensor per layer.
+  uint32_t torch_version = 0;
   bool reshard_after_forward = true;
   Precision reduce_precision = Precision::fp32;
   bool fused_optimizer = false;
+  // Which of PyTorch's Adam implementations runs when not fused (OptimizerImpl).
+  OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };
