@@ -377,7 +377,12 @@ ModelSpec read_opt(Cfg& c) {
   m.position_offset = 2;  // OPTLearnedPositionalEmbedding: num_embeddings + 2
   const int64_t proj = c.pos("word_embed_proj_dim", m.n_embd);
   if (proj != m.n_embd) m.embed_proj_dim = proj;
-  if (!c.flag("do_layer_norm_before", true)) m.norm_place = NormPlace::post_residual;
+  // Post-LN OPT (opt-350m) has no final LayerNorm: modeling_opt.py OPTDecoder makes
+  // final_layer_norm only when do_layer_norm_before (and not _remove_final_layer_norm).
+  if (!c.flag("do_layer_norm_before", true)) {
+    m.norm_place = NormPlace::post_residual;
+    m.final_norm = false;
+  }
   const bool bias = c.flag("enable_bias", true);
   m.qkv_bias = m.out_bias = m.mlp_bias = bias;
   if (!c.flag("layer_norm_elementwise_affine", true))

@@ -69,6 +69,19 @@ TEST_CASE("published totals of families outside the catalog") {
       "max_position_embeddings":2048,"rotary_pct":0.25,"vocab_size":50432,
       "use_parallel_residual":true,"tie_word_embeddings":false})", "neox");
   CHECK(count_params(m).total == 20'554'567'680);
+  // facebook/opt-350m, post-LN (do_layer_norm_before false, so no final LayerNorm), its
+  // 512-wide embeddings projected in and out: 331,196,416 parameters (the checkpoint's
+  // sum of numel). By hand: 50272 x 512 embeddings, (2048 + 2) x 1024 positions, 2 x 512 x
+  // 1024 projections without bias, 24 x (4 x (1024^2 + 1024) + 2 x 2048 + 1024 x 4096 + 4096
+  // + 4096 x 1024 + 1024).
+  const auto opt = parse_hf_config(R"({"model_type":"opt","hidden_size":1024,"ffn_dim":4096,
+      "num_hidden_layers":24,"num_attention_heads":16,"max_position_embeddings":2048,
+      "word_embed_proj_dim":512,"do_layer_norm_before":false,"vocab_size":50272})", "opt-350m");
+  const int64_t by_hand = 50272LL * 512 + 2050LL * 1024 + 2LL * 512 * 1024 +
+                          24LL * (4 * (1024LL * 1024 + 1024) + 2 * 2048 + 1024LL * 4096 + 4096 +
+                                  4096LL * 1024 + 1024);
+  CHECK(by_hand == 331'196'416);
+  CHECK(count_params(opt).total == 331'196'416);
   // Mixture of experts: active = total minus the (E - k) of E routed experts a token skips.
   const auto q = count_params(load_model("qwen3-30b-a3b"));
   CHECK(q.experts == 48LL * 128 * 3 * 2048 * 768);
