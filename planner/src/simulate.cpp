@@ -241,7 +241,13 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
                                            (c.n_expert_params + static_cast<uint64_t>(edp) - 1) /
                                                static_cast<uint64_t>(edp)
                                      : c.n_params;
-  const double state_bytes = s.optimizer == OptimizerKind::sgd ? 8.0 : 12.0;
+  // The weights the step updates (fp32 master, or bf16 with --master-weights bf16) and the
+  // optimizer's states per element (model_states.hpp bytes_per_param: Adam 8, or 4 in bf16;
+  // SGD and Lion 4; plain SGD 0; Adafactor 4 on a flat partition; 8-bit Adam 2).
+  const BytesPerParam bpp =
+      bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
+  const double state_bytes =
+      static_cast<double>(bpp.optimizer) + (s.master_precision == Precision::bf16 ? 2.0 : 4.0);
   const bool offload_opt = s.offload_optimizer != Offload::none;
   const bool offload_p = s.stage == 3 && s.offload_param != Offload::none;
 

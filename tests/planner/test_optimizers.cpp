@@ -25,6 +25,8 @@
 #include "zp/planner/fit.hpp"
 #include "zp/planner/model_states.hpp"
 #include "zp/planner/schedule.hpp"
+#include "zp/planner/simulate.hpp"
+#include "zp/planner/hardware.hpp"
 #include "zp/planner/strategy.hpp"
 
 using namespace zp::planner;
@@ -311,4 +313,30 @@ TEST_CASE("DeepSpeed optimizer.type: the types modelled, an error naming the res
   CHECK_FALSE(ds.contains("optimizer"));
   CHECK(ds["zero_allow_untested_optimizer"] == true);
   CHECK_FALSE(deepspeed_config(with(OptimizerKind::lion, 2, 4)).contains("zero_allow_untested_optimizer"));
+}
+
+TEST_CASE("the simulated GPU step streams each optimizer's own state bytes") {
+  // simulate.cpp: the step on the GPU reads the 16-bit gradient, the master weights and the
+  // states, and writes the master, the states and the 16-bit weights: (2 + 2) + 2 x (4 +
+  // state) bytes per element in bf16 training, state = 8 for Adam (two fp32 moments), 0 for
+  // plain SGD, 2 for 8-bit Adam's two uint8 states (the absmax blocks are below a byte per
+  // element and left out), 4 for Lion's one moment. Its time is bytes over HBM bandwidth, so
+  // the ratios of the step's seconds are the ratios of those bytes.
+  const auto m = zp::models::load_model("gpt2-tiny");
+  const Hardware hw = load_hardware("a100-80g");
+  auto step_seconds = [&](OptimizerKind o) {
+    Strategy s;
+    s.seq = 64;
+    s.optimizer = o;
+    const auto g = zp::models::build_training_graph(m, graph_options(m, s, PlanOptions{}));
+    const Timeline t = simulate(step_costs(g), s, hw, Cluster{1, 1});
+    for (const Task& k : t.tasks)
+      if (std::string(k.kind) == "gpu adam") return k.seconds;
+    FAIL("no GPU optimizer step");
+    return 0.0;
+  };
+  const double adam = step_seconds(OptimizerKind::adam);
+  CHECK(step_seconds(OptimizerKind::sgd_plain) / adam == doctest::Approx((4.0 + 2 * 4) / (4 + 2 * 12)));
+  CHECK(step_seconds(OptimizerKind::adam8bit) / adam == doctest::Approx((4.0 + 2 * 6) / (4 + 2 * 12)));
+  CHECK(step_seconds(OptimizerKind::lion) / adam == doctest::Approx((4.0 + 2 * 8) / (4 + 2 * 12)));
 }
