@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <utility>
 
 #include <boost/graph/topological_sort.hpp>
 #include <fmt/format.h>
@@ -57,7 +58,7 @@ std::string_view to_string(OpKind k) {
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
       "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd", "tanh",
-      "tanh_bwd"};
+      "tanh_bwd", "sac_reuse"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -105,7 +106,18 @@ struct BlockActs {
   TensorId k_rep = kNone, v_rep = kNone, sink_idx = kNone, qkv_split = kNone;
   std::vector<TensorId> act_hf, e_act_hf, s_act_hf;
   TensorId r_topk = kNone, r_sum = kNone, e_pairs = kNone, e_src = kNone;
+  // Recompute::selective_op with separate q, k, v (and T5's cross k, v) projections: one
+  // tensor per nn.Linear, since SAC keeps some and recomputes others; qkv (ckv) is then
+  // kNone and every reader takes the parts (qkv_of, ckv_of).
+  std::vector<TensorId> qkv_parts, ckv_parts;
 };
+
+std::vector<TensorId> qkv_of(const BlockActs& a) {
+  return a.qkv_parts.empty() ? std::vector<TensorId>{a.qkv} : a.qkv_parts;
+}
+std::vector<TensorId> ckv_of(const BlockActs& a) {
+  return a.ckv_parts.empty() ? std::vector<TensorId>{a.ckv} : a.ckv_parts;
+}
 
 // hf_modeling: whether transformers' MoE router renormalizes its top-k weights to sum 1, which
 // saves them before the division and their sum: Mixtral always (modeling_mixtral.py
@@ -190,8 +202,9 @@ class Builder {
 
     // ---- forward ----
     const Recompute rc = o_.recompute;
+    const bool sac = rc == Recompute::selective_op;
     Kinds fwd;
-    if (rc == Recompute::full) fwd = {TensorKind::activation, TensorKind::activation};
+    if (rc == Recompute::full || sac) fwd = {TensorKind::activation, TensorKind::activation};
     if (rc == Recompute::selective) fwd.core = TensorKind::activation;
 
     std::vector<BlockActs> acts;
@@ -203,7 +216,9 @@ class Builder {
         if (rc == Recompute::full && o_.partition_checkpoints && o_.tp > 1)
           stored = partition_checkpoint(x, static_cast<int>(l));
         checkpoints.push_back(stored);
+        if (sac) sac_begin(static_cast<int>(l), Sac::Mode::forward);
         acts.push_back(block(static_cast<int>(l), x, Phase::forward, fwd));
+        if (sac) sac_end();
         x = acts.back().out;
       }
       return x;
@@ -237,10 +252,12 @@ class Builder {
       for (int64_t l = to - 1; l >= from; --l) {
         set_stack(l);
         BlockActs a = acts[static_cast<std::size_t>(l)];
-        if (rc == Recompute::full) {
+        if (rc == Recompute::full || sac) {
           TensorId in = checkpoints[static_cast<std::size_t>(l)];
           if (in != a.x) in = gather_checkpoint(in, static_cast<int>(l));
+          if (sac) sac_begin(static_cast<int>(l), Sac::Mode::recompute);
           a = block(static_cast<int>(l), in, Phase::recompute, Kinds{});
+          if (sac) sac_end();
         } else if (rc == Recompute::selective && !o_.flash_attention) {
           // Flash attention keeps no core to recompute: its backward recomputes the scores
           // from the saved log-sum-exp itself (Dao et al. 2022, sec. 3.1), so selective
@@ -298,6 +315,82 @@ class Builder {
     TensorId w = kNone, g = kNone;
   };
 
+  // ---- torchtitan's per-op selective activation checkpointing (Recompute::selective_op) ----
+  // What torch dispatches for a graph matmul, as the SAC policy sees the op: an nn.Linear
+  // without bias is aten.mm, one with a bias aten.addmm (at::linear turns a biased linear on a
+  // contiguous input into addmm: aten/src/ATen/native/Linear.cpp, _flatten_nd_linear); the
+  // MoE router's gate (torchtitan forces its mm to be recomputed) and the routed experts
+  // (torch._grouped_mm in torchtitan's GroupedExperts). Set by matmul()'s caller, read by op().
+  enum class Aten : uint8_t { unset, mm, addmm, router_mm, grouped_mm };
+  static Aten linear_aten(bool bias) { return bias ? Aten::addmm : Aten::mm; }
+  struct Sac {
+    enum class Mode : uint8_t { off, forward, recompute };
+    Mode mode = Mode::off;
+    int layer = -1;
+    int mm_count = 0;        // forward: aten.mm seen so far in this block
+    std::size_t cursor = 0;  // recompute: the block's forward tensors replayed so far
+  };
+  Sac sac_;
+  std::vector<std::vector<TensorId>> sac_created_;  // per block: its forward tensors in order
+  std::set<TensorId> sac_cached_;                   // outputs SAC's storage keeps
+  Aten pending_aten_ = Aten::unset;
+
+  void sac_begin(int l, Sac::Mode mode) {
+    if (sac_created_.size() <= static_cast<std::size_t>(l))
+      sac_created_.resize(static_cast<std::size_t>(l) + 1);
+    sac_ = Sac{mode, l, 0, 0};
+  }
+  void sac_end() {
+    if (sac_.mode == Sac::Mode::recompute &&
+        sac_.cursor != sac_created_[static_cast<std::size_t>(sac_.layer)].size())
+      throw Error(fmt::format("internal: the recomputation of block {} creates fewer tensors "
+                              "than its forward", sac_.layer));
+    sac_ = Sac{};
+  }
+
+  // The outputs of one forward op of a block that SAC's storage keeps until the block is
+  // recomputed, by torchtitan's SelectiveAC policy (torchtitan/distributed/
+  // activation_checkpoint.py at b5bcd76c: _get_default_save_ops, and wrapped_policy in
+  // SelectiveAC._wrap_block). Its save list is torch's compute-intensive ops
+  // (torch/_functorch/partitioners.py get_default_op_list: mm, bmm, addmm, convolution,
+  // _scaled_mm, the SDPA flash and efficient kernels), the other SDPA variants, flex
+  // attention, aten.max.default (a whole-tensor max: fp8's amax; attention's row max is
+  // max.dim, not in it), aten.linear, aten.topk, and the collectives reduce_scatter_tensor and
+  // all_to_all_single. The policy saves every op in the list except every second mm/linear of
+  // the block (a counter per checkpointed call: the 1st, 3rd, 5th... are saved, the 2nd, 4th...
+  // recomputed), and never the mm of a weight shaped like the MoE router's gate
+  // (force_recompute_mm_shapes_by_fqns, default ["moe.router.gate"]), which is not counted.
+  // Everything else (norms, rotary, activations, residual adds, dropout, softmax, indexing) is
+  // recomputed. Here: matmuls by their Aten; flash attention (SDPA) and eager attention's two
+  // batched products (bmm) saved whole; the MoE route's top-k, its indices and values (the
+  // graph's top-k weights, or with a renormalizing router the weights before the division).
+  // torchtitan's llama3 configs set this mode; v0.2.2 spelled it mode = "selective",
+  // selective_ac_option = "op", with a per-model save list of aten.mm, the SDPA variants,
+  // reduce_scatter, max, flex attention (llama3/infra/parallelize.py _op_sac_save_list): the
+  // same for unbiased linears and SDPA, but addmm, bmm and topk were recomputed there.
+  std::vector<TensorId> sac_policy(OpKind kind, Aten aten, const std::vector<TensorId>& in,
+                                   const std::vector<TensorId>& out) {
+    std::vector<TensorId> made;  // outputs the op creates (not updated in place)
+    for (TensorId t : out)
+      if (std::find(in.begin(), in.end(), t) == in.end()) made.push_back(t);
+    switch (kind) {
+      case OpKind::matmul:
+        switch (aten) {
+          case Aten::mm: return ++sac_.mm_count % 2 == 1 ? made : std::vector<TensorId>{};
+          case Aten::addmm: return made;
+          case Aten::router_mm:
+          case Aten::grouped_mm: return {};
+          case Aten::unset: break;
+        }
+        throw Error("internal: a matmul in a block does not say which aten op it is");
+      case OpKind::flash_attention:
+      case OpKind::attn_scores:
+      case OpKind::attn_values: return made;
+      case OpKind::moe_route: return {out[1], out[hf_renorm_ && out.size() > 3 ? 3 : 2]};
+      default: return {};
+    }
+  }
+
   const ModelSpec& m_;
   const GraphOptions& o_;
   TrainingGraph& g_;
@@ -351,17 +444,56 @@ class Builder {
 
   TensorId tensor(std::string name, Shape shape, uint32_t elem_bytes, TensorKind kind, int layer,
                   bool stats = false, std::string group = {}) {
+    const bool sac_tracked = sac_.mode != Sac::Mode::off && kind != TensorKind::workspace;
+    if (sac_tracked && sac_.mode == Sac::Mode::recompute) {
+      // The recomputation creates the block's tensors in the forward's order; an output SAC's
+      // storage kept is the forward's tensor itself.
+      const auto& created = sac_created_[static_cast<std::size_t>(sac_.layer)];
+      if (sac_.cursor >= created.size() ||
+          g_.tensors[static_cast<std::size_t>(created[sac_.cursor])].name != name ||
+          g_.tensors[static_cast<std::size_t>(created[sac_.cursor])].shape != shape)
+        throw Error(fmt::format("internal: the recomputation of block {} diverges from its "
+                                "forward at {}", sac_.layer, name));
+      const TensorId f = created[sac_.cursor++];
+      if (sac_cached_.contains(f)) return f;
+    }
     uint64_t bytes = elem_bytes;
     for (int64_t d : shape)
       bytes = checked_mul(bytes, static_cast<uint64_t>(d), fmt::format("bytes of {}", name));
     g_.tensors.push_back({std::move(name), std::move(shape), elem_bytes, bytes, kind,
                           static_cast<int32_t>(layer), stats, std::move(group)});
-    return static_cast<TensorId>(g_.tensors.size() - 1);
+    const TensorId id = static_cast<TensorId>(g_.tensors.size() - 1);
+    if (sac_tracked && sac_.mode == Sac::Mode::forward)
+      sac_created_[static_cast<std::size_t>(sac_.layer)].push_back(id);
+    return id;
   }
 
   void op(std::string name, OpKind kind, Phase phase, int layer, std::vector<TensorId> in,
           std::vector<TensorId> out, std::vector<TensorId> scratch, std::vector<TensorId> params,
           std::vector<TensorId> grads, double flops) {
+    const Aten aten = std::exchange(pending_aten_, Aten::unset);
+    if (sac_.mode == Sac::Mode::forward) {
+      for (TensorId t : sac_policy(kind, aten, in, out)) {
+        sac_cached_.insert(t);
+        g_.tensors[static_cast<std::size_t>(t)].kind = TensorKind::saved;
+      }
+    } else if (sac_.mode == Sac::Mode::recompute) {
+      // Outputs the forward's op left in SAC's storage are not computed again: the
+      // recomputation reads them there (so they live until then). An op whose outputs all
+      // come from storage is not run at all.
+      std::vector<TensorId> reused, rest;
+      for (TensorId t : out)
+        (sac_cached_.contains(t) && std::find(in.begin(), in.end(), t) == in.end() ? reused : rest)
+            .push_back(t);
+      if (!reused.empty() && rest.empty()) {
+        if (name.ends_with(".re")) name.resize(name.size() - 3);
+        g_.ops.push_back({name + ".sac", OpKind::sac_reuse, phase, static_cast<int32_t>(layer),
+                          std::move(reused), {}, {}, {}, {}, 0.0});
+        return;
+      }
+      in.insert(in.end(), reused.begin(), reused.end());
+      out = std::move(rest);
+    }
     for (TensorId t : params)
       if (t == kNone) throw Error(fmt::format("internal: op {} reads a weight the recipe lacks", name));
     for (TensorId t : grads)
@@ -712,8 +844,11 @@ class Builder {
     casts_read_in_bwd_.insert(it->second);
   }
 
+  // `aten`: what torch runs for it (read by the selective_op policy; every matmul in a block
+  // says it).
   void matmul(const std::string& name, TensorId in, TensorId out, const Param& p, int layer,
-              Phase ph, int64_t n_in, int64_t n_out, int64_t rows = 0) {
+              Phase ph, int64_t n_in, int64_t n_out, int64_t rows = 0, Aten aten = Aten::unset) {
+    pending_aten_ = aten;
     const double r = rows > 0 ? double(rows) : double(B * T);
     std::vector<TensorId> ins = {in}, outs = {out};
     autocast_matmul(name, in, p, layer, ph, n_in, rows, ins, outs);
@@ -759,7 +894,7 @@ class Builder {
                       bool values) {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const double s2 = double(B * NH) * double(T) * double(T);
-    std::vector<TensorId> src = {a.qkv};
+    std::vector<TensorId> src = qkv_of(a);
     if (a.qk != kNone) src.insert(src.begin(), a.qk);
     const TensorId bias = pos_bias_of(l);
     std::vector<TensorId> sin = src;
@@ -814,7 +949,8 @@ class Builder {
                          ab, kind, l);
     if (values) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, a.atty_kind, l);
-      std::vector<TensorId> vin = {probs, a.qkv};
+      std::vector<TensorId> vin = qkv_of(a);
+      vin.insert(vin.begin(), probs);
       if (a.v_rep != kNone) vin.push_back(a.v_rep);
       std::vector<TensorId> vout = {a.atty};
       if (cast_probs) vout.push_back(a.probs16);
@@ -843,25 +979,37 @@ class Builder {
       TensorId q_in = in;
       if (p.q_a.w != kNone) {
         a.q_a = tensor(h + ".attn.q_a", {B, T, s.q_lora_rank}, ab, k.block, l);
-        matmul(h + ".attn.q_a", in, a.q_a, p.q_a, l, ph, C, s.q_lora_rank);
+        matmul(h + ".attn.q_a", in, a.q_a, p.q_a, l, ph, C, s.q_lora_rank, 0,
+               linear_aten(m_.qkv_bias));
         a.q_an = norm(h + ".attn.q_a_norm", a.q_a, l, ph, k.block, a.q_a_stats, p.q_a_norm);
         q_in = a.q_an;
       }
       a.q_lat = tensor(h + ".attn.q", {B, T, qdim}, ab, TensorKind::activation, l);
-      matmul(h + ".attn.q", q_in, a.q_lat, p.q, l, ph, p.q_a.w != kNone ? s.q_lora_rank : C, qdim);
+      matmul(h + ".attn.q", q_in, a.q_lat, p.q, l, ph, p.q_a.w != kNone ? s.q_lora_rank : C, qdim,
+             0, Aten::mm);
       a.kv_a = tensor(h + ".attn.kv_a", {B, T, s.kv_lora_rank + s.qk_rope_head_dim}, ab, k.block, l);
-      matmul(h + ".attn.kv_a", in, a.kv_a, p.kv_a, l, ph, C, s.kv_lora_rank + s.qk_rope_head_dim);
+      matmul(h + ".attn.kv_a", in, a.kv_a, p.kv_a, l, ph, C, s.kv_lora_rank + s.qk_rope_head_dim,
+             0, linear_aten(m_.qkv_bias));
       a.kv_an = norm(h + ".attn.kv_a_norm", a.kv_a, l, ph, k.block, a.kv_a_stats, p.kv_a_norm,
                      s.kv_lora_rank);
       const int64_t kvb = NH * (s.qk_nope_head_dim + s.v_head_dim);
       a.kv_lat = tensor(h + ".attn.kv_b", {B, T, kvb}, ab, TensorKind::activation, l);
-      matmul(h + ".attn.kv_b", a.kv_an, a.kv_lat, p.kv_b, l, ph, s.kv_lora_rank, kvb);
+      matmul(h + ".attn.kv_b", a.kv_an, a.kv_lat, p.kv_b, l, ph, s.kv_lora_rank, kvb, 0, Aten::mm);
       a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
       op(h + ".attn.mla_assemble" + re, OpKind::concat, ph, l, {a.q_lat, a.kv_lat, a.kv_a},
          {a.qkv}, {}, {}, {}, double(B * T * QKV));
+    } else if (o_.recompute == Recompute::selective_op && !m_.fused_qkv) {
+      // q, k and v from three nn.Linear: SAC counts three matmuls.
+      const int64_t widths[3] = {Q, KVH * HS, KVH * HS};
+      const char* names[3] = {".attn.q", ".attn.k", ".attn.v"};
+      for (int i = 0; i < 3; ++i) {
+        a.qkv_parts.push_back(tensor(h + names[i], {B, T, widths[i]}, ab, k.block, l));
+        matmul(h + names[i], in, a.qkv_parts.back(), p.qkv, l, ph, C, widths[i], 0,
+               linear_aten(m_.qkv_bias));
+      }
     } else {
       a.qkv = tensor(h + ".attn.qkv", {B, T, QKV}, ab, k.block, l);
-      matmul(h + ".attn.qkv", in, a.qkv, p.qkv, l, ph, C, QKV);
+      matmul(h + ".attn.qkv", in, a.qkv, p.qkv, l, ph, C, QKV, 0, linear_aten(m_.qkv_bias));
       if (o_.hf_modeling && m_.model_type == "falcon" && m_.n_kv_head < m_.n_head) {
         // hf_modeling: Falcon's multi-query and grouped layouts split the fused q|k|v with list
         // indices (modeling_falcon.py FalconAttention._split_heads: qkv[..., [-2]] and [-1]),
@@ -878,13 +1026,17 @@ class Builder {
       a.qk = tensor(h + ".attn.qk_norm.out", {B, T, qk}, ab, k.block, l);
       a.qk_stats = tensor(h + ".attn.qk_norm.stats", {B, T, rows}, 4, k.block, l, true);
       op(h + ".attn.qk_norm" + re, m_.norm == Norm::layernorm ? OpKind::layernorm : OpKind::rmsnorm,
-         ph, l, {a.qkv}, {a.qk, a.qk_stats}, {}, {p.qk_norm.w}, {}, 8.0 * double(B * T * qk));
+         ph, l, qkv_of(a), {a.qk, a.qk_stats}, {}, {p.qk_norm.w}, {}, 8.0 * double(B * T * qk));
     }
     if (m_.positions == Positions::rotary) {  // rotates q and k in place: the backward needs only the angles
-      const TensorId r = a.qk != kNone ? a.qk : a.qkv;
+      // (with separate projections, q and k)
+      std::vector<TensorId> r = {a.qk};
+      if (a.qk == kNone)
+        r = a.qkv_parts.empty() ? std::vector<TensorId>{a.qkv}
+                                : std::vector<TensorId>{a.qkv_parts[0], a.qkv_parts[1]};
       const int64_t rot = m_.attention == Attention::mla ? NH * m_.rotary_dim * 2
                                                          : (NH + KVH) * m_.rotary_dim;
-      op(h + ".attn.rope" + re, OpKind::rope, ph, l, {r}, {r}, {}, {}, {},
+      op(h + ".attn.rope" + re, OpKind::rope, ph, l, r, r, {}, {}, {},
          6.0 * double(B * T) * double(rot));
     }
   }
@@ -915,7 +1067,7 @@ class Builder {
     const Shape rep = {B, NH - KVH, T, HS};
     a.k_rep = tensor(h + ".attn.repeat_kv.k", rep, ab, k.block, l);
     a.v_rep = tensor(h + ".attn.repeat_kv.v", rep, ab, k.block, l);
-    std::vector<TensorId> src = {a.qkv};
+    std::vector<TensorId> src = qkv_of(a);
     if (a.qk != kNone) src.insert(src.begin(), a.qk);
     op(h + ".attn.repeat_kv" + (ph == Phase::recompute ? ".re" : ""), OpKind::concat, ph, l, src,
        {a.k_rep, a.v_rep}, {}, {}, {}, 2.0 * double(B * T) * double((NH - KVH) * HS));
@@ -932,7 +1084,7 @@ class Builder {
     if (o_.flash_attention) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, k.block, l);
       a.lse = tensor(h + ".attn.lse", {B, NH, T}, 4, k.block, l, true);
-      std::vector<TensorId> src = {a.qkv};
+      std::vector<TensorId> src = qkv_of(a);
       if (a.qk != kNone) src.insert(src.begin(), a.qk);
       if (pos_bias_of(l) != kNone) src.push_back(pos_bias_of(l));
       if (a.k_rep != kNone) src.insert(src.end(), {a.k_rep, a.v_rep});
@@ -945,7 +1097,7 @@ class Builder {
     if (p.sinks.w != kNone) g_.ops.back().params.push_back(p.sinks.w);
     const bool rdrop = o_.dropout && m_.resid_dropout > 0;
     TensorId proj = tensor(h + ".attn.proj", {B, T, C}, ab, TensorKind::activation, l);
-    matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, QO, C);
+    matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, QO, C, 0, linear_aten(m_.out_bias));
     if (rdrop) {
       a.proj_mask = tensor(h + ".attn.proj.drop.mask", {B, T, C}, 1, k.block, l);
       const TensorId dropped = tensor(h + ".attn.proj.drop.out", {B, T, C}, ab, TensorKind::activation, l);
@@ -963,28 +1115,41 @@ class Builder {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const int64_t Tk = T_enc;
+    // T5's cross-attention has no biases (param_inventory.cpp cross_attention).
     a.cq = tensor(h + ".cross.q", {B, T, Q}, ab, k.block, l);
-    matmul(h + ".cross.q", in, a.cq, p.cq, l, ph, C, Q);
-    a.ckv = tensor(h + ".cross.kv", {B, Tk, 2 * Q}, ab, k.block, l);
-    matmul(h + ".cross.kv", enc_out_, a.ckv, p.ckv, l, ph, C, 2 * Q, B * Tk);
+    matmul(h + ".cross.q", in, a.cq, p.cq, l, ph, C, Q, 0, Aten::mm);
+    if (o_.recompute == Recompute::selective_op) {
+      // k and v from two nn.Linear: SAC counts two matmuls.
+      for (const char* n : {".cross.k", ".cross.v"}) {
+        a.ckv_parts.push_back(tensor(h + n, {B, Tk, Q}, ab, k.block, l));
+        matmul(h + n, enc_out_, a.ckv_parts.back(), p.ckv, l, ph, C, Q, B * Tk, Aten::mm);
+      }
+    } else {
+      a.ckv = tensor(h + ".cross.kv", {B, Tk, 2 * Q}, ab, k.block, l);
+      matmul(h + ".cross.kv", enc_out_, a.ckv, p.ckv, l, ph, C, 2 * Q, B * Tk);
+    }
+    std::vector<TensorId> qkv = ckv_of(a);
+    qkv.insert(qkv.begin(), a.cq);
     const double s2 = double(B * NH) * double(T) * double(Tk);
     if (o_.flash_attention) {
       a.catty = tensor(h + ".cross.y", {B, T, Q}, ab, k.block, l);
       a.catt = tensor(h + ".cross.lse", {B, NH, T}, 4, k.block, l, true);
-      op(h + ".cross.flash" + re, OpKind::flash_attention, ph, l, {a.cq, a.ckv}, {a.catty, a.catt},
+      op(h + ".cross.flash" + re, OpKind::flash_attention, ph, l, qkv, {a.catty, a.catt},
          {}, {}, {}, 4.0 * s2 * double(HS));
     } else {
       const TensorId pre = tensor(h + ".cross.preatt", {B, NH, T, Tk}, ab, TensorKind::activation, l);
-      op(h + ".cross.scores" + re, OpKind::attn_scores, ph, l, {a.cq, a.ckv}, {pre}, {}, {}, {},
+      op(h + ".cross.scores" + re, OpKind::attn_scores, ph, l, qkv, {pre}, {}, {}, {},
          2.0 * s2 * double(HS));
       a.catt = tensor(h + ".cross.att", {B, NH, T, Tk}, ab, k.core, l);
       op(h + ".cross.softmax" + re, OpKind::softmax, ph, l, {pre}, {a.catt}, {}, {}, {}, 5.0 * s2);
       a.catty = tensor(h + ".cross.y", {B, T, Q}, ab, k.block, l);
-      op(h + ".cross.values" + re, OpKind::attn_values, ph, l, {a.catt, a.ckv}, {a.catty}, {}, {},
-         {}, 2.0 * s2 * double(HS));
+      std::vector<TensorId> vin = ckv_of(a);
+      vin.insert(vin.begin(), a.catt);
+      op(h + ".cross.values" + re, OpKind::attn_values, ph, l, vin, {a.catty}, {}, {}, {},
+         2.0 * s2 * double(HS));
     }
     const TensorId out = tensor(h + ".cross.proj", {B, T, C}, ab, TensorKind::activation, l);
-    matmul(h + ".cross.proj", a.catty, out, p.cproj, l, ph, Q, C);
+    matmul(h + ".cross.proj", a.catty, out, p.cproj, l, ph, Q, C, 0, Aten::mm);
     return out;
   }
 
@@ -1021,35 +1186,52 @@ class Builder {
     return x;
   }
 
+  // The nn.Linear of one MLP as torch runs them (the selective_op policy's view): with biases
+  // (aten.addmm) or not, gate and up in one weight or two; routed experts are grouped GEMMs.
+  struct MlpLinears {
+    bool bias = false, fused_gate_up = false, routed = false;
+  };
   // A dense MLP (plain or gated) of width `width` on `in`: saves its hidden tensors (and, with
   // hf_modeling, the activation's extras into `hf`).
   TensorId dense_mlp(const std::string& name, int l, Phase ph, const Kinds& k, TensorId in,
                      const Param& fc, const Param& fc2, int64_t width, TensorId& fch,
-                     TensorId& up, TensorId& act, std::vector<TensorId>& hf, int64_t rows = 0) {
+                     TensorId& up, TensorId& act, std::vector<TensorId>& hf, MlpLinears lin,
+                     int64_t rows = 0) {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const Shape shp = rows > 0 ? Shape{rows, width} : Shape{B, T, width};
     const double n = rows > 0 ? double(rows) : double(B * T);
+    const Aten aten = lin.routed ? Aten::grouped_mm : linear_aten(lin.bias);
     if (m_.mlp == Mlp::gelu && relu()) {
       // ReLU's backward needs only its output (the mask is out > 0): fc dies in the forward.
       fch = tensor(name + ".fc", shp, ab, TensorKind::activation, l);
-      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
+      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows, aten);
       act = tensor(name + ".relu", shp, ab, k.block, l);
       op(name + ".relu" + re, OpKind::relu, ph, l, {fch}, {act}, {}, {}, {}, n * double(width));
     } else if (m_.mlp == Mlp::gelu) {
       fch = tensor(name + ".fc", shp, ab, k.block, l);
-      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows);
+      matmul(name + ".fc", in, fch, fc, l, ph, C, width, rows, aten);
       act = tensor(name + ".gelu", shp, ab, k.block, l);
       hf = hf_mlp_extras(name, shp, l, k.block);
       std::vector<TensorId> out = {act};
       out.insert(out.end(), hf.begin(), hf.end());
       op(name + ".gelu" + re, OpKind::gelu, ph, l, {fch}, out, {}, {}, {}, 10.0 * n * double(width));
+    } else if (o_.recompute == Recompute::selective_op && !lin.routed && !lin.fused_gate_up) {
+      // gate and up from two nn.Linear (gate first: LlamaMLP's down(act(gate(x)) * up(x)),
+      // torchtitan's w2(silu(w1(x)) * w3(x))): SAC counts two matmuls.
+      fch = tensor(name + ".gate", shp, ab, k.block, l);
+      matmul(name + ".gate", in, fch, fc, l, ph, C, width, rows, aten);
+      up = tensor(name + ".up", shp, ab, k.block, l);
+      matmul(name + ".up", in, up, fc, l, ph, C, width, rows, aten);
     } else {
       fch = tensor(name + ".gate", shp, ab, k.block, l);
       up = tensor(name + ".up", shp, ab, k.block, l);
+      pending_aten_ = lin.routed ? Aten::grouped_mm : Aten::mm;  // a fused gate_up has no bias
       std::vector<TensorId> ins = {in}, outs = {fch, up};
       autocast_matmul(name + ".gate_up", in, fc, l, ph, C, rows, ins, outs);
       op(name + ".gate_up" + re, OpKind::matmul, ph, l, ins, outs, {}, {fc.w}, {},
          2.0 * n * double(C) * double(2 * width));
+    }
+    if (m_.mlp == Mlp::swiglu) {
       act = tensor(name + ".swiglu", shp, ab, k.block, l);
       hf = hf_mlp_extras(name, shp, l, k.block);
       std::vector<TensorId> out = {act};
@@ -1059,7 +1241,7 @@ class Builder {
     }
     const TensorId out = tensor(name + ".proj", rows > 0 ? Shape{rows, C} : Shape{B, T, C}, ab,
                                 TensorKind::activation, l);
-    matmul(name + ".proj", act, out, fc2, l, ph, width, C, rows);
+    matmul(name + ".proj", act, out, fc2, l, ph, width, C, rows, aten);
     return out;
   }
   // Its backward: d_out in, the input gradient written to (or accumulated into) d_in.
@@ -1110,7 +1292,7 @@ class Builder {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     const int64_t Ex = m_.moe.n_experts, K = m_.moe.top_k, R = routed_rows();
     const TensorId logits = tensor(h + ".moe.router", {B, T, Ex}, ab, TensorKind::activation, l);
-    matmul(h + ".moe.router", in, logits, p.router, l, ph, C, Ex);
+    matmul(h + ".moe.router", in, logits, p.router, l, ph, C, Ex, 0, Aten::router_mm);
     // hf_modeling: transformers' dropless MoE blocks (modeling_mixtral.py
     // MixtralSparseMoeBlock.forward, Qwen2-/Qwen3-MoE's copies, modeling_deepseek_v3.py
     // DeepseekV3MoE.moe, modeling_gpt_oss.py GptOssExperts.forward) route with torch.topk,
@@ -1127,7 +1309,10 @@ class Builder {
     const bool hf_loop = o_.hf_modeling && o_.moe_capacity_factor <= 0;
     const bool oss = hf_loop && m_.model_type == "gpt_oss";
     a.r_probs = tensor(h + ".moe.probs", {B, T, oss ? K : Ex}, oss ? ab : 4, k.block, l);
-    a.r_idx = tensor(h + ".moe.topk", {B, T, K}, hf_loop ? 8 : 4, k.block, l);
+    // The top-k indices: int32 in fused routers; torch.topk's are int64 (transformers' loop,
+    // and torchtitan's router, whose per-op policy keeps them).
+    const bool idx64 = hf_loop || o_.recompute == Recompute::selective_op;
+    a.r_idx = tensor(h + ".moe.topk", {B, T, K}, idx64 ? 8 : 4, k.block, l);
     a.r_w = tensor(h + ".moe.weights", {B, T, K}, 4, k.block, l);
     std::vector<TensorId> route_out = {a.r_probs, a.r_idx, a.r_w};
     if (hf_loop && hf_renorm_) {
@@ -1155,7 +1340,7 @@ class Builder {
     op(h + ".moe.dispatch" + re, OpKind::moe_dispatch, ph, l,
        {in, a.r_mask != kNone ? a.r_mask : a.r_idx}, dispatch_out, {}, {}, {}, double(R * C));
     a.ye = dense_mlp(h + ".moe.experts", l, ph, k, a.xe, p.e_fc, p.e_proj, Fe, a.e_gate, a.e_up,
-                     a.e_act, a.e_act_hf, R);
+                     a.e_act, a.e_act_hf, MlpLinears{m_.moe.expert_bias, m_.fused_gate_up, true}, R);
     g_.tensors[static_cast<std::size_t>(a.ye)].kind = k.block;  // the combine's backward reads it
     TensorId out = tensor(h + ".moe.out", {B, T, C}, ab, TensorKind::activation, l);
     std::vector<TensorId> combine_in = {a.ye, a.r_combine != kNone ? a.r_combine : a.r_w, a.r_idx};
@@ -1169,14 +1354,15 @@ class Builder {
     op(h + ".moe.combine" + re, OpKind::moe_combine, ph, l, combine_in, combine_out, {}, {}, {},
        2.0 * double(R * C));
     if (p.s_fc.w != kNone) {
+      // Shared experts: unbiased, gate and up apart (param_inventory.cpp mlp).
       TensorId s_out = dense_mlp(h + ".moe.shared", l, ph, k, in, p.s_fc, p.s_proj, Fs, a.s_gate,
-                                 a.s_up, a.s_act, a.s_act_hf);
+                                 a.s_up, a.s_act, a.s_act_hf, MlpLinears{});
       if (p.s_gate.w != kNone) {
         // Qwen2-MoE: sigmoid(x W_g) scales the shared expert's output; both are saved.
         g_.tensors[static_cast<std::size_t>(s_out)].kind = k.block;
         a.s_out = s_out;
         a.s_g = tensor(h + ".moe.shared.gate", {B, T, 1}, ab, k.block, l);
-        matmul(h + ".moe.shared.gate", in, a.s_g, p.s_gate, l, ph, C, 1);
+        matmul(h + ".moe.shared.gate", in, a.s_g, p.s_gate, l, ph, C, 1, 0, Aten::mm);
         const TensorId gated = tensor(h + ".moe.shared.gated", {B, T, C}, ab, TensorKind::activation, l);
         op(h + ".moe.shared.scale" + re, OpKind::gate_mul, ph, l, {s_out, a.s_g}, {gated}, {}, {},
            {}, 5.0 * double(B * T * C));
@@ -1235,7 +1421,7 @@ class Builder {
     TensorId out = m_.moe.is_moe_layer(l)
                        ? moe(h, l, ph, k, in, a)
                        : dense_mlp(h + ".mlp", l, ph, k, in, p.fc, p.fc2, F, a.fch, a.up, a.act,
-                                   a.act_hf);
+                                   a.act_hf, MlpLinears{m_.mlp_bias, m_.fused_gate_up, false});
     if (o_.dropout && m_.resid_dropout > 0) {
       a.mlp_mask = tensor(h + ".mlp.drop.mask", {B, T, C}, 1, k.block, l);
       const TensorId dropped = tensor(h + ".mlp.drop.out", {B, T, C}, ab, TensorKind::activation, l);
@@ -1591,7 +1777,7 @@ class Builder {
     matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty, p.proj, l, QO, C);
     const TensorId d_qkv = tensor(h + ".attn.qkv.d", {B, T, QKV}, ab, TensorKind::act_grad, l);
     const double s2 = double(B * NH) * double(T) * double(T);
-    std::vector<TensorId> src = {a.qkv};
+    std::vector<TensorId> src = qkv_of(a);
     if (a.qk != kNone) src.insert(src.begin(), a.qk);
     const TensorId bias = pos_bias_of(l);
     // hf_modeling: the copies' gradients, summed back into the shared heads (repeat_kv.bwd).
@@ -1627,7 +1813,8 @@ class Builder {
       };
       TensorId d_att = hf ? grad_like(".attn.probs.d", probs)
                           : tensor(h + ".attn.att.d", att_shape, att.elem_bytes, TensorKind::act_grad, l);
-      std::vector<TensorId> in_v = {d_atty, probs, a.qkv}, out_v = {d_att, d_qkv};
+      std::vector<TensorId> in_v = {d_atty, probs}, out_v = {d_att, d_qkv};
+      for (TensorId t : qkv_of(a)) in_v.push_back(t);
       if (d_rep != kNone) {
         in_v.push_back(a.v_rep);
         out_v.push_back(d_rep);
@@ -1672,10 +1859,13 @@ class Builder {
     }
     if (a.qk != kNone) {
       const int64_t qk = Q + KVH * HS;
+      std::vector<TensorId> in_n = {d_qkv};
+      for (TensorId t : qkv_of(a)) in_n.push_back(t);
+      in_n.push_back(a.qk_stats);
       op(h + ".attn.qk_norm.bwd", m_.norm == Norm::layernorm ? OpKind::layernorm_bwd
                                                              : OpKind::rmsnorm_bwd,
-         Phase::backward, l, {d_qkv, a.qkv, a.qk_stats}, {d_qkv}, {}, {p.qk_norm.w},
-         {p.qk_norm.g}, 12.0 * double(B * T * qk));
+         Phase::backward, l, in_n, {d_qkv}, {}, {p.qk_norm.w}, {p.qk_norm.g},
+         12.0 * double(B * T * qk));
     }
     if (m_.attention == Attention::mla) {
       const MlaSpec& s = m_.mla;
@@ -1719,17 +1909,24 @@ class Builder {
     matmul_bwd(h + ".cross.proj", d_out, a.catty, d_y, p.cproj, l, Q, C);
     const TensorId d_q = tensor(h + ".cross.q.d", {B, T, Q}, ab, TensorKind::act_grad, l);
     const TensorId d_kv = tensor(h + ".cross.kv.d", {B, Tk, 2 * Q}, ab, TensorKind::act_grad, l);
+    const std::vector<TensorId> kv = ckv_of(a);
+    auto with_kv = [&](std::vector<TensorId> head, std::vector<TensorId> tail = {}) {
+      head.insert(head.end(), kv.begin(), kv.end());
+      head.insert(head.end(), tail.begin(), tail.end());
+      return head;
+    };
     if (o_.flash_attention) {
       op(h + ".cross.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l,
-         {d_y, a.cq, a.ckv, a.catty, a.catt}, {d_q, d_kv}, {}, {}, {}, 2.5 * 4.0 * s2 * double(HS));
+         with_kv({d_y, a.cq}, {a.catty, a.catt}), {d_q, d_kv}, {}, {}, {},
+         2.5 * 4.0 * s2 * double(HS));
     } else {
       const TensorId d_att = tensor(h + ".cross.att.d", {B, NH, T, Tk}, ab, TensorKind::act_grad, l);
-      op(h + ".cross.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, {d_y, a.catt, a.ckv},
-         {d_att, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
+      op(h + ".cross.values.bwd", OpKind::attn_values_bwd, Phase::backward, l,
+         with_kv({d_y, a.catt}), {d_att, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
       op(h + ".cross.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, {d_att, a.catt},
          {d_att}, {}, {}, {}, 4.0 * s2);
-      op(h + ".cross.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l, {d_att, a.cq, a.ckv},
-         {d_q, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
+      op(h + ".cross.scores.bwd", OpKind::attn_scores_bwd, Phase::backward, l,
+         with_kv({d_att, a.cq}), {d_q, d_kv}, {}, {}, {}, 4.0 * s2 * double(HS));
     }
     matmul_bwd(h + ".cross.kv", d_kv, enc_out_, d_enc_, p.ckv, l, C, 2 * Q, B * Tk);
     matmul_bwd(h + ".cross.q", d_q, a.nx, need(d_in, l), p.cq, l, C, Q);
@@ -1852,6 +2049,22 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
     throw Error(fmt::format("--moe-capacity-factor: must be >= 0, got {}", o.moe_capacity_factor),
                 "0 routes every token (dropless); DeepSpeed's default capacity_factor is 1.0");
   if (o.seq_target < 0) throw Error(fmt::format("--target-seq: must be >= 1, got {}", o.seq_target));
+  // torchtitan's MoE (torchtitan/models/moe/moe.py) is dropless; with expert parallelism its
+  // policy also keeps the all-to-alls' outputs, of which the graph holds only the dispatch's.
+  if (o.recompute == Recompute::selective_op && o.ep > 1)
+    throw Error(fmt::format("--checkpointing selective-op with --ep {}: not modelled", o.ep),
+                "torchtitan's policy keeps both all-to-alls' outputs under expert parallelism; "
+                "use --ep 1 or --checkpointing full");
+  // Under autocast the casts before each matmul are ops of their own, recomputed where the
+  // product is kept; the graph folds them into the matmul.
+  if (o.recompute == Recompute::selective_op && o.autocast)
+    throw Error("--checkpointing selective-op with autocast on fp32 weights: not modelled",
+                "plan it with 16-bit weights (--master-weights bf16, or --profile fsdp), or "
+                "with --checkpointing full");
+  if (o.recompute == Recompute::selective_op && o.moe_capacity_factor > 0)
+    throw Error("--checkpointing selective-op with --moe-capacity-factor: not modelled",
+                "torchtitan's MoE, whose policy this is, drops no tokens; leave out "
+                "--moe-capacity-factor");
   if (o.act_bytes != 2 && o.act_bytes != 4)
     throw Error(fmt::format("activation bytes must be 2 or 4, got {}", o.act_bytes));
   TrainingGraph g;

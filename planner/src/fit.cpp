@@ -448,6 +448,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
                     continue;
                   if (op != Offload::none && stage != 3) continue;
+                  if (ck == Checkpointing::selective_op && ep > 1) continue;  // validate()
                   if (oo != Offload::none && stage == 0) continue;
                   if (dpu && oo == Offload::none) continue;
                   Strategy s = base;

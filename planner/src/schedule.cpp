@@ -63,9 +63,12 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   g.act_bytes = (o.backend == Backend::cpu || s.precision == Precision::fp32) ? 4 : 2;
   // zero-run's CPU kernels have no dropout; plans for the CPU backend leave it out.
   g.dropout = o.backend == Backend::cuda;
-  g.recompute = s.checkpointing == Checkpointing::full       ? models::Recompute::full
-                : s.checkpointing == Checkpointing::selective ? models::Recompute::selective
-                                                              : models::Recompute::none;
+  switch (s.checkpointing) {
+    case Checkpointing::none: g.recompute = models::Recompute::none; break;
+    case Checkpointing::full: g.recompute = models::Recompute::full; break;
+    case Checkpointing::selective: g.recompute = models::Recompute::selective; break;
+    case Checkpointing::selective_op: g.recompute = models::Recompute::selective_op; break;
+  }
   g.flash_attention = s.flash_attention;
   g.tp = s.mp;
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
@@ -1204,7 +1207,10 @@ ActivationSummary summarize_activations(const TrainingGraph& g) {
         cur += g.tensors[t].bytes;
       }
     });
-    a.peak = std::max(a.peak, cur);
+    if (cur > a.peak) {
+      a.peak = cur;
+      a.peak_pos = i;
+    }
     each([&](std::size_t t) {
       if (state[t] == 1 && last[t] == i) {
         state[t] = 2;

@@ -73,7 +73,8 @@ StepCosts step_costs(const models::TrainingGraph& g) {
       }
     }
   for (const models::Op& op : g.ops) {
-    if (op.phase == Phase::optimizer) continue;
+    // A recomputation's read of SAC's storage moves nothing.
+    if (op.phase == Phase::optimizer || op.kind == OpKind::sac_reuse) continue;
     const std::size_t i = group(op.layer);
     const bool fwd = op.phase == Phase::forward;
     if (compute_bound(op.kind)) {

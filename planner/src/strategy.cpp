@@ -40,10 +40,11 @@ constexpr std::array<std::pair<std::string_view, OptimizerKind>, 7> kOptimizers 
      {"lion", OptimizerKind::lion},
      {"adafactor", OptimizerKind::adafactor},
      {"adam8bit", OptimizerKind::adam8bit}}};
-constexpr std::array<std::pair<std::string_view, Checkpointing>, 3> kCheckpointing = {
+constexpr std::array<std::pair<std::string_view, Checkpointing>, 4> kCheckpointing = {
     {{"none", Checkpointing::none},
      {"full", Checkpointing::full},
-     {"selective", Checkpointing::selective}}};
+     {"selective", Checkpointing::selective},
+     {"selective-op", Checkpointing::selective_op}}};
 constexpr std::array<std::pair<std::string_view, Offload>, 3> kOffloads = {
     {{"none", Offload::none}, {"cpu", Offload::cpu}, {"nvme", Offload::nvme}}};
 constexpr std::array<std::pair<std::string_view, MoeRouting>, 2> kMoeRoutings = {
@@ -198,6 +199,14 @@ void validate(const Strategy& s) {
     throw Error("--cpu-checkpointing: needs --partition-activations",
                 "DeepSpeed offloads the partitioned checkpoints (activation_checkpointing."
                 "partition_activations and cpu_checkpointing both true)");
+  if (s.checkpointing == Checkpointing::selective_op && s.ep > 1)
+    throw Error(fmt::format("--checkpointing selective-op with --ep {}: not modelled", s.ep),
+                "torchtitan's policy keeps both all-to-alls' outputs under expert parallelism "
+                "(the graph has only the dispatch's); use --ep 1 or --checkpointing full");
+  if (s.checkpointing == Checkpointing::selective_op && s.moe_capacity_factor > 0)
+    throw Error("--checkpointing selective-op with --moe-capacity-factor: not modelled",
+                "torchtitan's MoE, whose policy this is, drops no tokens; leave out "
+                "--moe-capacity-factor");
   if (s.partition_activations && s.checkpointing != Checkpointing::full)
     throw Error("--partition-activations: needs --checkpointing full",
                 "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
@@ -570,7 +579,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                            "\"adam\", \"adamw\", \"sgd\", \"sgd-plain\", \"lion\", "
                            "\"adafactor\" or \"adam8bit\"");
   s.checkpointing = enum_field("checkpointing", checkpointing_from_string, s.checkpointing,
-                               "\"none\", \"full\" or \"selective\"");
+                               "\"none\", \"full\", \"selective\" or \"selective-op\"");
   s.offload_optimizer = enum_field("offload_optimizer", offload_from_string, s.offload_optimizer,
                                    "\"none\", \"cpu\" or \"nvme\"");
   s.offload_param = enum_field("offload_param", offload_from_string, s.offload_param,

@@ -337,7 +337,8 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
     for (int stage : {0, 1, 2, 3})
       for (Offload oo : {Offload::none, Offload::cpu, Offload::nvme})
         for (int64_t dp : {1, 3, 8})
-          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full}) {
+          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full,
+                                   Checkpointing::selective_op}) {
             if (oo != Offload::none && stage == 0) continue;
             Strategy s;
             s.stage = stage;

@@ -41,7 +41,9 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "4096 elements) [adam]")
       ->group(g);
   app.add_option("--checkpointing", f.checkpointing,
-                 "activation recomputation: none, full (per layer) or selective (attention) [none]")
+                 "activation recomputation: none, full (per layer), selective (Megatron: the "
+                 "attention core) or selective-op (torchtitan's per-op policy: every second "
+                 "matmul, attention and top-k outputs kept) [none]")
       ->group(g);
   app.add_option("--attention", f.attention,
                  "eager (softmax of T x T scores kept for backward, transformers' "
@@ -261,7 +263,8 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
                                                      "adam, adamw, sgd, sgd-plain, lion, adafactor or adam8bit");
   if (given("--checkpointing"))
     s.checkpointing = parse_enum<planner::Checkpointing>(
-        "--checkpointing", checkpointing, planner::checkpointing_from_string, "none, full or selective");
+        "--checkpointing", checkpointing, planner::checkpointing_from_string,
+        "none, full, selective or selective-op");
   if (given("--attention")) {
     if (attention == "eager") s.flash_attention = false;
     else if (attention == "sdpa" || attention == "flash") s.flash_attention = true;

@@ -165,6 +165,9 @@ int FitCommand::run() const {
   if (flags.given("--offload-param") || !flags.ds_config.empty()) r.offload_param = {s.offload_param};
   if (flags.given("--micro-batch")) r.micro_batches = {s.micro_batch};
   if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
+  // torchtitan, whose runs the fsdp profile predicts, checkpoints per op by default.
+  else if (r.options.profile == planner::Profile::fsdp)
+    r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
   if (flags.given("--mp")) r.mps = {s.mp};
   if (flags.given("--ep")) r.eps = {s.ep};

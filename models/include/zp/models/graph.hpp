@@ -59,10 +59,25 @@ enum class OpKind : uint8_t {
   relu, relu_bwd,                    // OPT, T5: the backward needs only the output
   softcap, softcap_bwd,              // Gemma 2: cap * tanh(x / cap); the backward reads tanh
   tanh, tanh_bwd,                    // BERT's pooler; the backward reads the output
+  // Recompute::selective_op: the recomputation takes an op's outputs from SAC's storage
+  // instead of running it (torch.utils.checkpoint's _CachedTorchDispatchMode pops them). It
+  // reads them (they live until then) and costs nothing.
+  sac_reuse,
 };
 std::string_view to_string(OpKind k);
 
-enum class Recompute : uint8_t { none, full, selective };
+// Activation checkpointing per block:
+//   - full: only the block input is kept (Hugging Face gradient_checkpointing, torchtitan's
+//     full AC); the backward recomputes the whole block.
+//   - selective: Megatron's (Korthikanti et al. 2022 sec. 5): the attention core (scores,
+//     softmax, dropout) is recomputed, everything else kept; nothing with flash attention.
+//   - selective_op: torchtitan's per-op selective AC (torchtitan/distributed/
+//     activation_checkpoint.py SelectiveAC at b5bcd76c, applied per transformer block with
+//     torch.utils.checkpoint's create_selective_checkpoint_contexts): the block input and the
+//     outputs of the ops in its save list are kept, every other op of the block is recomputed
+//     (graph.cpp sac_policy has the list and the every-second-mm rule). Dropless MoE without
+//     expert parallelism or a capacity factor.
+enum class Recompute : uint8_t { none, full, selective, selective_op };
 
 struct GraphOptions {
   int64_t batch = 1;          // B

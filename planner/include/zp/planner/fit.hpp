@@ -46,6 +46,7 @@ struct FitRequest {
   std::vector<Offload> offload_optimizer = {Offload::none, Offload::cpu, Offload::nvme};
   std::vector<Offload> offload_param = {Offload::none, Offload::cpu, Offload::nvme};
   std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16, 32};
+  // (zero-plan fit adds selective_op under the fsdp profile: torchtitan's default)
   std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::selective,
                                               Checkpointing::full};
   std::vector<bool> dpu = {false, true};

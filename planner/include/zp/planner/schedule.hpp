@@ -364,6 +364,7 @@ struct ActivationSummary {
   uint64_t weight_casts = 0;                    // autocast's cached 16-bit weight casts alive
                                                 // at the end of forward (models::Tensor::source)
   uint64_t peak = 0;                            // peak of activations + act grads + logits
+  int32_t peak_pos = -1;                        // where it sits: a position in g.order
 };
 ActivationSummary summarize_activations(const models::TrainingGraph& g);
 

@@ -27,7 +27,11 @@ enum class Precision { fp32, fp16, bf16 };
 // moment); adam8bit (bitsandbytes' Adam8bit/AdamW8bit: two uint8 states with fp32 absmax per
 // 256-element block).
 enum class OptimizerKind { adam, adamw, sgd, sgd_plain, lion, adafactor, adam8bit };
-enum class Checkpointing { none, full, selective };
+// Activation checkpointing, spelled none, full, selective, selective-op (models::Recompute has
+// what each keeps): full is Hugging Face's gradient_checkpointing and torchtitan's full AC,
+// selective Megatron's attention-core recomputation, selective-op torchtitan's per-op
+// selective AC (every second matmul saved).
+enum class Checkpointing { none, full, selective, selective_op };
 enum class Offload { none, cpu, nvme };
 // Which routed-token activations a Mixture-of-Experts plan sizes (--moe-routing): balanced,
 // each rank's experts receive as many rows as it sends (k*B*T); worst, every token of the
