@@ -213,7 +213,7 @@ class Builder {
       for (int64_t l = from; l < to; ++l) {
         set_stack(l);
         TensorId stored = x;
-        if (rc == Recompute::full && o_.partition_checkpoints && o_.tp > 1)
+        if (rc == Recompute::full && o_.partition_checkpoints)
           stored = partition_checkpoint(x, static_cast<int>(l));
         checkpoints.push_back(stored);
         if (sac) sac_begin(static_cast<int>(l), Sac::Mode::forward);
@@ -254,7 +254,7 @@ class Builder {
         BlockActs a = acts[static_cast<std::size_t>(l)];
         if (rc == Recompute::full || sac) {
           TensorId in = checkpoints[static_cast<std::size_t>(l)];
-          if (in != a.x) in = gather_checkpoint(in, static_cast<int>(l));
+          if (in != a.x && o_.tp > 1) in = gather_checkpoint(in, static_cast<int>(l));
           if (sac) sac_begin(static_cast<int>(l), Sac::Mode::recompute);
           a = block(static_cast<int>(l), in, Phase::recompute, Kinds{});
           if (sac) sac_end();
@@ -265,6 +265,11 @@ class Builder {
           recompute_core(static_cast<int>(l), a);
         }
         block_bwd(static_cast<int>(l), a, d);
+        // P_a: DeepSpeed's CheckpointFunction holds the partition (ctx.deepspeed_saved_tensors,
+        // or on the host its copy back) until its backward returns (checkpointing.py
+        // CheckpointFunction.backward), not only until the gather.
+        const TensorId stored = checkpoints[static_cast<std::size_t>(l)];
+        if (stored != acts[static_cast<std::size_t>(l)].x) g_.ops.back().inputs.push_back(stored);
       }
     };
     if (encdec) {
@@ -866,9 +871,14 @@ class Builder {
   }
 
   TensorId partition_checkpoint(TensorId x, int l) {
-    // P_a: each of the t model-parallel ranks keeps 1/t of the block input.
+    // P_a: each of the t model-parallel ranks keeps 1/t of the block input: a clone of its
+    // slice (checkpointing.py partition_activations, item...narrow(...).clone()), made before
+    // the block's forward; the input's own storage goes after it (arg.data = torch.empty([])).
+    // With t = 1 the clone is the whole input, which the recomputation reads as it is
+    // (gather_partitioned_activations: item.view(size), nothing gathered).
     const int64_t part = (B * T * C + o_.tp - 1) / o_.tp;
-    const TensorId p = tensor(fmt::format("h.{}.ckpt.part", l), {part}, ab, TensorKind::saved, l);
+    const TensorId p = tensor(fmt::format("h.{}.ckpt.part", l), o_.tp > 1 ? Shape{part} : Shape{B, T, C},
+                              ab, TensorKind::saved, l);
     op(fmt::format("h.{}.ckpt.partition", l), OpKind::checkpoint_partition, Phase::forward, l,
        {x}, {p}, {}, {}, {}, 0.0);
     g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::activation;

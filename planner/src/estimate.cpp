@@ -19,6 +19,16 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
     if (assumed != nullptr) assumed->push_back(std::move(line));
   };
   validate(s);
+  // DeepSpeed's contiguous checkpoint buffers (checkpointing.py partition_activations): the
+  // k-th checkpoint of a forward is copied into buffer k of number_checkpoints, all sized by
+  // the first one; more checkpoints than buffers is an IndexError there, a larger one a
+  // failing copy_.
+  if (s.contiguous_memory_optimization && s.number_checkpoints < m.n_blocks())
+    throw Error(fmt::format("--number-checkpoints {}: {} checkpoints {} blocks per forward",
+                            s.number_checkpoints, m.name, m.n_blocks()),
+                fmt::format("DeepSpeed's contiguous buffers run out at checkpoint {} (an "
+                            "IndexError in partition_activations): --number-checkpoints {}",
+                            s.number_checkpoints + 1, m.n_blocks()));
   if (s.seq == 0) {
     s.seq = std::min<int64_t>(m.n_positions, kDefaultSeq);
     note(s.seq < m.n_positions
@@ -26,6 +36,12 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
                            "train at)", s.seq, m.n_positions)
              : fmt::format("--seq {} (the model's context)", s.seq));
   }
+  if (s.contiguous_memory_optimization && m.encoder_decoder() && s.target_seq > 0 &&
+      s.target_seq != s.seq)
+    throw Error("--contiguous-memory-optimization: the encoder's and the decoder's checkpoints "
+                "differ in size",
+                "DeepSpeed sizes every buffer by the first checkpoint (homogeneous checkpoints "
+                "only); leave out --target-seq or --contiguous-memory-optimization");
   // "auto" bucket sizes of a Trainer's DeepSpeed config, from the hidden size as the Trainer
   // sets them (strategy.hpp BufferSizes).
   const uint64_t h = static_cast<uint64_t>(m.n_embd);
@@ -80,6 +96,10 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
   if (s.cpu_checkpointing && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--cpu-checkpointing: DeepSpeed's activation checkpointing, not "
                             "{}'s", to_string(o.profile)),
+                "plan it with --profile deepspeed");
+  if (s.contiguous_memory_optimization && o.profile != Profile::deepspeed)
+    throw Error(fmt::format("--contiguous-memory-optimization: DeepSpeed's activation "
+                            "checkpointing, not {}'s", to_string(o.profile)),
                 "plan it with --profile deepspeed");
   if (o.profile == Profile::pytorch) {
     if (s.stage != 0)

@@ -65,9 +65,10 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The last field (state_dtypes below): the dtypes and FSDP settings that size states and
 // buffers (master and moments, reduce dtype, reshard after forward, fused optimizer) and the
 // optimizer kind.
+// The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
                           uint64_t, uint64_t, uint64_t, bool, int,
-                          std::tuple<uint64_t, uint64_t, int64_t>>;
+                          std::tuple<uint64_t, uint64_t, int64_t>, int64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
@@ -182,7 +183,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                    whole ? offload_tile_bytes(s, part, p_bytes) : 0,
                    holds_buckets_in_flight(s),
                    whole ? state_dtypes(s) : 0,
-                   whole ? stage3_settings(s) : std::tuple<uint64_t, uint64_t, int64_t>{}};
+                   whole ? stage3_settings(s) : std::tuple<uint64_t, uint64_t, int64_t>{},
+                   whole && s.contiguous_memory_optimization ? s.number_checkpoints : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
@@ -462,7 +464,9 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   s.mp = mp;
                   s.dp = cl2.gpus / mp;
                   s.ep = ep;
-                  if (ck != Checkpointing::full) s.partition_activations = false;
+                  if (ck != Checkpointing::full)  // DeepSpeed's section needs a checkpoint
+                    s.partition_activations = s.cpu_checkpointing =
+                        s.contiguous_memory_optimization = false;
                   if (fsdp) {
                     for (bool reshard : {true, false}) {
                       s.reshard_after_forward = reshard;
@@ -877,8 +881,19 @@ nlohmann::json deepspeed_config(const Strategy& s) {
     zo["stage3_max_live_parameters"] = s.buffers.max_live_parameters;
   }
   j["zero_optimization"] = zo;
-  if (s.checkpointing != Checkpointing::none)
-    j["activation_checkpointing"] = {{"partition_activations", s.partition_activations}};
+  // The activation_checkpointing section as the plan took it (DeepSpeed's keys and defaults,
+  // deepspeed/runtime/activation_checkpointing/config.py; apply_deepspeed_config reads it
+  // back): what deepspeed.checkpointing.configure(mpu, deepspeed_config=...) sets up for the
+  // checkpointing the model code asks for.
+  if (s.checkpointing != Checkpointing::none) {
+    json ac = {{"partition_activations", s.partition_activations},
+               {"cpu_checkpointing", s.cpu_checkpointing},
+               {"contiguous_memory_optimization", s.contiguous_memory_optimization},
+               {"synchronize_checkpoint_boundary", false},
+               {"profile", false}};
+    if (s.number_checkpoints > 0) ac["number_checkpoints"] = s.number_checkpoints;
+    j["activation_checkpointing"] = ac;
+  }
   return j;
 }
 
@@ -887,7 +902,11 @@ std::vector<std::string> deepspeed_notes(const Strategy& s) {
   if (s.optimizer == OptimizerKind::adam8bit)
     n.push_back("8-bit Adam has no DeepSpeed optimizer type: create bitsandbytes.optim."
                 "AdamW8bit (or Adam8bit) and pass it as deepspeed.initialize(optimizer=...)");
-  if (s.checkpointing != Checkpointing::none)
+  if (s.checkpointing == Checkpointing::selective_op)
+    n.push_back("activation checkpointing (selective-op) is torchtitan's per-op policy, applied "
+                "in the model code (torch.utils.checkpoint with create_selective_checkpoint_"
+                "contexts), not by this config");
+  else if (s.checkpointing != Checkpointing::none)
     n.push_back(fmt::format("activation checkpointing ({}) is switched on in the model code "
                             "(deepspeed.checkpointing.checkpoint or Hugging Face's "
                             "gradient_checkpointing_enable()), not by this config",

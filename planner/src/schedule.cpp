@@ -394,7 +394,8 @@ class ScheduleBuilder {
       for (uint32_t b : staged_) free(i, b);
       staged_.clear();
       for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
-      if (!ckpt_last_fwd_.empty()) offload_checkpoints(i, op);
+      if (!contig_ckpts_.empty()) contiguous_checkpoints(i, op);
+      if (!ckpt_last_fwd_.empty() || !ckpt_host_.empty()) offload_checkpoints(i, op);
       if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
           if (last_grad_write_[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
@@ -622,9 +623,73 @@ class ScheduleBuilder {
     }
   }
 
+  // DeepSpeed's contiguous_memory_optimization (Strategy::contiguous_memory_optimization;
+  // deepspeed/runtime/activation_checkpointing/checkpointing.py, partition_activations and
+  // CheckpointFunction, the same since 2020): the first checkpoint of a forward allocates
+  // number_checkpoints buffers of one partition each (contiguous_data_buffers: a list of
+  // new_empty([partition_size]) tensors, on the host with cpu_checkpointing), and checkpoint k
+  // copies its partition, a clone it then drops, into buffer k. The first backward drops the
+  // list (contiguous_data_buffers = []): a buffer no checkpoint filled goes then; buffer k
+  // stays while checkpoint k's CheckpointFunction holds it, to the end of its backward on the
+  // device; on the host, until its backward copies it back (t.data = saved_data.to(device);
+  // saved_data = None), the copy then living to the end of its backward as with
+  // cpu_checkpointing alone. Not counted: the int64 shape buffers of 3 x number_checkpoints
+  // elements on the host (contiguous_size_buffers), 24 bytes per checkpoint.
+  std::vector<TensorId> contig_ckpts_;           // the P_a partitions, in forward order
+  std::map<TensorId, std::size_t> contig_index_;  // partition -> its buffer
+  std::vector<uint32_t> contig_bufs_;
+  bool contig_unused_freed_ = false;
+  void find_contiguous() {
+    for (models::OpId id : g_.order)
+      if (g_.op(id).kind == models::OpKind::checkpoint_partition) {
+        const TensorId t = g_.op(id).outputs.front();
+        contig_index_[t] = contig_ckpts_.size();
+        contig_ckpts_.push_back(t);
+      }
+    if (contig_ckpts_.size() > static_cast<std::size_t>(s_.number_checkpoints))
+      throw Error(fmt::format("--number-checkpoints {}: the plan makes {} checkpoints per forward",
+                              s_.number_checkpoints, contig_ckpts_.size()),
+                  fmt::format("--number-checkpoints {}", contig_ckpts_.size()));
+    for (TensorId t : contig_ckpts_) {
+      if (g_.tensor(t).bytes != g_.tensor(contig_ckpts_.front()).bytes)
+        throw Error("--contiguous-memory-optimization: checkpoints of different sizes",
+                    "DeepSpeed sizes every buffer by the first checkpoint");
+      ckpt_last_fwd_.erase(t);  // not offloaded one by one: the buffers are where they go
+    }
+  }
+  void contiguous_checkpoints(int32_t pos, const Op& op) {
+    if (op.kind == models::OpKind::checkpoint_partition) {
+      const TensorId t = op.outputs.front();
+      const std::size_t k = contig_index_.at(t);
+      if (k == 0) {
+        const Tier tier = s_.cpu_checkpointing ? Tier::cpu : Tier::gpu;
+        for (int64_t b = 0; b < s_.number_checkpoints; ++b)
+          contig_bufs_.push_back(alloc(pos, add_buffer(fmt::format("ckpt_contiguous.{}", b), tier,
+                                                       Category::activations, g_.tensor(t).bytes,
+                                                       op.layer)));
+      }
+      // The clone is copied into buffer k and dropped; the partition now is buffer k.
+      free(pos, buffer_of_[static_cast<std::size_t>(t)]);
+      if (s_.cpu_checkpointing) {
+        buffer_of_[static_cast<std::size_t>(t)] = UINT32_MAX;  // touch() brings it back
+        ckpt_host_[t] = contig_bufs_[k];
+      } else {
+        buffer_of_[static_cast<std::size_t>(t)] = contig_bufs_[k];  // freed where it dies
+      }
+      return;
+    }
+    if (op.phase == Phase::recompute && !contig_unused_freed_) {
+      for (std::size_t b = contig_ckpts_.size(); b < contig_bufs_.size(); ++b) free(pos, contig_bufs_[b]);
+      contig_unused_freed_ = true;
+    }
+  }
+
   void liveness() {
     models::Liveness lv = models::liveness(g_);
     if (s_.cpu_checkpointing && s_.checkpointing == Checkpointing::full) find_checkpoints(lv);
+    if (s_.contiguous_memory_optimization && s_.partition_activations &&
+        s_.checkpointing == Checkpointing::full)
+      find_contiguous();
     dies_at_ = std::move(lv.dies_at);
     last_grad_write_ = std::move(lv.last_grad_write);
     buffer_of_.assign(g_.tensors.size(), UINT32_MAX);

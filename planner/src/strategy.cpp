@@ -207,6 +207,18 @@ void validate(const Strategy& s) {
     throw Error("--checkpointing selective-op with --moe-capacity-factor: not modelled",
                 "torchtitan's MoE, whose policy this is, drops no tokens; leave out "
                 "--moe-capacity-factor");
+  if (s.number_checkpoints < 0)
+    throw Error(fmt::format("--number-checkpoints: must be >= 1, got {}", s.number_checkpoints),
+                "the activation checkpoints one forward makes: one per block");
+  if (s.contiguous_memory_optimization && !s.partition_activations)
+    throw Error("--contiguous-memory-optimization: needs --partition-activations",
+                "DeepSpeed's checkpointing.configure asserts it: contiguous checkpointing is only "
+                "available with partitioned activations (activation_checkpointing."
+                "partition_activations true)");
+  if (s.contiguous_memory_optimization && s.number_checkpoints == 0)
+    throw Error("--contiguous-memory-optimization: needs --number-checkpoints",
+                "DeepSpeed sizes its buffers by activation_checkpointing.number_checkpoints "
+                "(checkpointing.configure asserts it is given): one per block");
   if (s.partition_activations && s.checkpointing != Checkpointing::full)
     throw Error("--partition-activations: needs --checkpointing full",
                 "ZeRO-R P_a partitions the activation checkpoints that full recomputation keeps");
@@ -427,6 +439,14 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     // it on. P_a is what it adds to the memory picture.
     s.partition_activations = af.boolean("partition_activations", s.partition_activations);
     s.cpu_checkpointing = af.boolean("cpu_checkpointing", s.cpu_checkpointing);
+    s.contiguous_memory_optimization =
+        af.boolean("contiguous_memory_optimization", s.contiguous_memory_optimization);
+    // null is DeepSpeed's default (ACT_CHKPT_NUMBER_CHECKPOINTS_DEFAULT = None).
+    if (af.has("number_checkpoints")) s.number_checkpoints = af.positive_int("number_checkpoints", 1);
+    // synchronize_checkpoint_boundary (a device synchronize around each checkpoint) and
+    // profile (timers) allocate nothing: type-checked only.
+    (void)af.boolean("synchronize_checkpoint_boundary", false);
+    (void)af.boolean("profile", false);
   }
   if (const json* zo = top.object("zero_optimization")) {
     reject_unknown(*zo,
@@ -511,6 +531,8 @@ json to_json(const Strategy& s) {
           {"dpu", s.dpu},
           {"partition_activations", s.partition_activations},
           {"cpu_checkpointing", s.cpu_checkpointing},
+          {"contiguous_memory_optimization", s.contiguous_memory_optimization},
+          {"number_checkpoints", s.number_checkpoints},
           {"ep", s.ep},
           {"moe_routing", to_string(s.moe_routing)},
           {"moe_capacity_factor", s.moe_capacity_factor},
@@ -551,7 +573,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
-                  "overlap_comm", "buffers",
+                  "contiguous_memory_optimization", "number_checkpoints", "overlap_comm", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
@@ -607,6 +629,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.dpu = f.boolean("dpu", false);
   s.partition_activations = f.boolean("partition_activations", false);
   s.cpu_checkpointing = f.boolean("cpu_checkpointing", false);
+  s.contiguous_memory_optimization = f.boolean("contiguous_memory_optimization", false);
+  s.number_checkpoints = f.nonneg_int("number_checkpoints", 0);
   if (f.has("overlap_comm") && !j.at("overlap_comm").is_null())
     s.overlap_comm = f.boolean("overlap_comm", false);
   if (const json* b = f.object("buffers")) {
@@ -680,6 +704,8 @@ std::string describe(const Strategy& s) {
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));
   if (s.partition_activations) out += s.cpu_checkpointing ? ", P_a+cpu" : ", P_a";
+  if (s.contiguous_memory_optimization)
+    out += fmt::format(", contiguous checkpoints ({})", s.number_checkpoints);
   if (s.optimizer_impl == OptimizerImpl::for_loop || s.optimizer_impl == OptimizerImpl::transformers)
     out += fmt::format(", {} optimizer", to_string(s.optimizer_impl));
   if (s.torch_version != 0) out += fmt::format(", torch {}", torch_version_string(s.torch_version));

@@ -263,6 +263,22 @@ TEST_CASE("bad input: one error line, a hint, exit 2") {
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--seq", "4096"}), "--seq");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--hardware", "tpu"}), "unknown hardware");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--format", "yaml"}), "--format");
+  // DeepSpeed's activation_checkpointing section: what checkpointing.configure asserts, and
+  // what its contiguous buffers cannot hold (gpt2 checkpoints 12 blocks per forward).
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "deepspeed", "--checkpointing",
+                             "full", "--contiguous-memory-optimization", "--number-checkpoints", "12"}),
+                  "needs --partition-activations");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "deepspeed", "--checkpointing",
+                             "full", "--partition-activations", "--contiguous-memory-optimization",
+                             "--number-checkpoints", "8"}),
+                  "--number-checkpoints 8");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--ds-config",
+                             dir.write("ac.json", R"({"activation_checkpointing": {"partition_activations": true,
+                               "contiguous_memory_optimization": true, "number_checkpoints": "12"}})")}),
+                  "activation_checkpointing.number_checkpoints");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--checkpointing", "selective-op", "--dp",
+                             "2", "--ep", "2"}),
+                  "selective-op");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--no-such-flag"}), "no-such-flag");
   // Shapes that do not divide, batch and model-parallel degree (graph issue).
   check_bad_input(zero_plan({"estimate", "--model", dir.write("heads.json",

@@ -781,6 +781,49 @@ TEST_CASE("fit: the DeepSpeed config reads back to the same strategy") {
   const Strategy nv = apply_deepspeed_config(Strategy{}, deepspeed_config(s), "ds.json");
   CHECK(nv.offload_param == Offload::nvme);
   CHECK(nv.buffers == s.buffers);
+  // The activation_checkpointing section: DeepSpeed's keys for P_a, Pa+cpu and the contiguous
+  // buffers read back to the same strategy. The model code, not the config, turns
+  // checkpointing on, so the base the config is read into says --checkpointing full, as the
+  // user says it beside --ds-config.
+  for (bool cpu : {false, true})
+    for (bool contiguous : {false, true}) {
+      Strategy c = s;
+      c.checkpointing = Checkpointing::full;
+      c.partition_activations = true;
+      c.cpu_checkpointing = cpu;
+      c.contiguous_memory_optimization = contiguous;
+      c.number_checkpoints = contiguous ? 48 : 0;
+      c.overlap_comm = overlaps_comm(c);  // the config says it explicitly
+      Strategy base = c;
+      base.partition_activations = base.cpu_checkpointing = base.contiguous_memory_optimization = false;
+      base.number_checkpoints = 0;
+      const nlohmann::json ds = deepspeed_config(c);
+      CAPTURE(ds.dump());
+      CHECK(ds["activation_checkpointing"]["partition_activations"] == true);
+      CHECK(ds["activation_checkpointing"]["cpu_checkpointing"] == cpu);
+      CHECK(ds["activation_checkpointing"]["contiguous_memory_optimization"] == contiguous);
+      CHECK(apply_deepspeed_config(base, ds, "ds.json") == c);
+    }
+}
+
+TEST_CASE("fit: the cache tells DeepSpeed's contiguous checkpoint buffers apart") {
+  const auto m = zp::models::load_model("gpt2");
+  PlanOptions o;
+  o.profile = Profile::deepspeed;
+  FitEvaluator ev(m, o);
+  Strategy s;
+  s.stage = 2;
+  s.dp = 4;
+  s.checkpointing = Checkpointing::full;
+  s.partition_activations = true;
+  s = resolve_for_model(s, m);
+  for (int64_t n : {0, 12, 20}) {
+    Strategy c = s;
+    c.contiguous_memory_optimization = n > 0;
+    c.number_checkpoints = n;
+    CAPTURE(n);
+    CHECK(ev.memory(c) == estimate(m, c, nullptr, o).per_device);
+  }
 }
 
 TEST_CASE("DeepSpeed's estimators, values computed by hand from its formulas") {

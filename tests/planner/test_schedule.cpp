@@ -7,12 +7,14 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/allocator.hpp"
+#include "zp/planner/estimate.hpp"
 #include "zp/planner/schedule.hpp"
 
 using namespace zp::planner;
@@ -355,6 +357,129 @@ TEST_CASE("deepspeed cpu_checkpointing: checkpoints on the host between forward 
   bad.checkpointing = Checkpointing::full;
   bad.cpu_checkpointing = true;
   CHECK_THROWS_AS(validate(bad), zp::Error);
+}
+
+namespace {
+// Where each buffer whose name starts with `prefix` is allocated and freed: op names (""
+// where never freed), in buffer order.
+struct Life {
+  std::string name;
+  Tier tier;
+  uint64_t bytes;
+  std::string from, to;
+};
+std::vector<Life> lives(const Run& r, const std::string& prefix) {
+  std::vector<Life> out;
+  std::map<uint32_t, std::size_t> at;
+  for (const MemEvent& e : r.sched.events) {
+    const MemBuffer& b = r.sched.buffers[e.buffer];
+    if (b.name.rfind(prefix, 0) != 0) continue;
+    const std::string op = e.pos < 0 ? "" : r.sched.op_names[static_cast<std::size_t>(e.pos)];
+    if (e.alloc) {
+      at[e.buffer] = out.size();
+      out.push_back({b.name, b.tier, b.bytes, op, ""});
+    } else {
+      out[at.at(e.buffer)].to = op;
+    }
+  }
+  return out;
+}
+// Bytes of `tier` in use just after position `pos` (its frees done).
+uint64_t live_after(const Run& r, Tier tier, int32_t pos) {
+  uint64_t n = 0;
+  for (const MemEvent& e : r.sched.events) {
+    if (e.pos > pos) break;
+    const MemBuffer& b = r.sched.buffers[e.buffer];
+    if (b.tier != tier) continue;
+    n = e.alloc ? n + b.bytes : n - b.bytes;
+  }
+  return n;
+}
+int32_t position_of(const Run& r, const std::string& op) {
+  for (std::size_t i = 0; i < r.sched.op_names.size(); ++i)
+    if (r.sched.op_names[i] == op) return static_cast<int32_t>(i);
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("deepspeed contiguous_memory_optimization: the checkpoints' preallocated buffers") {
+  // DeepSpeed's checkpointing.py (partition_activations, CheckpointFunction): the first
+  // checkpoint of a forward allocates number_checkpoints buffers of one partition each; every
+  // checkpoint copies its partition (a clone of its slice of the block input) into the next
+  // one and drops the clone; the first backward drops the list, which frees the buffers no
+  // checkpoint filled; buffer k goes when checkpoint k's backward returns. gpt2-tiny, B=1,
+  // T=64, C=64, bf16: a partition is 64 x 64 x 2 = 8192 bytes over one model-parallel rank.
+  const uint64_t part = 1 * 64 * C * 2;
+  Strategy s;
+  s.checkpointing = Checkpointing::full;
+  s.partition_activations = true;
+  const PlanOptions ds{Profile::deepspeed, Backend::cuda};
+  const Run plain = run(s, ds);
+  s.contiguous_memory_optimization = true;
+  s.number_checkpoints = L + 3;
+  const Run contig = run(s, ds);
+  const std::vector<Life> bufs = lives(contig, "ckpt_contiguous.");
+  REQUIRE(bufs.size() == L + 3);
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    CAPTURE(k);
+    CHECK(bufs[k].tier == Tier::gpu);
+    CHECK(bufs[k].bytes == part);
+    CHECK(bufs[k].from == "h.0.ckpt.partition");  // all at the first checkpoint
+    // Filled ones: to the end of their block's backward (GPT-2's last backward op of a block
+    // is its first layernorm's); the spare ones: the first backward, where block L-1 is
+    // recomputed from its checkpoint.
+    CHECK(bufs[k].to == (k < L ? fmt::format("h.{}.norm1.bwd", k) : std::string("h.1.norm1.re")));
+  }
+  // Each clone lives only within its checkpoint op.
+  for (const Life& c : lives(contig, "h.1.ckpt.part")) {
+    CHECK(c.from == "h.1.ckpt.partition");
+    CHECK(c.to == "h.1.ckpt.partition");
+  }
+  // At the end of the forward: the L + 3 buffers where P_a alone keeps the L clones.
+  const int32_t end_fwd = position_of(contig, "h.1.out");
+  REQUIRE(end_fwd == position_of(plain, "h.1.out"));
+  CHECK(live_after(contig, Tier::gpu, end_fwd) - live_after(plain, Tier::gpu, end_fwd) == 3 * part);
+
+  // With cpu_checkpointing the buffers are host memory; checkpoint k comes back to the device
+  // when its block is recomputed (its host buffer freed there) and the copy lives to the end
+  // of the block's backward.
+  s.cpu_checkpointing = true;
+  const Run host = run(s, ds);
+  const std::vector<Life> hb = lives(host, "ckpt_contiguous.");
+  REQUIRE(hb.size() == L + 3);
+  for (std::size_t k = 0; k < hb.size(); ++k) {
+    CAPTURE(k);
+    CHECK(hb[k].tier == Tier::cpu);
+    CHECK(hb[k].from == "h.0.ckpt.partition");
+    CHECK(hb[k].to == (k < L ? fmt::format("h.{}.norm1.re", k) : std::string("h.1.norm1.re")));
+  }
+  const std::vector<Life> back = lives(host, "h.0.ckpt.part");
+  REQUIRE(back.size() == 2);  // the clone, then the copy back
+  CHECK(back[1].from == "h.0.norm1.re");
+  CHECK(back[1].to == "h.0.norm1.bwd");
+  CHECK(lives(host, "ckpt_cpu.").empty());  // no per-checkpoint host copies beside them
+  CHECK(host.rep.per_device[Tier::cpu][Category::activations] == (L + 3) * part);
+
+  // Two model-parallel ranks: half a block input per buffer.
+  Strategy t = s;
+  t.cpu_checkpointing = false;
+  t.mp = 2;
+  for (const Life& b : lives(run(t, ds), "ckpt_contiguous.")) CHECK(b.bytes == part / 2);
+}
+
+TEST_CASE("contiguous_memory_optimization is refused where DeepSpeed refuses or fails") {
+  Strategy s;
+  s.checkpointing = Checkpointing::full;
+  s.contiguous_memory_optimization = true;
+  s.number_checkpoints = 2;
+  CHECK_THROWS_AS(validate(s), zp::Error);  // checkpointing.configure: needs partition_activations
+  s.partition_activations = true;
+  s.number_checkpoints = 0;
+  CHECK_THROWS_AS(validate(s), zp::Error);  // and number_checkpoints
+  s.number_checkpoints = 1;
+  validate(s);
+  // gpt2-tiny checkpoints two blocks: a second checkpoint finds no buffer (IndexError).
+  CHECK_THROWS_AS(resolve_for_model(s, load_model("gpt2-tiny")), zp::Error);
 }
 
 TEST_CASE("timeline: one sample per op at its high point; the trace opens in Perfetto") {

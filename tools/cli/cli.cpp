@@ -67,6 +67,16 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "recomputation (DeepSpeed's activation_checkpointing.cpu_checkpointing; needs "
                "--partition-activations)")
       ->group(g);
+  app.add_flag("--contiguous-memory-optimization", f.contiguous_memory_optimization,
+               "DeepSpeed's activation_checkpointing.contiguous_memory_optimization: the first "
+               "checkpoint of a forward allocates --number-checkpoints buffers of one "
+               "partition each, which the checkpoints are copied into (needs "
+               "--partition-activations)")
+      ->group(g);
+  app.add_option("--number-checkpoints", f.number_checkpoints,
+                 "activation_checkpointing.number_checkpoints: the buffers "
+                 "--contiguous-memory-optimization allocates, one per checkpointed block")
+      ->group(g);
   app.add_flag("--overlap-comm,!--no-overlap-comm", f.overlap_comm,
                "stages 2-3: reduce gradient buckets and wait for prefetched all-gathers while "
                "compute goes on (zero_optimization.overlap_comm) [off for stages 0-2, on for 3]")
@@ -309,6 +319,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   }
   if (partition_activations) s.partition_activations = true;
   if (cpu_checkpointing) s.cpu_checkpointing = true;
+  if (contiguous_memory_optimization) s.contiguous_memory_optimization = true;
+  if (given("--number-checkpoints"))
+    s.number_checkpoints = parse_int("--number-checkpoints", number_checkpoints);
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");

@@ -99,8 +99,10 @@ struct GraphOptions {
   // gating saves a (B*T, E, capacity) dispatch mask and combine weights. 0: dropless.
   double moe_capacity_factor = 0;
   int64_t moe_min_capacity = 4;
-  // ZeRO-R P_a: activation checkpoints (block inputs under full recompute) partitioned over
-  // the t model-parallel ranks, all-gathered before the block is recomputed.
+  // ZeRO-R P_a (DeepSpeed's partition_activations): activation checkpoints (block inputs
+  // under full recompute) partitioned over the t model-parallel ranks (a clone of the whole
+  // input when t = 1), all-gathered before the block is recomputed, held until its backward
+  // ends.
   bool partition_checkpoints = false;
   uint32_t param_bytes = 2;   // bytes per parameter and gradient element in the graph
   // Kernels that compute in fp32 on 16-bit weights (zero-run's CPU backend): every op converts

@@ -144,6 +144,15 @@ struct Strategy {
   // block's forward and back before the block is recomputed (deepspeed/runtime/
   // activation_checkpointing/checkpointing.py, CPU_CHECKPOINT).
   bool cpu_checkpointing = false;
+  // DeepSpeed's activation_checkpointing.contiguous_memory_optimization, with
+  // number_checkpoints (checkpointing.py partition_activations; it needs
+  // partition_activations, and number_checkpoints >= the checkpoints of one forward): the
+  // first checkpoint of a forward allocates number_checkpoints buffers of one partition each,
+  // on the device (on the host with cpu_checkpointing), and each checkpoint's partition is
+  // copied into the next one instead of being kept. The deepspeed profile. 0: not given.
+  // (synchronize_checkpoint_boundary and profile are read and move no memory.)
+  bool contiguous_memory_optimization = false;
+  int64_t number_checkpoints = 0;
   // Expert parallelism (Mixture-of-Experts models; DeepSpeed-MoE, Rajbhandari et al. 2022
   // sec. 4): each MoE layer's routed experts are split over ep ranks (E/ep each), and the
   // expert parameters' ZeRO partitions span the expert-data-parallel group of dp/ep ranks
