@@ -1832,11 +1832,11 @@ class Builder {
       op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, in_v, out_v, {}, {},
          {}, 4.0 * s2 * double(VS));
       if (a.att_mask != kNone) {
-        const TensorId d_in = hf ? grad_like(".attn.drop.d", a.att) : d_att;
+        const TensorId d_drop = hf ? grad_like(".attn.drop.d", a.att) : d_att;
         op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
-           {d_in}, {}, {}, {}, s2);
+           {d_drop}, {}, {}, {}, s2);
         g_.ops.back().dropout_p = m_.attn_dropout;
-        d_att = d_in;
+        d_att = d_drop;
       }
       std::vector<TensorId> in_sm = {d_att, a.att};
       if (a.sink_idx != kNone) in_sm.push_back(a.sink_idx);

@@ -297,10 +297,10 @@ TEST_CASE("pytorch profile: one GPU or DDP, the model's tensors whole, DDP's buc
   CHECK(total(a, "grads") == 4 * psi);
   CHECK(total(a, "exp_avg") + total(a, "exp_avg_sq") == 8 * psi);
   uint64_t casts = 0;
-  for (const MemBuffer& b : a.buffers)
-    if (b.name.ends_with(".autocast")) {
-      CHECK(b.category == Category::params);
-      casts += b.bytes;
+  for (const MemBuffer& buf : a.buffers)
+    if (buf.name.ends_with(".autocast")) {
+      CHECK(buf.category == Category::params);
+      casts += buf.bytes;
     }
   CHECK(casts > 0);
   CHECK(casts < 2 * psi);  // norms and embeddings are not cast
