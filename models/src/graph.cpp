@@ -522,12 +522,14 @@ class Builder {
                       flops});
   }
 
-  Param param(const std::string& name, uint64_t numel, const std::string& group, int layer) {
+  Param param(const std::string& name, uint64_t numel, const std::string& group, int layer,
+              const std::vector<uint64_t>* parts) {
     Param p;
     if (numel == 0) return p;
     p.w = tensor(name, {static_cast<int64_t>(numel)}, o_.param_bytes, TensorKind::param, layer, false, group);
     p.g = tensor(name + ".grad", {static_cast<int64_t>(numel)}, o_.param_bytes, TensorKind::grad, layer, false,
                  group);
+    if (parts != nullptr) g_.param_parts[p.g] = *parts;
     return p;
   }
 
@@ -560,6 +562,9 @@ class Builder {
     std::map<std::string, uint64_t> top;
     std::vector<std::map<std::string, uint64_t>> per(static_cast<std::size_t>(L));
     std::vector<std::map<std::string, std::set<std::string>>> bases(static_cast<std::size_t>(L));
+    // The same sums as lists of the recipe's tensors (TrainingGraph::param_parts).
+    std::map<std::string, std::vector<uint64_t>> top_parts;
+    std::vector<std::map<std::string, std::vector<uint64_t>>> per_parts(static_cast<std::size_t>(L));
     const bool mla = m_.attention == Attention::mla;
     detail::walk_params(m_, [&](const detail::SlotTensor& x) {
       std::string_view s = x.slot;
@@ -571,6 +576,7 @@ class Builder {
       const uint64_t n = rank_numel(x);
       if (x.layer < 0 || x.layer >= L || base == "enc_final_norm") {
         top[std::string(base)] += n;
+        if (n > 0) top_parts[std::string(base)].push_back(n);
         return;
       }
       static const std::map<std::string_view, std::string_view> kModule = {
@@ -594,19 +600,24 @@ class Builder {
       per[static_cast<std::size_t>(x.layer)][std::string(module)] += n;
       if (!base.ends_with("bias"))
         bases[static_cast<std::size_t>(x.layer)][std::string(module)].insert(std::string(base));
+      if (n > 0) per_parts[static_cast<std::size_t>(x.layer)][std::string(module)].push_back(n);
     });
+    auto top_param = [&](const char* name, const char* key, const std::string& group, int layer) {
+      return param(name, top[key], group, layer, &top_parts[key]);
+    };
     g_.groups.push_back("embed");
-    wte_ = param("wte", top["embed"], "embed", -1);
-    wpe_ = param("wpe", top["pos"], "embed", -1);
-    wtt_ = param("wtt", top["type"], "embed", -1);
-    embed_proj_ = param("embed.proj", top["embed_proj"], "embed", -1);
-    embed_norm_ = param("embed.norm", top["embed_norm"], "embed", -1);
+    wte_ = top_param("wte", "embed", "embed", -1);
+    wpe_ = top_param("wpe", "pos", "embed", -1);
+    wtt_ = top_param("wtt", "type", "embed", -1);
+    embed_proj_ = top_param("embed.proj", "embed_proj", "embed", -1);
+    embed_norm_ = top_param("embed.norm", "embed_norm", "embed", -1);
     for (int l = 0; l < L; ++l) {
       const std::string h = fmt::format("h.{}", l);
       g_.groups.push_back(h);
       auto& s = per[static_cast<std::size_t>(l)];
+      auto& sp = per_parts[static_cast<std::size_t>(l)];
       auto p = [&](const char* key, const char* name) {
-        const Param r = param(h + "." + name, s[key], h, l);
+        const Param r = param(h + "." + name, s[key], h, l, &sp[key]);
         const std::size_t n_lin = bases[static_cast<std::size_t>(l)][key].size();
         if (r.w != kNone) linears_[r.w] = n_lin > 0 ? static_cast<int64_t>(n_lin) : 1;
         return r;
@@ -640,20 +651,19 @@ class Builder {
       b.s_proj = p("s_proj", "moe.shared.proj");
       b.s_gate = p("s_gate", "moe.shared.gate");
       if (l == m_.n_layer - 1 && m_.encoder_decoder())
-        enc_final_norm_ = param("enc.norm_f", top["enc_final_norm"], h, l);
+        enc_final_norm_ = top_param("enc.norm_f", "enc_final_norm", h, l);
       blocks_.push_back(b);
     }
     g_.groups.push_back("head");
-    final_norm_ = param("norm_f", top["final_norm"], "head", static_cast<int>(L));
-    head_proj_ = param("head.proj", top["head_proj"], "head", static_cast<int>(L));
-    pooler_ = param("head.pooler", top["head.pooler"], "head", static_cast<int>(L));
-    mlm_bias_ = param("head.mlm.bias", top["head.mlm"], "head", static_cast<int>(L));
-    mlm_dense_ = param("head.mlm.dense", top["head.mlm.dense"], "head", static_cast<int>(L));
-    mlm_norm_ = param("head.mlm.norm", top["head.mlm_norm"], "head", static_cast<int>(L));
-    lm_head_ = m_.tied_embeddings
-                   ? wte_
-                   : param("lm_head", top["head"], "head", static_cast<int>(L));
-    cls_ = param("head.cls", top["head.cls"], "head", static_cast<int>(L));
+    const int H = static_cast<int>(L);
+    final_norm_ = top_param("norm_f", "final_norm", "head", H);
+    head_proj_ = top_param("head.proj", "head_proj", "head", H);
+    pooler_ = top_param("head.pooler", "head.pooler", "head", H);
+    mlm_bias_ = top_param("head.mlm.bias", "head.mlm", "head", H);
+    mlm_dense_ = top_param("head.mlm.dense", "head.mlm.dense", "head", H);
+    mlm_norm_ = top_param("head.mlm.norm", "head.mlm_norm", "head", H);
+    lm_head_ = m_.tied_embeddings ? wte_ : top_param("lm_head", "head", "head", H);
+    cls_ = top_param("head.cls", "head.cls", "head", H);
   }
 
   // ---- building blocks (forward, then backward in reverse with the same names) ----

@@ -369,6 +369,9 @@ class ScheduleBuilder {
     for (int32_t i = 0; i < n; ++i)
       if (op_at(i).phase == Phase::backward) last_bwd = i;
 
+    // DeepSpeed stage 1 after earlier micro-steps: their first hook allocated the ipg buffers.
+    if (deepspeed_grads() && s_.stage == 1 && s_.grad_accum > 1 && contiguous() && n > 0)
+      deepspeed_setup_buckets(0);
     for (int32_t i = 0; i < n; ++i) {
       const Op& op = op_at(i);
       out_.op_names.push_back(op.name);
@@ -386,7 +389,7 @@ class ScheduleBuilder {
       if (const uint64_t a2a = alltoall_buffer_bytes(op); a2a > 0)
         scratch.push_back(alloc(i, add_buffer("a2a." + op.name, Tier::gpu, Category::buffers, a2a,
                                               op.layer)));
-      if (s_.stage >= 2 && op.phase != Phase::optimizer)
+      if (grads_per_tensor() && op.phase != Phase::optimizer)
         for (TensorId gt : op.grads) alloc_grad(i, gt);
       if (op.phase == Phase::optimizer) optimizer_buffers(i);
       // Free scratch, then tensors whose last use is this op.
@@ -396,7 +399,11 @@ class ScheduleBuilder {
       for (TensorId t : dies_at_[static_cast<std::size_t>(i)]) free(i, buffer_of_[static_cast<std::size_t>(t)]);
       if (!contig_ckpts_.empty()) contiguous_checkpoints(i, op);
       if (!ckpt_last_fwd_.empty() || !ckpt_host_.empty()) offload_checkpoints(i, op);
-      if (s_.stage >= 2 && op.phase != Phase::optimizer) {
+      if (deepspeed_grads() && op.phase != Phase::optimizer) {
+        for (TensorId gt : op.grads)
+          if (last_grad_write_[static_cast<std::size_t>(gt)] == i) deepspeed_reduce_hook(i, gt);
+        if (i == last_bwd) deepspeed_end_of_backward(i);
+      } else if (s_.stage >= 2 && op.phase != Phase::optimizer) {
         for (TensorId gt : op.grads)
           if (last_grad_write_[static_cast<std::size_t>(gt)] == i) pending_.push_back(gt);
         if (!fsdp()) flush_if_full(i, i == last_bwd);
@@ -451,8 +458,32 @@ class ScheduleBuilder {
   // and in all, the largest optimizer sub-group's partition elements.
   std::map<std::string, uint64_t> persistent_elems_;
   uint64_t persistent_total_ = 0, max_sub_group_ = 0;
+  // DeepSpeed's gradient reduction (deepspeed_reduce_hook): the ipg buffers, the elements and
+  // tensors of the bucket being filled, the gradients whose own tensors wait for a reduction
+  // (held) or, with overlap_comm at stage 2 without contiguous gradients, for the next one
+  // (ds_in_flight_), the gradient partition the reductions fill and, at stage 1, the full
+  // gradients held since the first micro-step.
+  std::vector<uint32_t> ipg_;
+  uint64_t ds_bucket_elems_ = 0;
+  std::vector<uint64_t> ds_bucket_;                 // the bucket's parameters' elements
+  std::vector<TensorId> ds_held_, ds_in_flight_;
+  bool ds_bucket_expert_ = false;
+  uint32_t ds_grad_partition_ = UINT32_MAX;       // allocated at the first reduction
+  uint32_t ds_partition_state_ = UINT32_MAX;      // the "grads" state taken off init (stage 2)
+  uint32_t ds_full_grads_ = UINT32_MAX;           // stage 1: the "grads" state, freed after backward
+  bool ds_grad_partition_live_ = false;
 
   bool fsdp() const { return o_.profile == Profile::fsdp; }
+  // The deepspeed profile's stages 1-3 reduce gradients as DeepSpeed's ZeRO optimizers do
+  // (deepspeed_reduce_hook); every other profile and stage 0 as before.
+  bool deepspeed_grads() const { return o_.profile == Profile::deepspeed && s_.stage >= 1; }
+  // Whether each gradient lives in its own buffer ("bucket." + name) from its first write:
+  // stages 2-3, and DeepSpeed's stage 1 in a step without earlier micro-steps (their
+  // gradients would be accumulated in place, the "grads" state) and without offload.
+  bool grads_per_tensor() const {
+    return s_.stage >= 2 || (deepspeed_grads() && s_.grad_accum == 1 &&
+                             s_.offload_optimizer == Offload::none);
+  }
   // PyTorch's own optimizer on the model's tensors (fsdp and pytorch profiles): states in the
   // weights' dtype, foreach temporaries.
   bool torch_native() const { return o_.profile == Profile::fsdp || o_.profile == Profile::pytorch; }
@@ -571,12 +602,229 @@ class ScheduleBuilder {
                              Category::params, checked_mul(sec, p_bytes_, "hpZ secondary partition")));
       }
     }
+    if (deepspeed_grads()) deepspeed_gradient_states();
     // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
     if (o_.profile == Profile::pytorch && dp_ > 1) {
       const bool pure = weights_in_compute_dtype(s_);
       alloc(-1, add_buffer("ddp_buckets", Tier::gpu, Category::buffers,
                            checked_mul(pure ? p_bytes_ : 4, out_.n_params, "DDP bucket bytes")));
     }
+  }
+
+  // ---- DeepSpeed's gradient reduction, the deepspeed profile at stages 1-3 --------------------
+  // Read in deepspeed/runtime/zero/stage_1_and_2.py and stage3.py (DeepSpeed 0.19.6, commit
+  // edaa722; planner/notes/deepspeed-memory.md sec. 1-2). B = reduce_bucket_size elements.
+  //
+  // The gradient states. Stages 1-2 hold no gradient at init: a backward allocates each
+  // gradient as autograd produces it, and the reductions copy this rank's part into
+  // grads_in_partition, a buffer of the 16-bit dtype allocated at the first reduction that
+  // reaches it (copy_grads_in_partition; without contiguous gradients the same elements stay
+  // in the parameters' own .grad tensors, all_grad_tensors), which the step reads and frees.
+  // The end of backward frees every other gradient (independent_gradient_partition_epilogue:
+  // _clear_param_grad_only; zero_grad(set_to_none) before #7780). So:
+  // - stage 1, one micro-step: no "grads" state; each gradient in its own buffer until the
+  //   end of backward, where the reduction runs (engine.py allreduce_gradients ->
+  //   reduce_gradients after backward; with overlap_comm in the hooks, as stage 2);
+  // - stage 1 with earlier micro-steps (or an offloaded optimizer): the full "grads" state
+  //   accumulated since the first micro-step, freed at the end of backward;
+  // - stage 2, one micro-step: the "grads" state (the partition) allocated at the first
+  //   reduction instead of at init;
+  // - stage 2 with earlier micro-steps: the accumulated partition held from init, and this
+  //   micro-step's new grads_in_partition from its first reduction to the end of backward,
+  //   when it is added into the old one (epilogue: accumulated_grad.add_(new_avg_grad));
+  // - stage 3: grad_partitions_flat_buffer, allocated at init (stage3.py __init__:
+  //   torch.zeros of the partition's elements), as before; and
+  //   with contiguous gradients the ipg buffer, torch.empty(reduce_bucket_size) in the
+  //   communication dtype (the 16-bit dtype unless communication_data_type says otherwise),
+  //   allocated at init and never freed.
+  void deepspeed_gradient_states() {
+    auto init_alloc = [&](const char* name) -> std::vector<MemEvent>::iterator {
+      return std::find_if(out_.events.begin(), out_.events.end(), [&](const MemEvent& e) {
+        const MemBuffer& b = out_.buffers[e.buffer];
+        return e.alloc && e.pos < 0 && b.tier == Tier::gpu && b.name == name;
+      });
+    };
+    const bool offload = s_.offload_optimizer != Offload::none;
+    if (s_.stage == 3) {
+      if (s_.contiguous_gradients && !ds_stage3_ipg_per_backward())
+        ipg_.push_back(alloc(-1, add_buffer("ipg_buffer", Tier::gpu, Category::buffers,
+                                            checked_mul(s_.buffers.reduce_bucket_size, p_bytes_,
+                                                        "ipg buffer bytes"))));
+      return;
+    }
+    auto grads = init_alloc("grads");
+    if (grads == out_.events.end()) return;
+    if (s_.stage == 1) {
+      if (grads_per_tensor()) out_.events.erase(grads);
+      else ds_full_grads_ = grads->buffer;
+      if (!offload)
+        ds_grad_partition_ = add_buffer("grads_in_partition", Tier::gpu, Category::grads,
+                                        checked_mul(out_.partition_elems, p_bytes_, "gradient partition"));
+      return;
+    }
+    if (offload) return;  // stage 2 offload: the partition goes to the host (model_states.cpp)
+    if (s_.grad_accum == 1) {
+      ds_grad_partition_ = grads->buffer;
+      out_.events.erase(grads);
+    } else {
+      ds_partition_state_ = grads->buffer;
+      ds_grad_partition_ = add_buffer("grads_in_partition.micro_step", Tier::gpu, Category::grads,
+                                      checked_mul(out_.partition_elems, p_bytes_, "gradient partition"));
+    }
+  }
+
+  // Stages 1-2 with the optimizer offloaded always copy into the ipg buffer
+  // (stage_1_and_2.py: self.contiguous_gradients = contiguous_gradients or self.cpu_offload).
+  bool contiguous() const {
+    return s_.contiguous_gradients || (s_.stage < 3 && s_.offload_optimizer != Offload::none);
+  }
+  uint64_t grad_elems(TensorId gt) const { return g_.tensor(gt).bytes / g_.tensor(gt).elem_bytes; }
+
+  // DeepSpeed before 0.6.0 allocated stage 3's ipg buffers as stages 1-2 do, per backward
+  // (stage3.py of v0.4.0, backward(): buf_0, and buf_1 with overlap_comm; freed by
+  // _release_ipg_buffers); PR #1453 (first in v0.6.0) made it one buffer held from init.
+  bool ds_stage3_ipg_per_backward() const {
+    return s_.deepspeed_version > 0 && s_.deepspeed_version < 600;
+  }
+  // Whether the reductions run in the gradient hooks: stages 2-3, and stage 1 with
+  // overlap_comm (stage_1_and_2.py process_gradients); stage 1 otherwise reduces after
+  // backward.
+  bool deepspeed_reduces_in_hooks() const { return s_.stage >= 2 || overlaps_comm(s_); }
+
+  // The hook DeepSpeed registers on every parameter (stage_1_and_2.py
+  // create_gradient_handling_hooks -> process_gradients; stage3.py
+  // reduce_independent_p_g_buckets_and_remove_grads), run when autograd has finished the
+  // gradient:
+  // - stages 1-2, the first hook of a backward allocates the ipg buffers (setup_buckets):
+  //   with contiguous gradients one of B elements in the 16-bit dtype (self.dtype, "not the
+  //   dtype for autocast"), and a second one with overlap_comm, so one bucket is reduced
+  //   while the other fills; both are freed at the end of backward (_release_ipg_buffers).
+  //   At stage 1 with earlier micro-steps they were allocated by the first one and are held
+  //   through this one's forward (the epilogue that frees them runs at the boundary only).
+  // - a gradient that does not fit the bucket's remaining room reduces the bucket first
+  //   (stage 3: if the bucket holds anything, and the bucket also changes at a change of
+  //   partition group, experts' to the others');
+  // - with contiguous gradients a gradient of at most B elements is copied into the bucket
+  //   and its own tensor freed (param.grad.data re-pointed into the buffer); a larger one
+  //   (extra_large_param_to_reduce) and, without contiguous gradients, every one keeps its
+  //   own tensor until the bucket is reduced.
+  void deepspeed_setup_buckets(int32_t pos) {
+    const int n_buffers = overlaps_comm(s_) ? 2 : 1;
+    for (int k = 0; k < n_buffers; ++k)
+      ipg_.push_back(alloc(pos, add_buffer(fmt::format("ipg_buffer.{}", k), Tier::gpu,
+                                           Category::buffers,
+                                           checked_mul(s_.buffers.reduce_bucket_size, p_bytes_,
+                                                       "ipg buffer bytes"))));
+  }
+  void deepspeed_reduce_hook(int32_t pos, TensorId gt) {
+    if ((s_.stage < 3 || ds_stage3_ipg_per_backward()) && contiguous() && ipg_.empty())
+      deepspeed_setup_buckets(pos);
+    const bool own = grad_buffer_[static_cast<std::size_t>(gt)] != UINT32_MAX;
+    if (!deepspeed_reduces_in_hooks()) {
+      if (own) ds_held_.push_back(gt);
+      return;
+    }
+    deepspeed_add_to_bucket(pos, gt);
+  }
+  // DeepSpeed hooks and buckets each torch parameter; a graph tensor may sum several (q, k
+  // and v): its parts are bucketed one by one, and its buffer is freed at its hook when every
+  // part was copied, else kept with the gradients that wait for the next reduction.
+  void deepspeed_add_to_bucket(int32_t pos, TensorId gt) {
+    const uint64_t b = s_.buffers.reduce_bucket_size;
+    const bool expert = is_expert_tensor(g_.tensor(gt));
+    auto it = g_.param_parts.find(gt);
+    const std::vector<uint64_t> whole = {grad_elems(gt)};
+    const std::vector<uint64_t>& parts = it != g_.param_parts.end() && !it->second.empty() ? it->second : whole;
+    bool copied = contiguous();
+    for (uint64_t n : parts) {
+      if (s_.stage == 3 && !ds_bucket_.empty() && expert != ds_bucket_expert_) deepspeed_reduce(pos);
+      if (ds_bucket_elems_ + n > b && (s_.stage < 3 || ds_bucket_elems_ > 0)) deepspeed_reduce(pos);
+      ds_bucket_expert_ = expert;
+      if (n > b) copied = false;
+      ds_bucket_.push_back(n);
+      ds_bucket_elems_ = checked_add(ds_bucket_elems_, n, "bucket elements");
+    }
+    if (grad_buffer_[static_cast<std::size_t>(gt)] == UINT32_MAX) return;
+    if (copied) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    else ds_held_.push_back(gt);
+  }
+  // Reducing a bucket. Stages 1-2 all-reduce it (average_tensor -> allreduce_and_scatter,
+  // or without contiguous gradients buffered_reduce_fallback -> allreduce_no_retain), and
+  // either way allreduce_bucket first flattens the bucket's tensors into a new tensor of
+  // their elements in the 16-bit dtype (self.flatten: torch.cat), freed when the reduction
+  // returns; a gradient larger than B is reduced from its slices per partition, at most its
+  // own elements. Stage 3 reduce-scatters (__avg_scatter_grads -> reduce_scatter_coalesced,
+  // runtime/comm/coalesced_collectives.py), which concatenates every tensor's W chunks of
+  // ceil(n/W) elements, padded, into a new flat buffer of sum ceil(n/W) x W elements, except
+  // for a single tensor that W divides; this rank's chunk of it is copied into the gradient
+  // partition (partition_grads), and the flat buffer freed.
+  // Then this rank's part goes to the gradient partition (its buffer allocated at the first
+  // reduction); the gradients that kept their own tensors are freed, except at stage 1,
+  // which clears nothing before the end of backward, and at stages 2-3 with overlap_comm and
+  // without contiguous gradients, whose tensors are freed at the next reduction (stage 2's
+  // previous_reduced_grads; stage 3's are freed to the reduce stream, reusable once the
+  // reduction in flight is done).
+  void deepspeed_reduce(int32_t pos) {
+    if (ds_bucket_.empty()) return;
+    uint64_t flat = 0;
+    if (s_.stage < 3) {
+      flat = ds_bucket_elems_;
+    } else {
+      const uint64_t w = ds_bucket_expert_ ? edp_ : dp_;
+      if (!(ds_bucket_.size() == 1 && ds_bucket_.front() % w == 0))
+        for (uint64_t n : ds_bucket_)
+          flat = checked_add(flat, checked_mul(zp::partition_elems(n, w), w, "flat"),
+                             "reduce-scatter flat buffer");
+    }
+    if (flat > 0) {
+      const uint32_t b = alloc(pos, add_buffer("reduce_flat", Tier::gpu, Category::buffers,
+                                               checked_mul(flat, p_bytes_, "reduce flat bytes")));
+      free(pos, b);
+    }
+    if (ds_grad_partition_ != UINT32_MAX && !ds_grad_partition_live_) {
+      alloc(pos, ds_grad_partition_);
+      ds_grad_partition_live_ = true;
+    }
+    ds_bucket_.clear();
+    ds_bucket_elems_ = 0;
+    if (s_.stage == 1) return;  // stage 1 clears gradients at the end of backward only
+    for (TensorId gt : ds_in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    ds_in_flight_.clear();
+    if (overlaps_comm(s_) && !s_.contiguous_gradients) ds_in_flight_ = std::move(ds_held_);
+    else
+      for (TensorId gt : ds_held_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    ds_held_.clear();
+  }
+  // The end of backward (the epilogue): stage 1 without overlap_comm reduces every gradient
+  // now, bucket by bucket in the same way; then the last bucket is reduced, every gradient
+  // left is freed (stage 1's full "grads" state too), stages 1-2 free their ipg buffers and,
+  // after earlier micro-steps at stage 2, this micro-step's partition (added into the old).
+  void deepspeed_end_of_backward(int32_t pos) {
+    if (!deepspeed_reduces_in_hooks()) {
+      std::vector<TensorId> all = std::move(ds_held_);
+      ds_held_.clear();
+      if (all.empty() && ds_full_grads_ != UINT32_MAX) {
+        // Gradients accumulated in the "grads" state: the largest bucket is min(B, P).
+        const uint32_t b = alloc(pos, add_buffer("reduce_flat", Tier::gpu, Category::buffers,
+                                                 checked_mul(std::min(s_.buffers.reduce_bucket_size,
+                                                                      out_.n_params),
+                                                             p_bytes_, "reduce flat bytes")));
+        free(pos, b);
+        if (ds_grad_partition_ != UINT32_MAX && !ds_grad_partition_live_) {
+          alloc(pos, ds_grad_partition_);
+          ds_grad_partition_live_ = true;
+        }
+      }
+      for (TensorId gt : all) deepspeed_add_to_bucket(pos, gt);
+    }
+    deepspeed_reduce(pos);
+    for (TensorId gt : ds_in_flight_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    for (TensorId gt : ds_held_) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+    ds_in_flight_.clear();
+    ds_held_.clear();
+    if (ds_full_grads_ != UINT32_MAX) free(pos, ds_full_grads_);
+    if (s_.stage < 3 || ds_stage3_ipg_per_backward()) for (uint32_t b : ipg_) free(pos, b);
+    if (ds_partition_state_ != UINT32_MAX && ds_grad_partition_live_) free(pos, ds_grad_partition_);
   }
 
   // ZeRO-R Pa+cpu (Strategy::cpu_checkpointing): a checkpoint is a tensor the forward pass

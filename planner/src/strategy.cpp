@@ -499,6 +499,12 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     };
     if (!is_auto(*zo, "overlap_comm") && z.has("overlap_comm"))
       s.overlap_comm = z.boolean("overlap_comm", false);
+    if (is_auto(*zo, "contiguous_gradients"))
+      note(fmt::format("zero_optimization.contiguous_gradients \"auto\": {} (DeepSpeed's default); "
+                       "--contiguous-gradients or --no-contiguous-gradients settles it",
+                       s.contiguous_gradients));
+    else
+      s.contiguous_gradients = z.boolean("contiguous_gradients", s.contiguous_gradients);
     bucket("reduce_bucket_size", s.buffers.reduce_bucket_size);
     bucket("allgather_bucket_size", s.buffers.allgather_bucket_size);
     bucket("stage3_prefetch_bucket_size", s.buffers.prefetch_bucket_size);
@@ -545,6 +551,7 @@ json to_json(const Strategy& s) {
           {"optimizer_impl", to_string(s.optimizer_impl)},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
+          {"contiguous_gradients", s.contiguous_gradients},
           {"buffers",
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
@@ -573,7 +580,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                  {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
-                  "contiguous_memory_optimization", "number_checkpoints", "overlap_comm", "buffers",
+                  "contiguous_memory_optimization", "number_checkpoints", "overlap_comm",
+                  "contiguous_gradients", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
@@ -633,6 +641,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.number_checkpoints = f.nonneg_int("number_checkpoints", 0);
   if (f.has("overlap_comm") && !j.at("overlap_comm").is_null())
     s.overlap_comm = f.boolean("overlap_comm", false);
+  s.contiguous_gradients = f.boolean("contiguous_gradients", true);
   if (const json* b = f.object("buffers")) {
     reject_unknown(
         *b,
@@ -711,6 +720,7 @@ std::string describe(const Strategy& s) {
   if (s.torch_version != 0) out += fmt::format(", torch {}", torch_version_string(s.torch_version));
   if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
+  if (!s.contiguous_gradients) out += ", no contiguous gradients";
   return out;
 }
 

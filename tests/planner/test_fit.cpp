@@ -419,7 +419,11 @@ TEST_CASE("fit: cached memory equals estimate() exactly") {
         }
         // The second bucket, in our engine's plan: only with more than one rank to reduce to.
         if (prof == Profile::zeroplan && dp > 1) CHECK(got[1].peak(Tier::gpu) > got[0].peak(Tier::gpu));
-        if (dp == 1) CHECK(got[1] == got[0]);
+        // With one rank our engine holds no second bucket; DeepSpeed's stage 2 allocates its
+        // second ipg buffer all the same (stage_1_and_2.py setup_buckets), stage 3 none.
+        if (dp == 1 && (prof == Profile::zeroplan || stage == 3)) CHECK(got[1] == got[0]);
+        if (dp == 1 && prof == Profile::deepspeed && stage == 2)
+          CHECK(got[1].peak(Tier::gpu) > got[0].peak(Tier::gpu));
       }
   }
 }

@@ -81,6 +81,12 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "stages 2-3: reduce gradient buckets and wait for prefetched all-gathers while "
                "compute goes on (zero_optimization.overlap_comm) [off for stages 0-2, on for 3]")
       ->group(g);
+  app.add_flag("--contiguous-gradients,!--no-contiguous-gradients", f.contiguous_gradients,
+               "--profile deepspeed, stages 1-3: copy each finished gradient into the engine's "
+               "reduce-bucket-size buffer and free its own tensor (zero_optimization."
+               "contiguous_gradients); without, gradients stay in their own tensors until "
+               "reduced [on]")
+      ->group(g);
   app.add_option("--ep", f.ep,
                  "expert-parallel degree (Mixture-of-Experts models): each MoE layer's experts "
                  "split over ep ranks; expert parameters ZeRO-partitioned over dp/ep; divides "
@@ -323,6 +329,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--number-checkpoints"))
     s.number_checkpoints = parse_int("--number-checkpoints", number_checkpoints);
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
+  if (given("--contiguous-gradients")) s.contiguous_gradients = contiguous_gradients;
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");
   if (given("--allgather-bucket-size"))
@@ -376,7 +383,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     for (const auto& [flag, field] : {std::pair<const char*, const char*>{"--precision", "fp16.enabled"},
                                       {"--precision", "bf16.enabled"},
                                       {"--micro-batch", "train_micro_batch_size_per_gpu"},
-                                      {"--grad-accum", "gradient_accumulation_steps"}})
+                                      {"--grad-accum", "gradient_accumulation_steps"},
+                                      {"--contiguous-gradients",
+                                       "zero_optimization.contiguous_gradients"}})
       if (given(flag))
         std::erase_if(*assumed, [&](const std::string& l) { return l.rfind(field, 0) == 0; });
     // The flags left out whose value the plan took anyway (the DeepSpeed config's fields

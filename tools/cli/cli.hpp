@@ -36,6 +36,7 @@ struct StrategyFlags {
   bool contiguous_memory_optimization = false;
   std::string number_checkpoints;
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given
+  bool contiguous_gradients = true;  // likewise, --[no-]contiguous-gradients
   CLI::App* app = nullptr;  // to ask which flags were given
 
   // Defaults, then the DeepSpeed config (--ds-config), then explicit flags. The profile

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,10 @@ struct TrainingGraph {
   OpGraph graph;
   std::vector<OpId> order;  // execution order: topological order of `graph`
   std::vector<std::string> groups;  // ZeRO-3 module groups in forward order
+  // A parameter's gradient tensor -> the elements on this rank of each recipe tensor it sums,
+  // in module order (a block's "attn.qkv" is q, k and v with their biases): the torch
+  // parameters DeepSpeed hooks and buckets one by one.
+  std::map<TensorId, std::vector<uint64_t>> param_parts;
   double flops_forward = 0, flops_backward = 0, flops_recompute = 0;
 
   const Tensor& tensor(TensorId t) const { return tensors[static_cast<std::size_t>(t)]; }

@@ -170,6 +170,13 @@ struct Strategy {
   // default, false for stages 0-2 and true for stage 3 (deepspeed/runtime/zero/config.py: an
   // unset overlap_comm becomes stage == 3). See overlaps_comm().
   std::optional<bool> overlap_comm;
+  // zero_optimization.contiguous_gradients (the deepspeed profile, stages 1-3; DeepSpeed's
+  // default true, deepspeed/runtime/zero/config.py): each gradient is copied into the
+  // engine's reduce_bucket_size-element ipg buffer when autograd has finished it and its own
+  // tensor is freed at once; false keeps every gradient in its own tensor until its bucket is
+  // reduced. Stages 1-2 with the optimizer offloaded always copy (stage_1_and_2.py:
+  // contiguous_gradients or cpu_offload). schedule.cpp deepspeed_reduce_hook has the buffers.
+  bool contiguous_gradients = true;
   // The dtype of the weights the optimizer updates and of the gradient it reads: fp32 (mixed
   // precision's master weights), or bf16 with --precision bf16 (DeepSpeed's
   // bf16.bf16_master_weights_and_grads, a bf16 master partition; under the fsdp profile a bf16
