@@ -68,7 +68,7 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
                           uint64_t, uint64_t, uint64_t, bool, int,
-                          std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t>, int64_t>;
+                          std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>, int64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
@@ -81,10 +81,12 @@ using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, 
 // what DeepSpeed's gradient reduction depends on (schedule.cpp deepspeed_reduce_hook):
 // contiguous gradients, overlap_comm (two ipg buffers at stages 1-2, the reduction in the
 // hooks at stage 1) and earlier micro-steps (the gradients they accumulated).
-std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t> deepspeed_settings(const Strategy& s) {
+// And partial offload's ratio.
+std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double> deepspeed_settings(const Strategy& s) {
   const uint64_t flags = uint64_t{s.contiguous_gradients} | uint64_t{overlaps_comm(s)} << 1;
   return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold,
-          s.hpz_partition_size * 1'000'000 + s.deepspeed_version, flags, s.grad_accum};
+          s.hpz_partition_size * 1'000'000 + s.deepspeed_version, flags, s.grad_accum,
+          s.offload_optimizer_ratio};
 }
 
 int state_dtypes(const Strategy& s) {
@@ -188,7 +190,7 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                    holds_buckets_in_flight(s),
                    whole ? state_dtypes(s) : 0,
                    whole ? deepspeed_settings(s)
-                         : std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t>{},
+                         : std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>{},
                    whole && s.contiguous_memory_optimization ? s.number_checkpoints : 0};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {

@@ -79,7 +79,7 @@ PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
 }
 
 PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateLayout layout,
-                            std::optional<uint64_t> optimizer_bytes) {
+                            std::optional<uint64_t> optimizer_bytes, uint64_t gpu_step_elems) {
   const BytesPerParam b =
       bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
   // Without per-tensor bytes: one flat tensor of the `held` elements the optimizer updates.
@@ -115,12 +115,18 @@ PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateL
     // partition on the cpu; the 16-bit gradients stay whole on the gpu only under stage 1.
     const Tier t = s.offload_optimizer == Offload::cpu ? Tier::cpu : Tier::nvme;
     const uint64_t m = s.master_precision == Precision::bf16 ? 2 : 4;
-    d[t][Category::master] = checked_mul(m, part, "bytes of master");
-    d[t][Category::optimizer] = gpu[Category::optimizer];
-    d[Tier::cpu][Category::grads] = checked_mul(m, part, "bytes of fp32 grads");
-    gpu[Category::master] = 0;
-    gpu[Category::optimizer] = 0;
+    // Partial offload (stage3.py _create_fp32_partitions, initialize_optimizer_states): the
+    // GPU's sub-groups keep the master converted on the GPU, their fp32 gradient buffer moved
+    // there, and the GPU AdamW's moments (zeros_like the master).
+    const uint64_t on_gpu = std::min(gpu_step_elems, part), host = part - on_gpu;
+    d[t][Category::master] = checked_mul(m, host, "bytes of master");
+    d[t][Category::optimizer] = on_gpu > 0 ? flat(host, moment) : gpu[Category::optimizer];
+    d[Tier::cpu][Category::grads] = checked_mul(m, host, "bytes of fp32 grads");
+    gpu[Category::master] = checked_mul(m, on_gpu, "bytes of master");
+    gpu[Category::optimizer] = on_gpu > 0 ? flat(on_gpu, moment) : 0;
     if (s.stage >= 2) gpu[Category::grads] = 0;
+    gpu[Category::grads] = checked_add(gpu[Category::grads], checked_mul(m, on_gpu, "fp32 grads"),
+                                       "bytes of grads");
   }
   return d;
 }

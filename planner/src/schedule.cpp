@@ -263,13 +263,13 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
 // allocates them: params, grads, master, optimizer moments; per tier.
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t part,
                          const Strategy& s, uint32_t param_bytes, StateLayout layout,
-                         std::optional<uint64_t> optimizer_bytes) {
+                         std::optional<uint64_t> optimizer_bytes, uint64_t gpu_step_elems) {
   auto alloc = [&](int32_t pos, uint32_t b) { out.events.push_back({pos, true, b}); };
   auto add_buffer = [&](std::string name, Tier t, Category c, uint64_t bytes) {
     out.buffers.push_back({std::move(name), t, c, bytes, -1});
     return static_cast<uint32_t>(out.buffers.size() - 1);
   };
-  const PerDevice d = model_state_bytes(n_params, part, s, layout, optimizer_bytes);
+  const PerDevice d = model_state_bytes(n_params, part, s, layout, optimizer_bytes, gpu_step_elems);
   for (Tier t : kTiers) {
     // On the nvme tier every state is one swap file, padded to whole O_DIRECT blocks.
     auto state = [&](const char* name, Category c, uint64_t bytes) {
@@ -458,6 +458,10 @@ class ScheduleBuilder {
   // and in all, the largest optimizer sub-group's partition elements.
   std::map<std::string, uint64_t> persistent_elems_;
   uint64_t persistent_total_ = 0, max_sub_group_ = 0;
+  // Its optimizer sub-groups' partition elements in order, and of them (partial offload) the
+  // ones stepped on the GPU: in all and the largest.
+  std::vector<uint64_t> sub_groups_;
+  uint64_t gpu_sub_group_elems_ = 0, max_gpu_sub_group_ = 0;
   // DeepSpeed's gradient reduction (deepspeed_reduce_hook): the ipg buffers, the elements and
   // tensors of the bucket being filled, the gradients whose own tensors wait for a reduction
   // (held) or, with overlap_comm at stage 2 without contiguous gradients, for the next one
@@ -560,6 +564,7 @@ class ScheduleBuilder {
       sub = checked_add(sub, part, "sub-group elements");
       if (sub >= sub_group_size) {
         max_sub_group_ = std::max(max_sub_group_, sub);
+        sub_groups_.push_back(sub);
         sub = 0;
       }
       if (n > s_.buffers.param_persistence_threshold) continue;
@@ -569,6 +574,18 @@ class ScheduleBuilder {
       persistent_total_ = checked_add(persistent_total_, n, "persistent elements");
     }
     max_sub_group_ = std::max(max_sub_group_, sub);
+    if (sub > 0) sub_groups_.push_back(sub);
+    // Partial offload (offload_optimizer.ratio): stage3.py _create_fp32_partitions puts
+    // sub-group i on the GPU when i < int((1 - ratio) * n), n sub-groups (Python's int() of a
+    // double, truncated toward zero: C++'s conversion of the same IEEE product).
+    if (s_.offload_optimizer == Offload::cpu && s_.offload_optimizer_ratio < 1) {
+      const auto n = static_cast<double>(sub_groups_.size());
+      const auto on_gpu = static_cast<std::size_t>((1.0 - s_.offload_optimizer_ratio) * n);
+      for (std::size_t i = 0; i < on_gpu && i < sub_groups_.size(); ++i) {
+        gpu_sub_group_elems_ = checked_add(gpu_sub_group_elems_, sub_groups_[i], "GPU sub-groups");
+        max_gpu_sub_group_ = std::max(max_gpu_sub_group_, sub_groups_[i]);
+      }
+    }
   }
 
   void model_states() {
@@ -576,7 +593,7 @@ class ScheduleBuilder {
                                         : zp::partition_elems(out_.n_params, dp_);
     append_model_states(out_, out_.n_params, part, s_, p_bytes_,
                         torch_native() ? StateLayout::fsdp : StateLayout::zero,
-                        per_tensor_optimizer_bytes(g_, s_, o_));
+                        per_tensor_optimizer_bytes(g_, s_, o_), gpu_sub_group_elems_);
     // DeepSpeed stage 3: the persistent parameters, whole on the GPU (their partition is
     // allocated on the device even with offload_param, partition_parameters.py), and ZeRO++
     // hpZ's secondary partition of the 16-bit parameters over hpz_partition_size ranks (on the
@@ -603,6 +620,15 @@ class ScheduleBuilder {
       }
     }
     if (deepspeed_grads()) deepspeed_gradient_states();
+    // Partial offload at init: each GPU sub-group's master is converted on the GPU and then
+    // cloned (stage3.py _create_fp32_partitions: converted.clone()), a transient copy.
+    if (o_.profile == Profile::deepspeed && max_gpu_sub_group_ > 0) {
+      const uint32_t b = add_buffer("init.master_convert", Tier::gpu, Category::workspace,
+                                    checked_mul(s_.master_precision == Precision::bf16 ? 2 : 4,
+                                                max_gpu_sub_group_, "converted master"));
+      alloc(-1, b);
+      free(-1, b);
+    }
     // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
     if (o_.profile == Profile::pytorch && dp_ > 1) {
       const bool pure = weights_in_compute_dtype(s_);
@@ -1320,6 +1346,17 @@ class ScheduleBuilder {
         (s_.stage == 1 || s_.stage == 2) && v >= 1401 && v < 1700 && s_.precision != Precision::fp32) {
       const uint32_t b = add_buffer("fp32_partition_on_gpu", Tier::gpu, Category::workspace,
                                     checked_mul(4, out_.partition_elems, "fp32 partition"));
+      alloc(pos, b);
+      free(pos, b);
+    }
+    // Partial offload: the GPU's sub-groups are stepped one at a time by a torch.optim.AdamW
+    // with default arguments (stage3.py backup_optimizer, _optimizer_step), which on CUDA
+    // runs the foreach implementation: torch._foreach_sqrt(exp_avg_sqs) is a temporary of
+    // the sub-group in the moments' dtype (planner/notes/fsdp-and-optimizers-memory.md sec. 4).
+    if (o_.profile == Profile::deepspeed && max_gpu_sub_group_ > 0) {
+      const uint64_t m = s_.master_precision == Precision::bf16 ? 2 : 4;
+      const uint32_t b = add_buffer("foreach_sqrt.gpu_sub_group", Tier::gpu, Category::workspace,
+                                    checked_mul(m, max_gpu_sub_group_, "foreach temporary"));
       alloc(pos, b);
       free(pos, b);
     }

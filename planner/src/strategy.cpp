@@ -178,6 +178,27 @@ void validate(const Strategy& s) {
   if (s.dpu && s.offload_optimizer == Offload::none)
     throw Error("--dpu: the delayed parameter update needs --offload-optimizer cpu or nvme",
                 "DPU overlaps the CPU optimizer step with the next forward/backward");
+  if (!(s.offload_optimizer_ratio >= 0 && s.offload_optimizer_ratio <= 1))
+    throw Error(fmt::format("--offload-optimizer-ratio: must be from 0 to 1, got {}",
+                            s.offload_optimizer_ratio),
+                "the fraction of the optimizer sub-groups stepped on the CPU; 1 (DeepSpeed's "
+                "default) steps all of them there");
+  if (s.offload_optimizer_ratio < 1) {
+    if (s.offload_optimizer != Offload::cpu)
+      throw Error(fmt::format("--offload-optimizer-ratio {}: needs --offload-optimizer cpu",
+                              s.offload_optimizer_ratio),
+                  "partial offload keeps some optimizer sub-groups on the GPU and steps the rest "
+                  "with the CPU Adam (zeroplan does not model it with NVMe)");
+    if (s.stage != 3)
+      throw Error(fmt::format("--offload-optimizer-ratio {}: needs --stage 3, got stage {}",
+                              s.offload_optimizer_ratio, s.stage),
+                  "DeepSpeed reads offload_optimizer.ratio at stage 3 only");
+    if (s.optimizer != OptimizerKind::adam && s.optimizer != OptimizerKind::adamw)
+      throw Error(fmt::format("--offload-optimizer-ratio {}: needs --optimizer adam or adamw, got {}",
+                              s.offload_optimizer_ratio, to_string(s.optimizer)),
+                  "DeepSpeed's partial offload pairs its CPU Adam with a GPU AdamW (stage3.py: "
+                  "'Hybrid Optimizer Only Supports DeepSpeedCPUAdam')");
+  }
   if (s.buffers.sub_group_size == 0)
     throw Error("sub_group_size 0: must be at least 1 element",
                 "DeepSpeed's default is 1e9 elements of fp32 partition per optimizer sub-group");
@@ -481,6 +502,17 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
       s.stage = static_cast<int>(st);
     }
     s.offload_optimizer = read_offload(*zo, "offload_optimizer", origin, s.buffers);
+    // offload_optimizer.ratio: read at stage 3 only (offload_config.py: "Only valid with ZeRO
+    // Stage 3"; engine.py hands it to the stage-3 optimizer alone).
+    if (const json* oo = z.object("offload_optimizer"); oo != nullptr && oo->contains("ratio")) {
+      Fields of(*oo, origin, "zero_optimization.offload_optimizer.");
+      const double r = of.probability("ratio", 1.0);
+      if (s.stage == 3 && s.offload_optimizer == Offload::cpu)
+        s.offload_optimizer_ratio = r;
+      else if (r < 1)
+        note(fmt::format("zero_optimization.offload_optimizer.ratio {}: no effect here (DeepSpeed "
+                         "reads it at stage 3 with the optimizer on the CPU)", r));
+    }
     s.offload_param = read_offload(*zo, "offload_param", origin, s.buffers);
     if (z.boolean("cpu_offload", false)) s.offload_optimizer = Offload::cpu;  // legacy spelling
     if (z.boolean("cpu_offload_params", false)) s.offload_param = Offload::cpu;
@@ -552,6 +584,7 @@ json to_json(const Strategy& s) {
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"contiguous_gradients", s.contiguous_gradients},
+          {"offload_optimizer_ratio", s.offload_optimizer_ratio},
           {"buffers",
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
@@ -581,7 +614,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
                   "contiguous_memory_optimization", "number_checkpoints", "overlap_comm",
-                  "contiguous_gradients", "buffers",
+                  "contiguous_gradients", "offload_optimizer_ratio", "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
@@ -642,6 +675,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   if (f.has("overlap_comm") && !j.at("overlap_comm").is_null())
     s.overlap_comm = f.boolean("overlap_comm", false);
   s.contiguous_gradients = f.boolean("contiguous_gradients", true);
+  s.offload_optimizer_ratio = f.probability("offload_optimizer_ratio", 1.0);
   if (const json* b = f.object("buffers")) {
     reject_unknown(
         *b,
@@ -706,6 +740,8 @@ std::string describe(const Strategy& s) {
   if (s.flash_attention) out += ", flash-attention";
   if (s.offload_optimizer != Offload::none)
     out += fmt::format(", offload optimizer={}", to_string(s.offload_optimizer));
+  if (s.offload_optimizer_ratio < 1)
+    out += fmt::format(" (ratio {})", s.offload_optimizer_ratio);
   if (s.offload_param != Offload::none)
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";

@@ -277,3 +277,82 @@ TEST_CASE("contiguous_gradients is read from the DeepSpeed config and round-trip
                                          "ds.json"),
                   zp::Error);
 }
+
+TEST_CASE("offload_optimizer.ratio: the first int((1 - ratio) x n) sub-groups stepped on the GPU") {
+  // stage3.py _create_fp32_partitions: with the optimizer offloaded, sub-group i goes to the
+  // GPU when i < int((1 - ratio) * n) of n; there its master is converted on the GPU, its
+  // fp32 gradient buffer moved there (initialize_optimizer_states) and a torch AdamW
+  // (backup_optimizer) keeps its moments; the others stay with the CPU Adam.
+  // sub_group_size 1 closes a sub-group at every torch tensor (_create_fp16_sub_groups), so
+  // over 2 ranks gpt2-tiny has 28 sub-groups of ceil(n/2) elements, in module order:
+  // wte 8192, wpe 2048; per block ln_1 32 + 32, c_attn 6144 + 96, attn.c_proj 2048 + 32, ln_2
+  // 32 + 32, c_fc 8192 + 128, mlp.c_proj 8192 + 32 (24992); ln_f 32 + 32.
+  const uint64_t part = kPsi / 2;  // every tensor has an even size: 60288
+  auto on_tier = [](const Run& r, const std::string& name, Tier t) {
+    uint64_t n = 0;
+    for (const MemBuffer& b : r.sched.buffers)
+      if (b.name == name && b.tier == t) n += b.bytes;
+    return n;
+  };
+  Strategy s;
+  s.stage = 3;
+  s.dp = 2;
+  s.offload_optimizer = Offload::cpu;
+  s.buffers.sub_group_size = 1;
+  struct Case {
+    double ratio;
+    uint64_t gpu_elems, largest;
+  };
+  // 0.5: int(0.5 * 28) = 14, wte, wpe and block 0: 8192 + 2048 + 24992.
+  // 0.07: int(0.93 * 28) = int(26.04) = 26: all but ln_f, 10240 + 2 x 24992.
+  // 0.9: (1 - 0.9) * 28 is 2.7999999999999994 in doubles, so int() gives 2: wte and wpe.
+  // (The cuts fall between blocks: within one the planner takes the inventory's order,
+  // ln_1 and ln_2 first, where GPT2Block registers ln_1, attn, ln_2, mlp.)
+  for (const Case c : {Case{0.5, 35232, 8192}, Case{0.07, 60224, 8192}, Case{0.9, 10240, 8192},
+                       Case{1.0, 0, 0}}) {
+    CAPTURE(c.ratio);
+    s.offload_optimizer_ratio = c.ratio;
+    const Run r = run(s);
+    CHECK(on_tier(r, "master", Tier::gpu) == 4 * c.gpu_elems);
+    CHECK(on_tier(r, "exp_avg", Tier::gpu) == 4 * c.gpu_elems);
+    CHECK(on_tier(r, "exp_avg_sq", Tier::gpu) == 4 * c.gpu_elems);
+    CHECK(on_tier(r, "grads", Tier::gpu) == 4 * c.gpu_elems);  // fp32; the 16-bit ones are on the host
+    CHECK(on_tier(r, "master", Tier::cpu) == 4 * (part - c.gpu_elems));
+    CHECK(on_tier(r, "exp_avg", Tier::cpu) + on_tier(r, "exp_avg_sq", Tier::cpu) ==
+          8 * (part - c.gpu_elems));
+    CHECK(on_tier(r, "grads", Tier::cpu) == 4 * (part - c.gpu_elems));
+    // The GPU AdamW steps one sub-group at a time with PyTorch's foreach implementation:
+    // torch._foreach_sqrt(exp_avg_sq) is a temporary of the sub-group in fp32.
+    CHECK(on_tier(r, "foreach_sqrt.gpu_sub_group", Tier::gpu) == 4 * c.largest);
+    CHECK(on_tier(r, "init.master_convert", Tier::gpu) == 4 * c.largest);
+  }
+  // Read at stage 3 with the optimizer on the CPU only; the CPU Adam's GPU partner is AdamW.
+  s.offload_optimizer_ratio = 0.5;
+  Strategy bad = s;
+  bad.stage = 2;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  bad = s;
+  bad.offload_optimizer = Offload::nvme;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  bad = s;
+  bad.optimizer = OptimizerKind::sgd;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  bad = s;
+  bad.offload_optimizer_ratio = 1.5;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  s.seq = 64;
+  CHECK_THROWS_AS(estimate(load_model("gpt2-tiny"), s, nullptr, PlanOptions{}), zp::Error);
+  // The config: zero_optimization.offload_optimizer.ratio, read at stage 3; elsewhere said.
+  const nlohmann::json ds = {
+      {"zero_optimization",
+       {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}};
+  CHECK(apply_deepspeed_config(Strategy{}, ds, "ds.json").offload_optimizer_ratio == 0.3);
+  nlohmann::json ds2 = ds;
+  ds2["zero_optimization"]["stage"] = 2;
+  std::vector<std::string> assumed;
+  CHECK(apply_deepspeed_config(Strategy{}, ds2, "ds.json", &assumed).offload_optimizer_ratio == 1.0);
+  REQUIRE(assumed.size() == 1);
+  CHECK(assumed[0].find("offload_optimizer.ratio") != std::string::npos);
+  CHECK(strategy_from_json(to_json(apply_deepspeed_config(Strategy{}, ds, "ds.json")), "plan")
+            .offload_optimizer_ratio == 0.3);
+}

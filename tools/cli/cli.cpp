@@ -54,6 +54,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_flag("--flash-attention", f.flash_attention, "the same as --attention flash")->group(g);
   app.add_option("--offload-optimizer", f.offload_optimizer,
                  "none, cpu (ZeRO-Offload) or nvme (ZeRO-Infinity) [none]")->group(g);
+  app.add_option("--offload-optimizer-ratio", f.offload_optimizer_ratio,
+                 "--profile deepspeed, stage 3 with --offload-optimizer cpu: the fraction of "
+                 "optimizer sub-groups stepped on the CPU; the others keep fp32 master, "
+                 "gradient and moments on the GPU (offload_optimizer.ratio, ZeRO-Offload++) [1]")
+      ->group(g);
   app.add_option("--offload-param", f.offload_param, "none, cpu or nvme; needs --stage 3 [none]")
       ->group(g);
   app.add_flag("--dpu", f.dpu, "one-step delayed parameter update (needs an offloaded optimizer)")
@@ -300,6 +305,21 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--offload-param"))
     s.offload_param = parse_enum<planner::Offload>("--offload-param", offload_param,
                                                    planner::offload_from_string, "none, cpu or nvme");
+  if (given("--offload-optimizer-ratio")) {
+    double v = -1;
+    try {
+      std::size_t used = 0;
+      v = std::stod(offload_optimizer_ratio, &used);
+      if (used != offload_optimizer_ratio.size()) v = -1;
+    } catch (const std::exception&) {
+      v = -1;
+    }
+    if (!(v >= 0 && v <= 1))
+      throw Error(fmt::format("--offload-optimizer-ratio: expected a number from 0 to 1, got '{}'",
+                              offload_optimizer_ratio),
+                  "e.g. 0.3 steps 30% of the optimizer sub-groups on the CPU, 70% on the GPU");
+    s.offload_optimizer_ratio = v;
+  }
   if (dpu) s.dpu = true;
   auto fp32_or_bf16 = [&](const char* flag, const std::string& v) {
     const auto p = parse_enum<planner::Precision>(flag, v, planner::precision_from_string, "fp32 or bf16");

@@ -32,6 +32,7 @@ struct StrategyFlags {
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;
   std::string sub_group_size, param_persistence_threshold, hpz_partition_size, deepspeed_version;
   std::string torch_version;
+  std::string offload_optimizer_ratio;
   bool flash_attention = false, dpu = false, partition_activations = false, cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   std::string number_checkpoints;

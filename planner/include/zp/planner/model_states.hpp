@@ -122,9 +122,13 @@ PerDevice model_state_bytes(uint64_t n_params, const Strategy& s);
 // The same with the partition size given (zeroplan's stage 3 partitions each gather group
 // separately, and a Mixture-of-Experts model partitions its expert parameters over dp/ep
 // ranks: see schedule.hpp's partition_elems), and the optimizer's bytes when known per tensor.
+// With the optimizer offloaded, `gpu_step_elems` of the partition's elements are stepped on
+// the GPU instead (DeepSpeed's offload_optimizer.ratio, Strategy::offload_optimizer_ratio):
+// their master, moments and fp32 gradient stay on the gpu tier, the rest go to the host.
 PerDevice model_state_bytes(uint64_t n_params, uint64_t partition_elems, const Strategy& s,
                             StateLayout layout = StateLayout::zero,
-                            std::optional<uint64_t> optimizer_bytes = std::nullopt);
+                            std::optional<uint64_t> optimizer_bytes = std::nullopt,
+                            uint64_t gpu_step_elems = 0);
 
 // The ZeRO paper's table (sec. 5, table 1 and seed 004), extended with stage 0.
 struct TableRow {

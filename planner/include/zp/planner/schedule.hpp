@@ -189,7 +189,8 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const models::TrainingGraph& 
 void append_model_states(MemorySchedule& out, uint64_t n_params, uint64_t partition_elems,
                          const Strategy& s, uint32_t param_bytes,
                          StateLayout layout = StateLayout::zero,
-                         std::optional<uint64_t> optimizer_bytes = std::nullopt);
+                         std::optional<uint64_t> optimizer_bytes = std::nullopt,
+                         uint64_t gpu_step_elems = 0);
 // --offload-optimizer nvme (ZeRO-Infinity). Swap files are O_DIRECT and move whole blocks of
 // kSwapBlockBytes, so each state's file takes its bytes rounded up to a block on the nvme
 // tier (the runtime's Swapper::padded_bytes; one file per state: master, exp_avg, exp_avg_sq

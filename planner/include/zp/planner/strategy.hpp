@@ -177,6 +177,13 @@ struct Strategy {
   // reduced. Stages 1-2 with the optimizer offloaded always copy (stage_1_and_2.py:
   // contiguous_gradients or cpu_offload). schedule.cpp deepspeed_reduce_hook has the buffers.
   bool contiguous_gradients = true;
+  // zero_optimization.offload_optimizer.ratio (the deepspeed profile, stage 3 with the
+  // optimizer on the CPU; DeepSpeed's default 1.0, offload_config.py): the fraction of the
+  // optimizer sub-groups stepped by the CPU Adam. stage3.py _create_fp32_partitions keeps the
+  // first int((1 - ratio) x n) of the n sub-groups on the GPU, fp32 master, fp32 gradient and
+  // the moments of a torch AdamW (its backup_optimizer) with them; schedule.cpp
+  // deepspeed_stage3_tensors sizes them.
+  double offload_optimizer_ratio = 1.0;
   // The dtype of the weights the optimizer updates and of the gradient it reads: fp32 (mixed
   // precision's master weights), or bf16 with --precision bf16 (DeepSpeed's
   // bf16.bf16_master_weights_and_grads, a bf16 master partition; under the fsdp profile a bf16
