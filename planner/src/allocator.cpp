@@ -141,7 +141,7 @@ BlockId CachingAllocatorModel::alloc(uint64_t bytes) {
   if (!found) {
     const uint64_t seg = segment_size(rounded);
     if (reserved_ + seg > capacity_) release_free_segments();
-    if (reserved_ + seg > capacity_)
+    if (reserved_ + seg > capacity_ && !over_capacity_ok_)
       throw Error(fmt::format("caching allocator: out of memory allocating {} (reserved {}, "
                               "allocated {}, capacity {})",
                               format_bytes(rounded), format_bytes(reserved_),

@@ -171,6 +171,7 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.strategy = resolve_for_model(s, m, &e.assumed);
   check_profile(e.strategy, o, &m);
   e.options = o;
+  if (hw != nullptr && e.options.gpu_capacity == 0) e.options.gpu_capacity = hw->gpu_memory_bytes;
   if (e.strategy.seq > m.n_positions)
     e.model.notes.push_back(fmt::format(
         "--seq {} is longer than the {} positions the config gives (max_position_embeddings "
@@ -180,8 +181,8 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
         : m.positions == models::Positions::alibi ? "ALiBi" : "relative"));
   const models::TrainingGraph g = models::build_training_graph(m, graph_options(m, e.strategy, o));
   e.activations = summarize_activations(g);
-  e.schedule = build_schedule(g, e.strategy, o);
-  e.memory = replay(e.schedule, o);
+  e.schedule = build_schedule(g, e.strategy, e.options);
+  e.memory = replay(e.schedule, e.options);
   e.per_device = e.memory.per_device;
   // The device total of both profiles (zeroplan's outside-arena part is a bound).
   e.memory.device = outside_allocator(e.strategy, o);
@@ -250,6 +251,12 @@ nlohmann::json to_json(const Estimate& e) {
   for (Tier t : kTiers)
     init[std::string(to_string(t))] = e.memory.after_init[static_cast<std::size_t>(t)];
   j["after_init_allocated"] = init;
+  // The high-water of bytes in use during initialization (a model built whole before
+  // deepspeed.initialize partitions it), part of the peaks above.
+  nlohmann::json init_peak = nlohmann::json::object();
+  for (Tier t : kTiers)
+    init_peak[std::string(to_string(t))] = e.memory.init_peak[static_cast<std::size_t>(t)];
+  j["init_peak_allocated"] = init_peak;
   const DeviceTotal& d = e.memory.device;
   j["device_total"] = e.options.backend == Backend::cpu
                           ? nlohmann::json(nullptr)

@@ -81,9 +81,11 @@ using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, 
 // what DeepSpeed's gradient reduction depends on (schedule.cpp deepspeed_reduce_hook):
 // contiguous gradients, overlap_comm (two ipg buffers at stages 1-2, the reduction in the
 // hooks at stage 1) and earlier micro-steps (the gradients they accumulated).
-// And partial offload's ratio.
+// And partial offload's ratio, and how the model reaches deepspeed.initialize.
 std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double> deepspeed_settings(const Strategy& s) {
-  const uint64_t flags = uint64_t{s.contiguous_gradients} | uint64_t{overlaps_comm(s)} << 1;
+  const uint64_t flags = uint64_t{s.contiguous_gradients} | uint64_t{overlaps_comm(s)} << 1 |
+                         uint64_t{builds_partitioned(s)} << 2 |
+                         (s.load_on_gpu ? uint64_t{1} + static_cast<uint64_t>(*s.load_on_gpu) : 0) << 3;
   return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold,
           s.hpz_partition_size * 1'000'000 + s.deepspeed_version, flags, s.grad_accum,
           s.offload_optimizer_ratio};
@@ -543,7 +545,9 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
 FitResult fit(const FitRequest& r) {
   if (r.options.backend != Backend::cuda)
     throw Error("fit: the search plans GPU training", "leave out --device or use --device cuda");
-  FitEvaluator ev(r.model, r.options);
+  PlanOptions options = r.options;
+  options.gpu_capacity = r.hw.gpu_memory_bytes;  // DeepSpeed's init looks at the free memory
+  FitEvaluator ev(r.model, options);
   return search(r, ev, false);  // the evaluator ends here: no graph is needed twice
 }
 
@@ -597,7 +601,9 @@ class DepthProber {
     const auto t0 = std::chrono::steady_clock::now();
     models::ModelSpec m = r_.model;
     m.n_layer = L;
-    FitEvaluator ev(m, r_.options);
+    PlanOptions options = r_.options;
+    options.gpu_capacity = r_.hw.gpu_memory_bytes;
+    FitEvaluator ev(m, options);
     std::vector<Candidate> c = ev.evaluate(ss, r_.hw, cl_, r_.threads, false);
     ++n_probes_;
     if (progress_) {

@@ -591,6 +591,8 @@ class ScheduleBuilder {
   void model_states() {
     const uint64_t part = s_.stage >= 1 ? out_.partition_elems
                                         : zp::partition_elems(out_.n_params, dp_);
+    deepspeed_model_arrives();
+    const std::size_t states_begin = out_.events.size();
     append_model_states(out_, out_.n_params, part, s_, p_bytes_,
                         torch_native() ? StateLayout::fsdp : StateLayout::zero,
                         per_tensor_optimizer_bytes(g_, s_, o_), gpu_sub_group_elems_);
@@ -619,22 +621,164 @@ class ScheduleBuilder {
                              Category::params, checked_mul(sec, p_bytes_, "hpZ secondary partition")));
       }
     }
-    if (deepspeed_grads()) deepspeed_gradient_states();
-    // Partial offload at init: each GPU sub-group's master is converted on the GPU and then
-    // cloned (stage3.py _create_fp32_partitions: converted.clone()), a transient copy.
-    if (o_.profile == Profile::deepspeed && max_gpu_sub_group_ > 0) {
-      const uint32_t b = add_buffer("init.master_convert", Tier::gpu, Category::workspace,
-                                    checked_mul(s_.master_precision == Precision::bf16 ? 2 : 4,
-                                                max_gpu_sub_group_, "converted master"));
-      alloc(-1, b);
-      free(-1, b);
+    if (o_.profile == Profile::deepspeed) {
+      deepspeed_model_placed(states_begin);
+      deepspeed_optimizer_init(states_begin);
     }
+    if (deepspeed_grads()) deepspeed_gradient_states();
+
     // DDP's flat gradient buckets (schedule.hpp), a second copy of the gradients.
     if (o_.profile == Profile::pytorch && dp_ > 1) {
       const bool pure = weights_in_compute_dtype(s_);
       alloc(-1, add_buffer("ddp_buckets", Tier::gpu, Category::buffers,
                            checked_mul(pure ? p_bytes_ : 4, out_.n_params, "DDP bucket bytes")));
     }
+  }
+
+  // ---- deepspeed.initialize, before the first step (the deepspeed profile) ---------------------
+  // DeepSpeed 0.19.6 (commit edaa722), engine.py _configure_distributed_model: a model not
+  // built under zero.Init has its parameters cast one by one to the fp16/bf16 dtype where
+  // they are (_cast_module_mixed_precision: p.data = p.data.to(param_dtype)) and is then
+  // moved to the GPU whole (self.module.to(self.device)); the Trainer leaves it on the host
+  // until then. What follows depends on the stage:
+  // - stages 1-2 (stage_1_and_2.py __init__): the parameters are flattened into one new
+  //   buffer (bit16_groups_flat, the "params" state) while they are alive, and then point
+  //   into it (_update_model_bit16_weights): twice the 16-bit model for a moment. DeepSpeed
+  //   does that on the GPU only when its free memory holds the copy
+  //   (flatten_on_accelerator: available_memory() >= flat_buffer_bytes), else it moves the
+  //   parameters to the host first and the copy is made there;
+  // - stage 3 (parameter_offload.py _convert_to_zero_parameters -> partition_parameters.py
+  //   Init(module=...)): each whole parameter is partitioned and freed in turn;
+  // - stage 0: the parameters are the model's tensors, as moved.
+  // A model already on the GPU (load_on_gpu) is cast there, one tensor at a time: the new
+  // 16-bit tensor beside the loaded ones, the loaded one freed. Under zero.Init (stage 3's
+  // default) each parameter is partitioned as its module is built, and loading the weights
+  // gathers one module at a time (transformers' _load_state_dict_into_zero3_model), less than
+  // the gathers of a step: nothing is added.
+  std::vector<uint32_t> init_params_;
+  void deepspeed_model_arrives() {
+    if (o_.profile != Profile::deepspeed || builds_partitioned(s_)) return;
+    const uint32_t load = s_.load_on_gpu ? (*s_.load_on_gpu == Precision::fp32 ? 4u : 2u) : 0u;
+    if (load == 0 && s_.stage == 0) return;  // the "params" state is the model as moved
+    const models::GraphOptions& go = g_.options;
+    std::vector<std::pair<std::string, uint64_t>> tensors;
+    for (const models::ParamTensor& p : models::count_params(g_.model).tensors) {
+      const std::vector<int64_t> shape = rank_shape(p, go);
+      if (shape.empty()) continue;
+      uint64_t n = 1;
+      for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "parameter elements");
+      // Per-expert tensors are listed for all E experts, E/ep of which are this rank's.
+      if (p.expert && !p.slot.starts_with("moe.experts."))
+        n = zp::partition_elems(n, static_cast<uint64_t>(go.ep));
+      tensors.emplace_back(p.name, n);
+    }
+    // At stage 0 the 16-bit tensors become the parameters; elsewhere, and loaded in another
+    // dtype, they are a transient copy of the model.
+    const Category c = s_.stage == 0 ? Category::params : Category::workspace;
+    std::vector<uint32_t> loaded;
+    if (load > 0)
+      for (const auto& [name, n] : tensors)
+        loaded.push_back(alloc(-1, add_buffer("init.loaded." + name, Tier::gpu,
+                                              load == p_bytes_ ? c : Category::workspace,
+                                              checked_mul(n, load, "loaded model bytes"))));
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (load == p_bytes_) {
+        init_params_.push_back(loaded[i]);
+        continue;
+      }
+      init_params_.push_back(alloc(-1, add_buffer("init.param." + tensors[i].first, Tier::gpu, c,
+                                                  checked_mul(tensors[i].second, p_bytes_,
+                                                              "model bytes"))));
+      if (load > 0) free(-1, loaded[i]);
+    }
+  }
+  // The model's tensors after the states are allocated (states_begin: the first event of
+  // append_model_states): stage 0 keeps them as its parameters (in place of the "params"
+  // state); stages 1-2 free them after the flat buffer, or before it when DeepSpeed would
+  // flatten on the host; stage 3 frees them before its partitions.
+  void deepspeed_model_placed(std::size_t states_begin) {
+    if (init_params_.empty()) return;
+    auto params = std::find_if(out_.events.begin() + static_cast<std::ptrdiff_t>(states_begin),
+                               out_.events.end(), [&](const MemEvent& e) {
+                                 const MemBuffer& b = out_.buffers[e.buffer];
+                                 return e.alloc && b.tier == Tier::gpu && b.name == "params";
+                               });
+    std::size_t at = states_begin;
+    if (s_.stage == 0) {
+      if (params != out_.events.end()) out_.events.erase(params);
+      return;
+    }
+    std::vector<MemEvent> frees;
+    for (uint32_t b : init_params_) frees.push_back({-1, false, b});
+    if (s_.stage < 3 && params != out_.events.end()) {
+      uint64_t model = 0;
+      for (uint32_t b : init_params_) model = checked_add(model, out_.buffers[b].bytes, "model bytes");
+      // nvidia-smi's free memory: the capacity less the model, the context and NCCL's buffers.
+      const DeviceTotal outside = outside_allocator(s_, o_);
+      const uint64_t used = checked_add(checked_add(model, outside.context, "used"), outside.nccl, "used");
+      const uint64_t flat = out_.buffers[params->buffer].bytes;
+      const bool on_gpu = o_.gpu_capacity == 0 || checked_add(used, flat, "flatten") <= o_.gpu_capacity;
+      // empty_cache() before deciding (stage_1_and_2.py __init__), and again after the
+      // tensors went to the host.
+      const uint32_t marker = add_buffer("empty_cache", Tier::gpu, Category::overhead, 0);
+      const MemEvent empty{-1, false, marker, true};
+      at = static_cast<std::size_t>(params - out_.events.begin());
+      if (on_gpu) {
+        frees.insert(frees.begin(), out_.events[at]);  // the flat buffer, then the frees
+        frees.insert(frees.begin(), empty);
+        out_.events.erase(out_.events.begin() + static_cast<std::ptrdiff_t>(at));
+      } else {
+        frees.insert(frees.begin(), empty);
+        frees.push_back(empty);
+        frees.push_back(out_.events[at]);
+        out_.events.erase(out_.events.begin() + static_cast<std::ptrdiff_t>(at));
+      }
+    }
+    out_.events.insert(out_.events.begin() + static_cast<std::ptrdiff_t>(at), frees.begin(), frees.end());
+  }
+  // The optimizer's transients at init, beside its master weights (16-bit training):
+  // - stages 1-2: the master partition is a clone of the 16-bit partition converted to the
+  //   master dtype (stage_1_and_2.py: weights_partition = ...detach().clone().to(...)), and
+  //   initialize_optimizer_states makes a zero gradient partition in the master dtype on the
+  //   optimizer's device and drops it again (set to None without offload);
+  // - stage 3: each sub-group's master is converted on its device and cloned
+  //   (_create_fp32_partitions: converted.clone()), and initialize_optimizer_states assigns a
+  //   gradient buffer of the largest sub-group on the optimizer's device and drops it; with the
+  //   optimizer offloaded only partial offload's GPU sub-groups are converted on the GPU.
+  void deepspeed_optimizer_init(std::size_t states_begin) {
+    if (s_.precision == Precision::fp32 || s_.stage == 0) return;
+    const uint64_t m = s_.master_precision == Precision::bf16 ? 2 : 4;
+    const bool offload = s_.offload_optimizer != Offload::none;
+    auto master = std::find_if(out_.events.begin() + static_cast<std::ptrdiff_t>(states_begin),
+                               out_.events.end(), [&](const MemEvent& e) {
+                                 return e.alloc && out_.buffers[e.buffer].name == "master";
+                               });
+    if (master == out_.events.end()) return;
+    // The master's allocation at mi; later transients go after it, at next.
+    std::size_t mi = static_cast<std::size_t>(master - out_.events.begin()), next = mi + 1;
+    auto insert = [&](std::size_t i, MemEvent e) {
+      out_.events.insert(out_.events.begin() + static_cast<std::ptrdiff_t>(i), e);
+    };
+    auto transient = [&](const char* name, uint64_t bytes, bool around_master) {
+      if (bytes == 0) return;
+      const uint32_t b = add_buffer(name, Tier::gpu, Category::workspace, bytes);
+      if (around_master) {  // allocated before the master, freed after it
+        insert(mi++, {-1, true, b});
+        ++next;
+      } else {
+        insert(next++, {-1, true, b});
+      }
+      insert(next++, {-1, false, b});
+    };
+    const uint64_t part = out_.partition_elems;
+    if (s_.stage < 3) {
+      transient("init.partition_clone", checked_mul(part, p_bytes_, "partition clone"), true);
+      if (!offload) transient("init.fp32_grad_partition", checked_mul(part, m, "zero gradient"), false);
+      return;
+    }
+    const uint64_t sub = offload ? max_gpu_sub_group_ : std::min(max_sub_group_, part);
+    transient("init.master_convert", checked_mul(sub, m, "converted master"), false);
+    if (!offload) transient("init.sub_group_grad", checked_mul(sub, m, "sub-group gradient"), false);
   }
 
   // ---- DeepSpeed's gradient reduction, the deepspeed profile at stages 1-3 --------------------
@@ -1404,7 +1548,13 @@ MemorySchedule build_schedule(const TrainingGraph& g, const Strategy& s, const P
 MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
   MemoryReport r;
   ArenaModel arena(kArenaAlignment);
-  CachingAllocatorModel caching;
+  // With the GPU's capacity known, PyTorch's allocator releases its cached segments when a
+  // new one would not fit (c10 CUDACachingAllocator: release_cached_blocks and retry): the
+  // model does the same at the capacity less what the process holds outside it.
+  const uint64_t outside_bytes = s.outside.outside();
+  CachingAllocatorModel caching(o.gpu_capacity > outside_bytes ? o.gpu_capacity - outside_bytes
+                                                               : UINT64_MAX);
+  caching.allow_over_capacity(true);
   std::vector<BlockId> block(s.buffers.size(), 0);
   std::array<std::array<uint64_t, kCategories.size()>, kTiers.size()> cur{};
   std::array<uint64_t, kTiers.size()> cur_total{}, peak_total{}, peak_reserved{};
@@ -1433,6 +1583,10 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
       r.after_init = cur_total;
       init_done = true;
     }
+    if (e.empty_cache) {
+      if (use_caching) caching.empty_cache();
+      continue;
+    }
     if (e.pos != last_pos && last_pos != -2) sample_through(e.pos - 1);
     last_pos = e.pos;
     if (!e.alloc) sample(e.pos);
@@ -1453,6 +1607,7 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
     if (e.alloc) {
       cur[t][c] += bytes;
       cur_total[t] += bytes;
+      if (!init_done) r.init_peak[t] = std::max(r.init_peak[t], cur_total[t]);
       r.per_device[b.tier][b.category] = std::max(r.per_device[b.tier][b.category], cur[t][c]);
       if (cur_total[t] > peak_total[t]) {
         peak_total[t] = cur_total[t];

@@ -199,6 +199,15 @@ void validate(const Strategy& s) {
                   "DeepSpeed's partial offload pairs its CPU Adam with a GPU AdamW (stage3.py: "
                   "'Hybrid Optimizer Only Supports DeepSpeedCPUAdam')");
   }
+  if (s.zero_init.value_or(false) && s.stage != 3)
+    throw Error(fmt::format("--zero-init: needs --stage 3, got stage {}", s.stage),
+                "zero.Init keeps parameters partitioned as they are created, which stage 3 "
+                "alone trains; stages 0-2 build the model whole");
+  if (s.load_on_gpu && s.precision == Precision::fp32 && *s.load_on_gpu != Precision::fp32)
+    throw Error(fmt::format("--load-on-gpu {}: --precision fp32 would train the {} weights as "
+                            "loaded", to_string(*s.load_on_gpu), to_string(*s.load_on_gpu)),
+                "DeepSpeed casts the model only with fp16 or bf16 enabled (engine.py "
+                "_cast_module_mixed_precision); load in fp32 or train in 16 bits");
   if (s.buffers.sub_group_size == 0)
     throw Error("sub_group_size 0: must be at least 1 element",
                 "DeepSpeed's default is 1e9 elements of fp32 partition per optimizer sub-group");
@@ -585,6 +594,9 @@ json to_json(const Strategy& s) {
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"contiguous_gradients", s.contiguous_gradients},
           {"offload_optimizer_ratio", s.offload_optimizer_ratio},
+          // null: the default (zero.Init at stage 3; the model loaded on the host)
+          {"zero_init", s.zero_init ? json(*s.zero_init) : json(nullptr)},
+          {"load_on_gpu", s.load_on_gpu ? json(to_string(*s.load_on_gpu)) : json(nullptr)},
           {"buffers",
            {{"reduce_bucket_size", s.buffers.reduce_bucket_size},
             {"allgather_bucket_size", s.buffers.allgather_bucket_size},
@@ -614,7 +626,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
                   "contiguous_memory_optimization", "number_checkpoints", "overlap_comm",
-                  "contiguous_gradients", "offload_optimizer_ratio", "buffers",
+                  "contiguous_gradients", "offload_optimizer_ratio", "zero_init", "load_on_gpu",
+                  "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
@@ -676,6 +689,10 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
     s.overlap_comm = f.boolean("overlap_comm", false);
   s.contiguous_gradients = f.boolean("contiguous_gradients", true);
   s.offload_optimizer_ratio = f.probability("offload_optimizer_ratio", 1.0);
+  if (f.has("zero_init") && !j.at("zero_init").is_null()) s.zero_init = f.boolean("zero_init", true);
+  if (f.has("load_on_gpu") && !j.at("load_on_gpu").is_null())
+    s.load_on_gpu = enum_field("load_on_gpu", precision_from_string, Precision::fp32,
+                               "\"fp32\", \"fp16\" or \"bf16\"");
   if (const json* b = f.object("buffers")) {
     reject_unknown(
         *b,
@@ -757,6 +774,8 @@ std::string describe(const Strategy& s) {
   if (s.overlap_comm && *s.overlap_comm != default_overlap_comm(s.stage))  // only when not the default
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   if (!s.contiguous_gradients) out += ", no contiguous gradients";
+  if (s.stage == 3 && !builds_partitioned(s)) out += ", no zero.Init";
+  if (s.load_on_gpu) out += fmt::format(", loaded on the GPU in {}", to_string(*s.load_on_gpu));
   return out;
 }
 

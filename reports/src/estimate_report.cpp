@@ -264,6 +264,9 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   const bool cuda = e.options.backend == planner::Backend::cuda;
   if (mem.peak_pos >= 0 && static_cast<std::size_t>(mem.peak_pos) < e.schedule.op_names.size())
     out += fmt::format("\ngpu peak at op {}", e.schedule.op_names[static_cast<std::size_t>(mem.peak_pos)]);
+  else if (mem.peak_pos < 0 && mem.peak_allocated[0] > mem.after_init[0])
+    out += "\ngpu peak before the first op (initialization: the model whole beside its flat copy "
+           "or partitions)";
   // The three figures a user can measure, each named by what measures it (PyTorch's
   // counters and nvidia-smi for the deepspeed profile; our arena and its bound for zeroplan).
   if (!cuda) {
@@ -280,6 +283,10 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
         format_bytes(d.total()), torch ? "nvidia-smi" : "at most", format_bytes(d.context),
         format_bytes(d.cublas_workspace), format_bytes(d.nccl));
   }
+  // A model built whole: what deepspeed.initialize held at once (the gpu line's peak has it).
+  if (cuda && e.options.profile == planner::Profile::deepspeed && mem.init_peak[0] > mem.after_init[0])
+    out += fmt::format("init: {} allocated at most in deepspeed.initialize, {} after it\n",
+                       format_bytes(mem.init_peak[0]), format_bytes(mem.after_init[0]));
   if (!e.activations.saved_per_layer.empty())
     out += fmt::format("saved for backward at the end of forward: {} ({} per block)\n",
                        format_bytes(e.activations.saved_total),

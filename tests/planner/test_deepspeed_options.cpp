@@ -14,6 +14,7 @@
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
+#include "zp/planner/hardware.hpp"
 #include "zp/planner/schedule.hpp"
 
 using namespace zp::planner;
@@ -355,4 +356,89 @@ TEST_CASE("offload_optimizer.ratio: the first int((1 - ratio) x n) sub-groups st
   CHECK(assumed[0].find("offload_optimizer.ratio") != std::string::npos);
   CHECK(strategy_from_json(to_json(apply_deepspeed_config(Strategy{}, ds, "ds.json")), "plan")
             .offload_optimizer_ratio == 0.3);
+}
+
+TEST_CASE("a model built whole before deepspeed.initialize: the init transient in the peaks") {
+  // Llama-2-7B: P = 6,738,415,616 parameters (its published count), bf16, stage 2 over 64
+  // GPUs, short sequences: the step needs less than the initialization.
+  const zp::models::ModelSpec m = load_model("llama-2-7b");
+  const uint64_t psi = 6'738'415'616;
+  REQUIRE(static_cast<uint64_t>(zp::models::count_params(m).total) == psi);
+  const PlanOptions o{Profile::deepspeed, Backend::cuda, ModelCode::transformers};
+  Strategy s;
+  s.stage = 2;
+  s.dp = 64;
+  s.seq = 128;
+  // The Trainer leaves the model on the host; deepspeed.initialize casts it there and moves
+  // it to the GPU whole, 2 x P bytes (engine.py _configure_distributed_model), and the stage
+  // 1-2 optimizer flattens it into a new buffer while the tensors are alive, another 2 x P
+  // (stage_1_and_2.py, bit16_groups_flat), before they point into it: 4 x P bytes in use
+  // at once, every tensor a multiple of 512 bytes (the caching allocator's rounding).
+  Estimate e = estimate(m, s, nullptr, o);
+  CHECK(e.memory.init_peak[0] == 4 * psi);  // 26,953,662,464 bytes
+  // More than the step: the peak is there, before the first op.
+  CHECK(e.memory.peak_allocated[0] == 4 * psi);
+  CHECK(e.memory.peak_pos == -1);
+  // After it only the flat copy is left of the model (the states as before).
+  CHECK(e.memory.after_init[0] < 4 * psi);
+  // DeepSpeed flattens on the GPU only when its free memory holds the copy
+  // (flatten_on_accelerator: available_memory() >= flat_buffer_bytes); on a 24 GiB card
+  // (25,769,803,776 bytes) 4 x P does not fit, so the tensors go to the host first and the
+  // GPU sees one copy, 2 x P, with the states after it: the initialization holds no more
+  // than what stays after it, and the flatten never runs a GPU out of memory.
+  const Hardware small = load_hardware(std::string(ZP_TEST_DATA) + "/published/rtx3090-x8.json");
+  e = estimate(m, s, &small, o);
+  CHECK(e.memory.init_peak[0] == e.memory.after_init[0]);
+  CHECK(e.memory.peak_allocated[0] < 4 * psi);
+  CHECK(e.fits == true);
+
+  // A script that loaded the model on the GPU in fp32 (4 x P bytes): DeepSpeed casts it
+  // there one tensor at a time (_cast_module_mixed_precision), so the first cast, of
+  // embed_tokens (32000 x 4096 = 131,072,000 elements, the inventory's first tensor), adds
+  // its bf16 copy beside the whole fp32 model: 4 x P + 2 x 131,072,000 bytes; then the
+  // flatten's 4 x P.
+  s.load_on_gpu = Precision::fp32;
+  e = estimate(m, s, nullptr, o);
+  CHECK(e.memory.init_peak[0] == 4 * psi + 2 * 131'072'000);  // 27,215,806,464 bytes
+  s.load_on_gpu.reset();
+
+  // Stage 3 builds it partitioned under zero.Init by default (as from_pretrained under a
+  // stage-3 config): no whole model at init. Without zero.Init it arrives whole, 2 x P, and
+  // is partitioned tensor by tensor (partition_parameters.py Init(module=...)).
+  s.stage = 3;
+  e = estimate(m, s, nullptr, o);
+  CHECK(e.memory.init_peak[0] < 2 * psi);
+  s.zero_init = false;
+  e = estimate(m, s, nullptr, o);
+  CHECK(e.memory.init_peak[0] == 2 * psi);
+  CHECK(describe(e.strategy).find("no zero.Init") != std::string::npos);
+
+  // Stage 0 keeps the model's tensors as its parameters: cast on the GPU, the bf16 tensors
+  // are the 2 x P bytes of parameters after init, as when they arrive from the host.
+  s = Strategy{};
+  s.seq = 128;
+  e = estimate(m, s, nullptr, o);
+  CHECK(e.memory.init_peak[0] == e.memory.after_init[0]);
+  s.load_on_gpu = Precision::fp32;
+  const Estimate cast = estimate(m, s, nullptr, o);
+  CHECK(cast.memory.after_init[0] == e.memory.after_init[0]);
+  CHECK(cast.per_device[Tier::gpu][Category::params] == 2 * psi);
+
+  // zero.Init is stage 3's; 16-bit weights are not cast to fp32 by DeepSpeed.
+  Strategy bad;
+  bad.stage = 2;
+  bad.zero_init = true;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  bad = Strategy{};
+  bad.precision = Precision::fp32;
+  bad.load_on_gpu = Precision::bf16;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  Strategy rt;
+  rt.stage = 3;
+  rt.zero_init = false;
+  rt.load_on_gpu = Precision::fp16;
+  const Strategy back = strategy_from_json(to_json(rt), "plan");
+  CHECK(back.zero_init == std::optional<bool>(false));
+  CHECK(back.load_on_gpu == std::optional<Precision>(Precision::fp16));
+  CHECK(!strategy_from_json(to_json(Strategy{}), "plan").zero_init.has_value());
 }

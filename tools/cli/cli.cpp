@@ -54,6 +54,17 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_flag("--flash-attention", f.flash_attention, "the same as --attention flash")->group(g);
   app.add_option("--offload-optimizer", f.offload_optimizer,
                  "none, cpu (ZeRO-Offload) or nvme (ZeRO-Infinity) [none]")->group(g);
+  app.add_flag("--zero-init,!--no-zero-init", f.zero_init,
+               "--profile deepspeed, stage 3: the model is built partitioned under "
+               "deepspeed.zero.Init, as transformers' from_pretrained does under a stage-3 "
+               "config; --no-zero-init: built whole, then moved to the GPU and partitioned by "
+               "deepspeed.initialize (stages 0-2 always are) [on at stage 3]")
+      ->group(g);
+  app.add_option("--load-on-gpu", f.load_on_gpu,
+                 "--profile deepspeed: the script has the model on the GPU in this dtype (fp32, "
+                 "fp16 or bf16) before deepspeed.initialize, which casts it there one tensor "
+                 "at a time [on the host, as the Trainer leaves it]")
+      ->group(g);
   app.add_option("--offload-optimizer-ratio", f.offload_optimizer_ratio,
                  "--profile deepspeed, stage 3 with --offload-optimizer cpu: the fraction of "
                  "optimizer sub-groups stepped on the CPU; the others keep fp32 master, "
@@ -350,6 +361,10 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     s.number_checkpoints = parse_int("--number-checkpoints", number_checkpoints);
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--contiguous-gradients")) s.contiguous_gradients = contiguous_gradients;
+  if (given("--zero-init")) s.zero_init = zero_init;
+  if (given("--load-on-gpu"))
+    s.load_on_gpu = parse_enum<planner::Precision>("--load-on-gpu", load_on_gpu,
+                                                   planner::precision_from_string, "fp32, fp16 or bf16");
   if (given("--reduce-bucket-size"))
     s.buffers.reduce_bucket_size = parse_count(reduce_bucket_size, "--reduce-bucket-size");
   if (given("--allgather-bucket-size"))
@@ -437,6 +452,14 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       left.push_back(fmt::format("--optimizer {}", planner::to_string(s.optimizer)));
     if (!given("--checkpointing") && !acc)
       left.push_back(fmt::format("--checkpointing {}", planner::to_string(s.checkpointing)));
+    // How the model reaches deepspeed.initialize (schedule.cpp deepspeed_model_arrives).
+    if (o.profile == planner::Profile::deepspeed && s.stage == 3 && !given("--zero-init"))
+      left.push_back("--zero-init (the Trainer's from_pretrained builds the model partitioned "
+                     "under a stage-3 config)");
+    if (o.profile == planner::Profile::deepspeed && s.stage >= 1 && !planner::builds_partitioned(s) &&
+        !given("--load-on-gpu"))
+      left.push_back("the model loaded on the host (deepspeed.initialize moves it to the GPU "
+                     "whole; --load-on-gpu if the script put it there)");
     if (!given("--attention") && !flash_attention)
       left.push_back(o.profile == planner::Profile::zeroplan
                          ? std::string("--attention eager (zero-run's kernels)")

@@ -38,6 +38,8 @@ struct StrategyFlags {
   std::string number_checkpoints;
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given
   bool contiguous_gradients = true;  // likewise, --[no-]contiguous-gradients
+  bool zero_init = true;             // likewise, --[no-]zero-init
+  std::string load_on_gpu;
   CLI::App* app = nullptr;  // to ask which flags were given
 
   // Defaults, then the DeepSpeed config (--ds-config), then explicit flags. The profile

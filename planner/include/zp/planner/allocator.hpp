@@ -100,6 +100,11 @@ class CachingAllocatorModel {
   uint64_t peak_reserved() const { return peak_reserved_; }
   std::size_t n_segments() const;
   uint64_t block_size(BlockId id) const { return blocks_[id].size; }
+  // torch.cuda.empty_cache(): every cached segment with no block in use goes back.
+  void empty_cache() { release_free_segments(); }
+  // Past the capacity, after releasing the cache as PyTorch does when cudaMalloc fails, go on
+  // instead of throwing: a plan's replay, whose caller reports the shortfall.
+  void allow_over_capacity(bool v) { over_capacity_ok_ = v; }
   uint64_t block_address(BlockId id) const { return blocks_[id].addr; }
 
  private:
@@ -113,6 +118,7 @@ class CachingAllocatorModel {
     bool small = false, released = false;
   };
   uint64_t capacity_;
+  bool over_capacity_ok_ = false;
   uint64_t next_addr_ = 0;  // segments get disjoint synthetic addresses
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   std::vector<Block> blocks_;

@@ -50,6 +50,10 @@ struct PlanOptions {
   Profile profile = Profile::zeroplan;
   Backend backend = Backend::cuda;
   ModelCode model_code = ModelCode::fused;
+  // The GPU's memory in bytes, for what DeepSpeed decides from the free memory it sees
+  // (stage 1-2 flatten the model on the GPU only when the copy fits beside it); 0: unknown,
+  // taken as room enough. estimate() and fit() set it from the hardware.
+  uint64_t gpu_capacity = 0;
   bool operator==(const PlanOptions&) const = default;
 };
 
@@ -76,6 +80,9 @@ struct MemEvent {
   int32_t pos = -1;   // index into the graph's execution order; -1 before the first op
   bool alloc = true;  // allocate or free
   uint32_t buffer = 0;
+  // torch.cuda.empty_cache() (DeepSpeed calls it around its flatten): the caching allocator
+  // releases its unused segments. alloc is false and buffer names a 0-byte marker.
+  bool empty_cache = false;
 };
 
 // What one GPU holds in nvidia-smi's view: the allocator's reserved peak, and what the
@@ -247,6 +254,9 @@ struct MemoryReport {
   // Bytes allocated per tier before the first op: what the states and buffers of
   // initialization hold (DeepSpeed's see_memory_usage "MA" after deepspeed.initialize).
   std::array<uint64_t, kTiers.size()> after_init{};
+  // The high-water of bytes in use before the first op (deepspeed.initialize, with a model
+  // built whole: schedule.cpp deepspeed_model_arrives); the peaks above include it.
+  std::array<uint64_t, kTiers.size()> init_peak{};
   std::vector<TimelineSample> timeline;  // per position, at its high point (after its
                                          // allocations, before its frees)
   int32_t peak_pos = -1;              // where the gpu tier peaked

@@ -184,6 +184,19 @@ struct Strategy {
   // the moments of a torch AdamW (its backup_optimizer) with them; schedule.cpp
   // deepspeed_stage3_tensors sizes them.
   double offload_optimizer_ratio = 1.0;
+  // How the model reaches deepspeed.initialize (the deepspeed profile; schedule.cpp
+  // deepspeed_model_arrives). zero_init: built partitioned, each parameter split over the
+  // ranks as its module is created (deepspeed.zero.Init, which transformers' from_pretrained
+  // enters under an active stage-3 DeepSpeed config: modeling_utils.py, is_deepspeed_zero3_
+  // enabled); unset: on at stage 3 (builds_partitioned). Otherwise the model is built whole
+  // and deepspeed.initialize casts it to the 16-bit dtype, moves it to the GPU and then
+  // flattens (stages 1-2) or partitions (stage 3) it: a transient before the first step.
+  // load_on_gpu: the dtype the script's model is in on the GPU before deepspeed.initialize
+  // (model.to("cuda"), from_pretrained(device_map="cuda", torch_dtype=...)); unset: on the
+  // host, where the Trainer and accelerate leave it (trainer.py: place_model_on_device is
+  // false with DeepSpeed).
+  std::optional<bool> zero_init;
+  std::optional<Precision> load_on_gpu;
   // The dtype of the weights the optimizer updates and of the gradient it reads: fp32 (mixed
   // precision's master weights), or bf16 with --precision bf16 (DeepSpeed's
   // bf16.bf16_master_weights_and_grads, a bf16 master partition; under the fsdp profile a bf16
@@ -232,6 +245,10 @@ struct Strategy {
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };
+
+// Whether the model is built partitioned (deepspeed.zero.Init): Strategy::zero_init, on by
+// default at stage 3, never at stages 0-2.
+inline bool builds_partitioned(const Strategy& s) { return s.stage == 3 && s.zero_init.value_or(true); }
 
 // Whether the collectives of s overlap compute: s.overlap_comm, or DeepSpeed's default for
 // its stage (true for stage 3 only). Stages 0-1 reduce once per step, after backward, so the
