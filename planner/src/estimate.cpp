@@ -93,6 +93,10 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
 }
 
 void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelSpec* m) {
+  if (s.quantized_weights && o.profile != Profile::deepspeed)
+    throw Error(fmt::format("--quantized-weights: DeepSpeed's ZeRO++ qwZ, not {}'s",
+                            to_string(o.profile)),
+                "plan it with --profile deepspeed");
   if (s.offload_optimizer_ratio < 1 && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--offload-optimizer-ratio: DeepSpeed's partial offload, not {}'s",
                             to_string(o.profile)),

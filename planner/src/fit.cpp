@@ -85,7 +85,8 @@ using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, 
 std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double> deepspeed_settings(const Strategy& s) {
   const uint64_t flags = uint64_t{s.contiguous_gradients} | uint64_t{overlaps_comm(s)} << 1 |
                          uint64_t{builds_partitioned(s)} << 2 |
-                         (s.load_on_gpu ? uint64_t{1} + static_cast<uint64_t>(*s.load_on_gpu) : 0) << 3;
+                         (s.load_on_gpu ? uint64_t{1} + static_cast<uint64_t>(*s.load_on_gpu) : 0) << 3 |
+                         uint64_t{s.quantized_weights} << 6;
   return {s.buffers.sub_group_size, s.buffers.param_persistence_threshold,
           s.hpz_partition_size * 1'000'000 + s.deepspeed_version, flags, s.grad_accum,
           s.offload_optimizer_ratio};

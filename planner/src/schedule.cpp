@@ -1262,15 +1262,73 @@ class ScheduleBuilder {
       if (overlaps_comm(s_)) stage_in_flight_[grp] = b;
       else staged_.push_back(b);
     }
+    if (o_.profile == Profile::deepspeed && s_.quantized_weights) deepspeed_quantized_gather(pos, grp);
     live_gathered_elems_ += group_elems_.at(grp);
   }
   // The engine's wait for an all-gather in flight: its staging buffer goes back with the
-  // op's frees.
-  void wait_gathered(const std::string& grp) {
+  // op's frees; a quantized one (qwZ) is dequantized first.
+  void wait_gathered(int32_t pos, const std::string& grp) {
+    if (auto q = qwz_in_flight_.find(grp); q != qwz_in_flight_.end()) {
+      staged_.push_back(alloc(pos, add_buffer("qwz.dequantized." + grp, Tier::gpu, Category::buffers,
+                                              checked_mul(gathered_bytes(grp) / p_bytes_, 2,
+                                                          "dequantized bytes"))));
+      for (uint32_t b : q->second) staged_.push_back(b);
+      qwz_in_flight_.erase(q);
+    }
     auto it = stage_in_flight_.find(grp);
     if (it == stage_in_flight_.end()) return;
     staged_.push_back(it->second);
     stage_in_flight_.erase(it);
+  }
+
+  // ZeRO++ qwZ (Strategy::quantized_weights), DeepSpeed's coalesced all-gather with
+  // quantize=True (partition_parameters.py all_gather_coalesced -> _all_gather_coalesced, the
+  // CUDAQuantizer): this rank's shard of s elements is concatenated (torch.cat, s in the
+  // parameters' dtype), converted to fp16 unless it is (the kernel reads __half), and
+  // quantized to int8, s bytes, with an fp32 scale per group (CUDAQuantizer.quantize:
+  // quantization_groups); those are sent from, and the gathered W x s int8 elements and
+  // W x groups fp32 scales received into new buffers, all held until the wait; the wait
+  // (AllGatherCoalescedHandle.wait) dequantizes the whole gathered buffer into fp16, W x s x
+  // 2 bytes (the binding's dequantize<__half>), from which each parameter is copied out (the
+  // gathered parameters, as without qwZ), and then drops them.
+  std::map<std::string, std::vector<uint32_t>> qwz_in_flight_;
+  void deepspeed_quantized_gather(int32_t pos, const std::string& grp) {
+    const uint64_t s = shard_bytes(grp) / p_bytes_, gathered = gathered_bytes(grp) / p_bytes_;
+    if (s == 0) return;
+    const uint64_t w = gathered / s, scales = checked_mul(quantization_groups(s), 4, "scale bytes");
+    const uint32_t cat = alloc(pos, add_buffer("qwz.shard." + grp, Tier::gpu, Category::buffers,
+                                               checked_mul(s, p_bytes_, "shard bytes")));
+    uint32_t half = UINT32_MAX;
+    if (s_.precision != Precision::fp16)
+      half = alloc(pos, add_buffer("qwz.fp16." + grp, Tier::gpu, Category::buffers,
+                                   checked_mul(s, 2, "fp16 shard bytes")));
+    std::vector<uint32_t> held;
+    held.push_back(alloc(pos, add_buffer("qwz.int8_shard." + grp, Tier::gpu, Category::buffers,
+                                         checked_add(s, scales, "int8 shard bytes"))));
+    free(pos, cat);
+    if (half != UINT32_MAX) free(pos, half);
+    held.push_back(alloc(pos, add_buffer("qwz.int8_gathered." + grp, Tier::gpu, Category::buffers,
+                                         checked_add(gathered, checked_mul(w, scales, "scales"),
+                                                     "int8 gathered bytes"))));
+    qwz_in_flight_[grp] = std::move(held);
+  }
+  // CUDAQuantizer.quantize's groups for n elements (partition_parameters.py): from
+  // ceil(n / 8000) up to the first count g with n divisible by 8g, then doubled while n is
+  // divisible by 16g and groups stay above 8000 elements. DeepSpeed asserts n % 8 == 0; the
+  // first count is taken otherwise.
+  static uint64_t quantization_groups(uint64_t n) {
+    const uint64_t g0 = (n + 7999) / 8000;
+    if (n % 8 != 0) return g0;
+    // The smallest divisor of n / 8 at least g0 (n / 8 itself always is one).
+    const uint64_t m = n / 8;
+    uint64_t g = m;
+    for (uint64_t d = 1; d * d <= m; ++d)
+      if (m % d == 0) {
+        if (d >= g0) g = std::min(g, d);
+        if (m / d >= g0) g = std::min(g, m / d);
+      }
+    while (n % (16 * g) == 0 && n / g > 8000) g *= 2;
+    return g;
   }
   // ZeRO-3: gather the run's group, then prefetch the groups of the following runs while the
   // newly gathered elements stay within stage3_prefetch_bucket_size and everything gathered
@@ -1290,12 +1348,12 @@ class ScheduleBuilder {
       prefetched += e;
       gather(pos, grp, static_cast<int32_t>(j));
     }
-    wait_gathered(run_group_[static_cast<std::size_t>(r)]);
+    wait_gathered(pos, run_group_[static_cast<std::size_t>(r)]);
   }
   void end_run(int32_t pos, int32_t r) {
     for (auto it = holder_.begin(); it != holder_.end();) {
       if (it->second <= r) {
-        wait_gathered(it->first);  // never in flight here (its run has started)
+        wait_gathered(pos, it->first);  // never in flight here (its run has started)
         free(pos, gathered_[it->first]);
         live_gathered_elems_ -= group_elems_.at(it->first);
         gathered_.erase(it->first);

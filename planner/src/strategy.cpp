@@ -199,6 +199,9 @@ void validate(const Strategy& s) {
                   "DeepSpeed's partial offload pairs its CPU Adam with a GPU AdamW (stage3.py: "
                   "'Hybrid Optimizer Only Supports DeepSpeedCPUAdam')");
   }
+  if (s.quantized_weights && s.stage != 3)
+    throw Error(fmt::format("--quantized-weights: needs --stage 3, got stage {}", s.stage),
+                "ZeRO++ qwZ quantizes stage 3's parameter all-gathers");
   if (s.zero_init.value_or(false) && s.stage != 3)
     throw Error(fmt::format("--zero-init: needs --stage 3, got stage {}", s.stage),
                 "zero.Init keeps parameters partitioned as they are created, which stage 3 "
@@ -489,15 +492,25 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
                     "stage3_gather_16bit_weights_on_model_save",
                     "stage3_gather_fp16_weights_on_model_save", "round_robin_gradients",
                     "zero_hpz_partition_size", "zero_quantized_weights",
-                    "zero_quantized_gradients", "mics_shard_size",
+                    "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+                    "zeropp_loco_param", "mics_shard_size",
                     "mics_hierarchical_params_gather", "memory_efficient_linear",
                     "ignore_unused_parameters", "legacy_stage1", "cpu_offload",
                     "cpu_offload_params", "cpu_offload_use_pin_memory",
                     "use_multi_rank_bucket_allreduce", "log_trace_cache_warnings"},
                    origin, "zero_optimization.");
     const std::string p = "zero_optimization.";
-    require_neutral(*zo, "zero_quantized_weights", false, origin, p);
-    require_neutral(*zo, "zero_quantized_gradients", false, origin, p);
+    // ZeRO++ qgZ's quantized all-to-all runs across nodes only and its int4 buffers follow
+    // each gradient's shape (runtime/comm/coalesced_collectives.py all_to_all_quant_reduce):
+    // not modelled, see the message.
+    if (auto it = zo->find("zero_quantized_gradients");
+        it != zo->end() && !it->is_null() && *it != json(false))
+      throw Error(fmt::format("{}: field 'zero_optimization.zero_quantized_gradients' = {} is not "
+                              "modelled by zeroplan", origin, it->dump()),
+                  "ZeRO++ qgZ replaces the reduce-scatter by an int4 all-to-all only across "
+                  "nodes (stage3.py __avg_scatter_grads: num_nodes > 1, GPUs per node from "
+                  "the launcher), with per-gradient buffers sized by its shape and node count; "
+                  "set it to false to plan the plain reduce-scatter");
 
     require_neutral(*zo, "mics_shard_size", -1, origin, p);
     Fields z(*zo, origin, p);
@@ -558,6 +571,10 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
           z.byte_count("stage3_param_persistence_threshold", s.buffers.param_persistence_threshold);
     if (z.has("zero_hpz_partition_size") && !is_auto(*zo, "zero_hpz_partition_size"))
       s.hpz_partition_size = z.positive_int("zero_hpz_partition_size", 1);
+    s.quantized_weights = z.boolean("zero_quantized_weights", s.quantized_weights);
+    // zero_quantized_nontrainable_weights stores frozen parameters in int8
+    // (partition_parameters.py): every parameter of a plan is trained, so it changes nothing.
+    (void)z.boolean("zero_quantized_nontrainable_weights", false);
   }
   return s;
 }
@@ -615,6 +632,7 @@ json to_json(const Strategy& s) {
                  ? json(nullptr)
                  : json(s.buffers.param_persistence_threshold)}}},
           {"hpz_partition_size", s.hpz_partition_size},
+          {"quantized_weights", s.quantized_weights},
           {"deepspeed_version", deepspeed_version_string(s.deepspeed_version)},
           {"torch_version", torch_version_string(s.torch_version)}};
 }
@@ -630,8 +648,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
-                  "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
-                  "torch_version"},
+                  "fused_optimizer", "optimizer_impl", "hpz_partition_size", "quantized_weights",
+                  "deepspeed_version", "torch_version"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -728,6 +746,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
       s.buffers.param_persistence_threshold = kPersistenceAuto;
   }
   s.hpz_partition_size = f.positive_int("hpz_partition_size", 1);
+  s.quantized_weights = f.boolean("quantized_weights", false);
   if (f.has("deepspeed_version")) {
     const auto v = deepspeed_version_from_string(f.string("deepspeed_version"));
     if (!v) f.fail("deepspeed_version", "\"current\" or a release such as \"0.4.0\"");
@@ -775,6 +794,7 @@ std::string describe(const Strategy& s) {
     out += *s.overlap_comm ? ", overlap-comm" : ", no overlap-comm";
   if (!s.contiguous_gradients) out += ", no contiguous gradients";
   if (s.stage == 3 && !builds_partitioned(s)) out += ", no zero.Init";
+  if (s.quantized_weights) out += ", qwZ";
   if (s.load_on_gpu) out += fmt::format(", loaded on the GPU in {}", to_string(*s.load_on_gpu));
   return out;
 }

@@ -442,3 +442,63 @@ TEST_CASE("a model built whole before deepspeed.initialize: the init transient i
   CHECK(back.load_on_gpu == std::optional<Precision>(Precision::fp16));
   CHECK(!strategy_from_json(to_json(Strategy{}), "plan").zero_init.has_value());
 }
+
+TEST_CASE("ZeRO++ qwZ: the int8 all-gather's buffers, and qgZ refused with the reason") {
+  // gpt2-tiny at stage 3 over 2 ranks in bf16, every tensor gathered (persistence threshold
+  // 0) and no prefetch: each block's all-gather (partition_parameters.py
+  // _all_gather_coalesced with quantize=True) of a shard of s = ceil(49984 / 2) = 24992
+  // elements of the gathered 49984 (kBlock = 12C^2 + 13C):
+  //   the shard concatenated, s x 2 = 49984 bytes, and converted to fp16 (the kernel reads
+  //   __half), another 49984;
+  //   quantized to int8, s = 24992 bytes, with CUDAQuantizer's groups: from ceil(s / 8000) = 4
+  //   up to the first g with 8g dividing s: 24992 = 8 x 3124 and 4 divides 3124, so 4; not
+  //   doubled (64 does not divide 24992): 4 fp32 scales, 16 bytes; 25008 in all;
+  //   received: 2 x 24992 int8 and 2 x 4 scales: 49984 + 32 = 50016 bytes;
+  //   dequantized into fp16 at the wait: 49984 x 2 = 99968 bytes.
+  Strategy s;
+  s.stage = 3;
+  s.dp = 2;
+  s.buffers.param_persistence_threshold = 0;
+  s.buffers.prefetch_bucket_size = 1;
+  s.quantized_weights = true;
+  const Run r = run(s);
+  const Seen shard = seen(r, "qwz.shard.h.0"), fp16 = seen(r, "qwz.fp16.h.0"),
+             in = seen(r, "qwz.int8_shard.h.0"), out = seen(r, "qwz.int8_gathered.h.0"),
+             deq = seen(r, "qwz.dequantized.h.0");
+  // Gathered twice, for forward and for backward.
+  CHECK(shard.bytes == std::vector<uint64_t>{49984, 49984});
+  CHECK(fp16.bytes == std::vector<uint64_t>{49984, 49984});
+  CHECK(in.bytes == std::vector<uint64_t>{25008, 25008});
+  CHECK(out.bytes == std::vector<uint64_t>{50016, 50016});
+  CHECK(deq.bytes == std::vector<uint64_t>{99968, 99968});
+  // Without prefetch each gather is waited for by the op that issued it: all of it goes
+  // with that op.
+  CHECK(deq.alloc_at == deq.free_at);
+  CHECK(out.alloc_at == out.free_at);
+  // The embedding group: s = 20480 / 2 = 10240, ceil(10240 / 8000) = 2 groups (8 x 2 divides
+  // 10240; 10240 / 2 = 5120 is not above 8000, so not doubled): 10240 + 8 bytes sent.
+  CHECK(seen(r, "qwz.int8_shard.embed").bytes.at(0) == 10248);
+  // Without qwZ none of it.
+  s.quantized_weights = false;
+  CHECK(seen(run(s), "qwz.int8_gathered.h.0").bytes.empty());
+  // Read from the config; stage 3 and DeepSpeed only.
+  const nlohmann::json ds = {{"zero_optimization", {{"stage", 3}, {"zero_quantized_weights", true}}}};
+  CHECK(apply_deepspeed_config(Strategy{}, ds, "ds.json").quantized_weights);
+  Strategy bad;
+  bad.stage = 2;
+  bad.quantized_weights = true;
+  CHECK_THROWS_AS(validate(bad), zp::Error);
+  // qgZ stays refused, naming the field and why (the all-to-all runs across nodes only).
+  try {
+    apply_deepspeed_config(Strategy{},
+                           nlohmann::json{{"zero_optimization", {{"stage", 3}, {"zero_quantized_gradients", true}}}},
+                           "ds.json");
+    FAIL("qgZ accepted");
+  } catch (const zp::Error& e) {
+    CHECK(std::string(e.what()).find("zero_quantized_gradients") != std::string::npos);
+    CHECK(e.hint().find("nodes") != std::string::npos);
+  }
+  CHECK_NOTHROW(apply_deepspeed_config(
+      Strategy{}, nlohmann::json{{"zero_optimization", {{"stage", 3}, {"zero_quantized_gradients", false}}}},
+      "ds.json"));
+}

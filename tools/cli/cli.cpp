@@ -60,6 +60,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "config; --no-zero-init: built whole, then moved to the GPU and partitioned by "
                "deepspeed.initialize (stages 0-2 always are) [on at stage 3]")
       ->group(g);
+  app.add_flag("--quantized-weights", f.quantized_weights,
+               "--profile deepspeed, stage 3: ZeRO++ qwZ, parameters all-gathered in int8 with "
+               "fp32 scales and dequantized on arrival (zero_optimization.zero_quantized_weights)")
+      ->group(g);
   app.add_option("--load-on-gpu", f.load_on_gpu,
                  "--profile deepspeed: the script has the model on the GPU in this dtype (fp32, "
                  "fp16 or bf16) before deepspeed.initialize, which casts it there one tensor "
@@ -362,6 +366,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--overlap-comm")) s.overlap_comm = overlap_comm;
   if (given("--contiguous-gradients")) s.contiguous_gradients = contiguous_gradients;
   if (given("--zero-init")) s.zero_init = zero_init;
+  if (quantized_weights) s.quantized_weights = true;
   if (given("--load-on-gpu"))
     s.load_on_gpu = parse_enum<planner::Precision>("--load-on-gpu", load_on_gpu,
                                                    planner::precision_from_string, "fp32, fp16 or bf16");

@@ -39,6 +39,7 @@ struct StrategyFlags {
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given
   bool contiguous_gradients = true;  // likewise, --[no-]contiguous-gradients
   bool zero_init = true;             // likewise, --[no-]zero-init
+  bool quantized_weights = false;
   std::string load_on_gpu;
   CLI::App* app = nullptr;  // to ask which flags were given
 

@@ -218,6 +218,10 @@ struct Strategy {
   // backward gathers from: ceil(P/H) more elements per rank (partition_parameters.py
   // _partition_param_sec). 1: none.
   int64_t hpz_partition_size = 1;
+  // ZeRO++ qwZ (zero_optimization.zero_quantized_weights, the deepspeed profile, stage 3):
+  // parameters are all-gathered as int8 with an fp32 scale per group of about 8000 elements
+  // and dequantized on arrival (schedule.cpp deepspeed_quantized_gather).
+  bool quantized_weights = false;
   // The DeepSpeed release the deepspeed profile predicts, major * 10000 + minor * 100 + patch
   // (0: the current one). Releases whose allocations differ from today's:
   // - up to 0.4.0, stage 3 with the optimizer offloaded allocated at init two 16-bit GPU
