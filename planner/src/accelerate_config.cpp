@@ -144,7 +144,10 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
 
   const json* fc = top.object("fsdp_config");
   if (fc == nullptr) {
-    note("fsdp_config absent: FSDP1 FULL_SHARD, accelerate's defaults");
+    note("fsdp_config absent: FSDP1 FULL_SHARD with use_orig_params, accelerate's defaults");
+    s.fsdp_version = 1;
+    s.fsdp_use_orig_params = true;
+    validate(s);
     return s;
   }
   static const std::set<std::string> fsdp_keys = {
@@ -190,6 +193,7 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
         if (v.get<std::string>() == n) return std::string(n);
     ff.fail(key, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or 1-5)");
   };
+  s.fsdp_version = static_cast<int>(version);
   std::string sharding = "FULL_SHARD";
   if (version == 2) {
     if (ff.has("fsdp_sharding_strategy"))
@@ -207,6 +211,13 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
     throw Error(fmt::format("{}: fsdp_sharding_strategy {} is not modelled yet", origin, sharding),
                 "plan FULL_SHARD over one node's GPUs (--dp = GPUs per node) for the sharded part");
   s.reshard_after_forward = sharding == "FULL_SHARD";
+  if (version == 1) {
+    // accelerate launch passes --fsdp_use_orig_params, default "true" (commands/launch.py),
+    // to the plugin (FSDP_USE_ORIG_PARAMS); FSDP2 ignores it.
+    s.fsdp_use_orig_params = flag(ff, f, "fsdp_use_orig_params", true);
+    if (!ff.has("fsdp_use_orig_params"))
+      note("fsdp_config.fsdp_use_orig_params absent: true (accelerate launch's default)");
+  }
   if (flag(ff, f, "fsdp_offload_params", false))
     throw Error(fmt::format("{}: fsdp_config.fsdp_offload_params true is not modelled yet", origin),
                 "plan without parameter offload, or DeepSpeed's ZeRO-Offload with --ds-config");

@@ -93,6 +93,9 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
 }
 
 void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelSpec* m) {
+  if (o.profile != Profile::fsdp && s.fsdp_version != 2)
+    throw Error(fmt::format("--fsdp-version: PyTorch FSDP's, not {}'s", to_string(o.profile)),
+                "plan FSDP1 with --profile fsdp");
   if (s.cpu_checkpointing && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--cpu-checkpointing: DeepSpeed's activation checkpointing, not "
                             "{}'s", to_string(o.profile)),

@@ -63,11 +63,11 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // offload tiles too.
 // overlap_comm changes how long gradient buckets live (schedule.cpp flush_if_full).
 // The last field (state_dtypes below): the dtypes and FSDP settings that size states and
-// buffers (master and moments, reduce dtype, reshard after forward, fused optimizer) and the
-// optimizer kind.
+// buffers (master and moments, reduce dtype, reshard after forward, fused optimizer, FSDP's
+// version and use_orig_params) and the optimizer kind.
 // The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
-                          uint64_t, uint64_t, uint64_t, bool, int,
+                          uint64_t, uint64_t, uint64_t, bool, int64_t,
                           std::tuple<uint64_t, uint64_t, int64_t>, int64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
@@ -75,7 +75,7 @@ using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // optimizer and parameters live, the delayed update's host buffers, and the swap buffers held
 // with the states (the delayed update's optimizer swap buffers on NVMe, the parameter
 // swapper's buffers).
-using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int>;
+using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int64_t>;
 
 // DeepSpeed stage 3's per-parameter settings (schedule.cpp deepspeed_stage3_tensors) and hpZ.
 std::tuple<uint64_t, uint64_t, int64_t> stage3_settings(const Strategy& s) {
@@ -83,11 +83,12 @@ std::tuple<uint64_t, uint64_t, int64_t> stage3_settings(const Strategy& s) {
           s.hpz_partition_size * 1'000'000 + s.deepspeed_version};
 }
 
-int state_dtypes(const Strategy& s) {
-  return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
-         static_cast<int>(s.reduce_precision) << 4 | int{s.reshard_after_forward} << 6 |
-         int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8 |
-         int{s.cpu_checkpointing} << 12 | static_cast<int>(s.optimizer_impl) << 13;
+int64_t state_dtypes(const Strategy& s) {
+  return static_cast<int64_t>(s.master_precision) | static_cast<int64_t>(s.optimizer_precision) << 2 |
+         static_cast<int64_t>(s.reduce_precision) << 4 | int64_t{s.reshard_after_forward} << 6 |
+         int64_t{s.fused_optimizer} << 7 | static_cast<int64_t>(s.optimizer) << 8 |
+         int64_t{s.cpu_checkpointing} << 12 | static_cast<int64_t>(s.optimizer_impl) << 13 |
+         int64_t{s.fsdp_version} << 16 | int64_t{s.fsdp_use_orig_params} << 18;
 }
 
 }  // namespace

@@ -184,6 +184,9 @@ void validate(const Strategy& s) {
   if (s.hpz_partition_size < 1 || s.dp % s.hpz_partition_size != 0)
     throw Error(fmt::format("--hpz-partition-size {}: must divide --dp {}", s.hpz_partition_size, s.dp),
                 "ZeRO++'s secondary partition spans the GPUs of a node, e.g. 8");
+  if (s.fsdp_version != 1 && s.fsdp_version != 2)
+    throw Error(fmt::format("--fsdp-version: must be 1 or 2, got {}", s.fsdp_version),
+                "1: FullyShardedDataParallel (FlatParameter), 2: fully_shard (per-parameter)");
   if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16)
     throw Error("--master-weights and --optimizer-states take fp32 or bf16",
                 "fp16 master weights or moments lose too much range; train in bf16 to keep 16-bit states");
@@ -543,6 +546,8 @@ json to_json(const Strategy& s) {
           {"reduce_precision", to_string(s.reduce_precision)},
           {"fused_optimizer", s.fused_optimizer},
           {"optimizer_impl", to_string(s.optimizer_impl)},
+          {"fsdp_version", s.fsdp_version},
+          {"fsdp_use_orig_params", s.fsdp_use_orig_params},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"buffers",
@@ -577,7 +582,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "deepspeed_version",
-                  "torch_version"},
+                  "torch_version", "fsdp_version", "fsdp_use_orig_params"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -619,6 +624,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.optimizer_impl = enum_field("optimizer_impl", optimizer_impl_from_string, s.optimizer_impl,
                                 "\"foreach\", \"fused\", \"for-loop\" or \"transformers\"");
   if (s.optimizer_impl == OptimizerImpl::fused) s.fused_optimizer = true;
+  s.fsdp_version = static_cast<int>(f.positive_int("fsdp_version", 2));
+  s.fsdp_use_orig_params = f.boolean("fsdp_use_orig_params", false);
   if (f.has("moe_capacity_factor")) {
     const json& v = j.at("moe_capacity_factor");
     if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
@@ -700,6 +707,7 @@ std::string describe(const Strategy& s) {
   if (s.offload_param != Offload::none)
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
+  if (s.fsdp_version == 1) out += s.fsdp_use_orig_params ? ", FSDP1 use_orig_params" : ", FSDP1";
   if (s.master_precision != Precision::fp32) out += fmt::format(", {} master", to_string(s.master_precision));
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));

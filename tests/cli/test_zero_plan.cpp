@@ -206,6 +206,23 @@ TEST_CASE("fsdp: --fsdp-config reads accelerate's YAML and implies --profile fsd
                   "--profile fsdp: --stage 2");
 }
 
+TEST_CASE("fsdp: FSDP1 from flags") {
+  auto estimate_json = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                               "--seq", "512", "--format", "json"});
+    const Result r = zero_plan(args);
+    REQUIRE(r.rc == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  // FSDP1.
+  const auto v1 = estimate_json({"--dp", "8", "--fsdp-version", "1", "--fsdp-use-orig-params"});
+  CHECK(v1["strategy"]["fsdp_version"] == 1);
+  CHECK(v1["strategy"]["fsdp_use_orig_params"] == true);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                             "--fsdp-version", "3"}),
+                  "--fsdp-version: must be 1 or 2, got '3'");
+}
+
 TEST_CASE("ds-config with flags overriding it") {
   zp::test::TempDir dir;
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},

@@ -1,13 +1,18 @@
-// The fsdp profile: PyTorch FSDP's fully_shard as torchtitan runs it. Expected sizes come from
-// gpt2-tiny's parameter formula written out here (12C^2 + 13C per block, as in
-// test_schedule.cpp) and FSDP2's buffer rules (torch/distributed/fsdp/_fully_shard,
-// summarized with line numbers in planner/notes/fsdp-and-optimizers-memory.md sec. 1):
-// sharded parameters in the model's dtype, an all-gather output and the unsharded parameters
-// per unit (W x shard each), the reduce-scatter input in the reduce dtype.
+// The fsdp profile: PyTorch FSDP's fully_shard as torchtitan runs it, and FSDP1
+// (FullyShardedDataParallel) as accelerate runs it. Expected sizes come from gpt2-tiny's
+// tensors written out here as Hugging Face's GPT2LMHeadModel holds them (Conv1D weights
+// stored (in, out); 12C^2 + 13C per block, as in test_schedule.cpp) and FSDP's rules
+// (torch/distributed/fsdp, summarized with line numbers in planner/notes/
+// fsdp-and-optimizers-memory.md sec. 1-2): FSDP2 shards every parameter along dim 0,
+// ceil(d0/W) rows each (_fsdp_param.py _init_sharded_param); FSDP1 flattens a unit into one
+// FlatParameter split into W equal shards (_flat_param.py _get_shard); sharded parameters in
+// the model's dtype, an all-gather output and the unsharded parameters per unit (W x shard
+// each), the reduce-scatter input in the reduce dtype.
 #include <doctest/doctest.h>
 
 #include <map>
 #include <set>
+#include <string>
 
 #include "error_of.hpp"
 #include "zp/models/graph.hpp"
@@ -15,6 +20,18 @@
 #include "zp/planner/accelerate_config.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/schedule.hpp"
+
+// Failed comparisons of buffer sizes print the sizes.
+namespace doctest {
+template <>
+struct StringMaker<std::multiset<uint64_t>> {
+  static String convert(const std::multiset<uint64_t>& v) {
+    std::string out = "{";
+    for (uint64_t x : v) out += (out.size() > 1 ? ", " : "") + std::to_string(x);
+    return (out + "}").c_str();
+  }
+};
+}  // namespace doctest
 
 using namespace zp::planner;
 using zp::models::load_model;
@@ -30,13 +47,48 @@ constexpr uint64_t kHead = 2 * C;                 // final layernorm; the head i
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// Shapes per tensor, in named_parameters() order.
+using Shapes = std::vector<std::vector<uint64_t>>;
+Shapes gpt2_block(uint64_t c) {
+  return {{c}, {c},                  // ln_1.weight, ln_1.bias
+          {c, 3 * c}, {3 * c},       // attn.c_attn (in, out)
+          {c, c}, {c},               // attn.c_proj
+          {c}, {c},                  // ln_2
+          {c, 4 * c}, {4 * c},       // mlp.c_fc
+          {4 * c, c}, {c}};          // mlp.c_proj
+}
+// FSDP1's root unit of GPT2LMHeadModel: wte, wpe, ln_f (the tied head adds nothing).
+Shapes gpt2_root(uint64_t v, uint64_t p, uint64_t c) { return {{v, c}, {p, c}, {c}, {c}}; }
+uint64_t numel(const std::vector<uint64_t>& t) {
+  uint64_t n = 1;
+  for (uint64_t d : t) n *= d;
+  return n;
+}
+// FSDP2: each tensor's rank-0 chunk along dim 0, ceil(d0/W) rows of numel/d0 elements.
+uint64_t fsdp2_shard(const Shapes& unit, uint64_t w) {
+  uint64_t n = 0;
+  for (const auto& t : unit) n += ceil_div(t[0], w) * (numel(t) / t[0]);
+  return n;
+}
+// FSDP1: the flat parameter, each tensor starting at a multiple of `align` elements (0: none;
+// use_orig_params: 16 bytes of the compute dtype), then padded to a multiple of W when
+// aligned; the shard is a W-th of it, rounded up.
+uint64_t fsdp1_shard(const Shapes& unit, uint64_t w, uint64_t align) {
+  uint64_t flat = 0;
+  for (const auto& t : unit) {
+    if (align > 0 && flat % align != 0) flat += align - flat % align;
+    flat += numel(t);
+  }
+  if (align > 0) flat = ceil_div(flat, w) * w;
+  return ceil_div(flat, w);
+}
+
 struct Run {
   MemorySchedule sched;
   MemoryReport rep;
 };
-Run run(Strategy s) {
-  const auto m = load_model("gpt2-tiny");
-  s.seq = 64;
+Run run(Strategy s, const zp::models::ModelSpec& m = load_model("gpt2-tiny")) {
+  s.seq = std::min<int64_t>(64, m.n_positions);
   const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
   const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
   Run r;
@@ -69,6 +121,14 @@ std::set<std::string> live_after(const MemorySchedule& m, int32_t pos) {
     if (c > 0) out.insert(m.buffers[b].name);
   return out;
 }
+// The position of the first allocation of the buffer named `name`.
+int32_t first_alloc(const MemorySchedule& m, const std::string& name) {
+  for (const MemEvent& e : m.events)
+    if (e.alloc && m.buffers[e.buffer].name == name) return e.pos;
+  return -2;
+}
+// Bytes of a tier and category at the replay's high-water mark.
+uint64_t at(const Run& r, Tier t, Category c) { return r.rep.per_device[t][c]; }
 int32_t last_forward(const MemorySchedule& m) {
   int32_t last = -1;
   for (int32_t i = 0; i < static_cast<int32_t>(m.op_names.size()); ++i)
@@ -90,7 +150,9 @@ TEST_CASE("fsdp: sharded model states in the model's dtype, no 16-bit copy at re
   };
   for (uint64_t w : {1u, 2u, 3u, 4u}) {
     CAPTURE(w);
-    const uint64_t part = ceil_div(kEmbed, w) + L * ceil_div(kBlock, w) + ceil_div(kHead, w);
+    // FSDP2's units: the embedding (wte, wpe), each block, the final norm (the head is tied).
+    const uint64_t part = fsdp2_shard({{V, C}, {P, C}}, w) + L * fsdp2_shard(gpt2_block(C), w) +
+                          fsdp2_shard({{C}, {C}}, w);
     // Mixed precision (bf16 compute, fp32 model): fp32 sharded params (the master), fp32
     // sharded gradients, fp32 moments.
     const Run mixed = run(fsdp(w));
@@ -113,7 +175,11 @@ TEST_CASE("fsdp: sharded model states in the model's dtype, no 16-bit copy at re
 
 TEST_CASE("fsdp: per unit an all-gather output and unsharded params, a reduce-scatter input") {
   const uint64_t w = 3;
-  const uint64_t shard = ceil_div(kBlock, w);
+  // A block's dim-0 shards over 3 ranks: 22 rows of the 64-row tensors, 86 of the 256-row
+  // ones: 22 + 22 + 22*192 + 64 + 22*64 + 22 + 22 + 22 + 22*256 + 86 + 86*64 + 22 = 17050
+  // elements (ceil(49984 / 3) = 16662 unpadded: FSDP2 pads each parameter, not the unit).
+  const uint64_t shard = fsdp2_shard(gpt2_block(C), w);
+  CHECK(shard == 17050);
   Strategy s = fsdp(w);
   const Run r = run(s);
   // Each block is gathered for forward and again for backward (reshard_after_forward), in bf16:
@@ -134,10 +200,18 @@ TEST_CASE("fsdp: per unit an all-gather output and unsharded params, a reduce-sc
   CHECK(sizes(r.sched, "unsharded.embed").size() == 1);
   CHECK(sizes(r.sched, "unsharded.head").size() == 1);
   // PyTorch's foreach AdamW: sqrt(exp_avg_sq) the size of the fp32 shard; fused: nothing.
-  const uint64_t part = ceil_div(kEmbed, w) + L * shard + ceil_div(kHead, w);
+  const uint64_t part = fsdp2_shard({{V, C}, {P, C}}, w) + L * shard + fsdp2_shard({{C}, {C}}, w);
   CHECK(sizes(r.sched, "foreach_sqrt") == std::multiset<uint64_t>{4 * part});
   s.fused_optimizer = true;
   CHECK(sizes(run(s).sched, "foreach_sqrt").empty());
+  // A bf16 model without a policy (param_dtype None): the bf16 shards are the all-gather
+  // inputs themselves, no cast copy (_fsdp_collectives.py _get_param_all_gather_inputs takes
+  // its foreach-copy path only with a param_dtype).
+  Strategy p = fsdp(w);
+  p.master_precision = p.optimizer_precision = Precision::bf16;
+  const Run pure = run(p);
+  CHECK(sizes(pure.sched, "ag_copy_in.h.1").empty());
+  CHECK(sizes(pure.sched, "ag_out.h.1") == std::multiset<uint64_t>{2 * w * shard, 2 * w * shard});
 }
 
 TEST_CASE("fsdp: reshard_after_forward frees a block's parameters after its forward") {
@@ -175,6 +249,98 @@ TEST_CASE("fsdp: what the profile cannot plan is a clear error") {
   s.stage = 3;
   s.offload_optimizer = Offload::cpu;
   CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("CPU offload") != std::string::npos);
+  s.offload_optimizer = Offload::none;
+  // FSDP's settings under another profile.
+  s.fsdp_version = 1;
+  CHECK(error_of([&] { estimate(m, s, nullptr, PlanOptions{Profile::zeroplan}); })
+            .find("PyTorch FSDP's, not zeroplan's") != std::string::npos);
+  s.fsdp_version = 3;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("--fsdp-version: must be 1 or 2") == 0);
+}
+
+TEST_CASE("fsdp1: one flat parameter per unit, padded to the shard group, the root unit whole") {
+  // gpt2-tiny over 3 ranks: FSDP1's units are each block and the root (wte, wpe, ln_f: the
+  // embedding and head groups together). Every tensor has a multiple of 8 elements, so
+  // use_orig_params's alignment adds nothing here (see the next case).
+  const uint64_t w = 3;
+  const uint64_t root = fsdp1_shard(gpt2_root(V, P, C), w, 0);  // ceil(20608 / 3) = 6870
+  const uint64_t block = fsdp1_shard(gpt2_block(C), w, 0);      // ceil(49984 / 3) = 16662
+  CHECK(root == 6870);
+  CHECK(block == 16662);
+  CHECK(fsdp1_shard(gpt2_block(C), w, 8) == block);
+  Strategy s = fsdp(w);
+  s.fsdp_version = 1;
+  const Run r = run(s);
+  CHECK(r.sched.partition_elems == root + L * block);
+  CHECK(at(r, Tier::gpu, Category::master) >= 4 * (root + L * block));
+  // The all-gather writes into the unsharded flat parameter itself (_full_param_padded,
+  // W x shard in bf16): no flat output beside it. Its input is the bf16 _mp_shard.
+  CHECK(sizes(r.sched, "unsharded.h.0") == std::multiset<uint64_t>{2 * w * block, 2 * w * block});
+  CHECK(sizes(r.sched, "mp_shard.h.0") == std::multiset<uint64_t>{2 * block, 2 * block});
+  CHECK(sizes(r.sched, "ag_out.h.0").empty());
+  // The root is gathered once and held from the first forward op to its last backward
+  // (FSDP1 does not reshard the root after forward).
+  CHECK(sizes(r.sched, "unsharded.root") == std::multiset<uint64_t>{2 * w * root});
+  CHECK(live_after(r.sched, last_forward(r.sched)).contains("unsharded.root"));
+  // Gradients: autograd's flat gradient (49984 bf16 elements), cast to the fp32 reduce dtype,
+  // padded to 3 x 16662 = 49986 for the reduce-scatter (a copy), whose fp32 output is the
+  // sharded gradient.
+  CHECK(sizes(r.sched, "flat_grad.h.0") == std::multiset<uint64_t>{2 * kBlock});
+  CHECK(sizes(r.sched, "flat_grad_reduce_dtype.h.0") == std::multiset<uint64_t>{4 * kBlock});
+  CHECK(sizes(r.sched, "rs_input.h.0") == std::multiset<uint64_t>{4 * w * block});
+  CHECK(sizes(r.sched, "rs_output.h.0").empty());
+  // accelerate's bf16 reduce: no cast of the flat gradient; the bf16 output is cast to fp32.
+  s.reduce_precision = Precision::bf16;
+  const Run b = run(s);
+  CHECK(sizes(b.sched, "flat_grad_reduce_dtype.h.0").empty());
+  CHECK(sizes(b.sched, "rs_input.h.0") == std::multiset<uint64_t>{2 * w * block});
+  CHECK(sizes(b.sched, "rs_output.h.0") == std::multiset<uint64_t>{2 * block});
+  // No forward prefetch (forward_prefetch=False): two blocks are never unsharded together in
+  // forward; backward prefetches the next unit (BACKWARD_PRE), so they are there.
+  bool fwd_both = false, bwd_both = false;
+  const int32_t fwd_end = last_forward(r.sched);
+  for (int32_t i = 0; i < static_cast<int32_t>(r.sched.op_names.size()); ++i) {
+    const std::set<std::string> live = live_after(r.sched, i);
+    const bool both = live.contains("unsharded.h.0") && live.contains("unsharded.h.1");
+    (i <= fwd_end ? fwd_both : bwd_both) |= both;
+  }
+  CHECK_FALSE(fwd_both);
+  CHECK(bwd_both);
+}
+
+TEST_CASE("fsdp1: use_orig_params aligns each parameter to 16 bytes of the compute dtype") {
+  // A GPT-2 of width 36 (vocabulary 250, 32 positions, one block): tensors of 36 and 108
+  // elements are not multiples of 8. With bf16 compute each parameter starts at a multiple
+  // of 16 / 2 = 8 elements (_flat_param.py _get_aligned_numel), and the flat parameter is
+  // padded to a multiple of W (_init_flat_param_and_metadata):
+  //   block: 36, +4 pad, 36, +4, 3888, 108, +4, 1296, 36, +4, 36, +4, 36, +4, 5184, 144, 5184,
+  //     36 = 16044 elements (16020 unpadded), a multiple of 3: 5348 each (5340 without);
+  //   root: wte 9000, wpe 1152, ln_f 36, +4, 36 = 10228, padded to 10230: 3410 each (3408).
+  const auto m = zp::models::parse_hf_config(
+      R"({"model_type": "gpt2", "vocab_size": 250, "n_positions": 32, "n_embd": 36,
+          "n_layer": 1, "n_head": 4})", "gpt2-36");
+  const uint64_t w = 3, c = 36;
+  CHECK(fsdp1_shard(gpt2_block(c), w, 8) == 5348);
+  CHECK(fsdp1_shard(gpt2_block(c), w, 0) == 5340);
+  CHECK(fsdp1_shard(gpt2_root(250, 32, c), w, 8) == 3410);
+  CHECK(fsdp1_shard(gpt2_root(250, 32, c), w, 0) == 3408);
+  Strategy s = fsdp(w);
+  s.fsdp_version = 1;
+  CHECK(run(s, m).sched.partition_elems == 3408 + 5340);
+  s.fsdp_use_orig_params = true;
+  const Run aligned = run(s, m);
+  CHECK(aligned.sched.partition_elems == 3410 + 5348);
+  // The flat gradient is the padded flat parameter (16044 = 3 x 5348): no padding copy.
+  CHECK(sizes(aligned.sched, "flat_grad.h.0") == std::multiset<uint64_t>{2 * 16044});
+  CHECK(sizes(aligned.sched, "rs_input.h.0").empty());
+  // fp32 compute aligns to 4 elements, which every tensor here is a multiple of.
+  s.precision = Precision::fp32;
+  CHECK(fsdp1_shard(gpt2_block(c), w, 4) == 5340);
+  CHECK(run(s, m).sched.partition_elems == fsdp1_shard(gpt2_root(250, 32, c), w, 4) + 5340);
+  // FSDP2 pads each parameter's dim 0 instead: 12 rows of 36, 36 of 108, 48 of 144.
+  Strategy v2 = fsdp(w);
+  CHECK(run(v2, m).sched.partition_elems ==
+        fsdp2_shard({{250, c}, {32, c}}, w) + fsdp2_shard(gpt2_block(c), w) + fsdp2_shard({{c}, {c}}, w));
 }
 
 TEST_CASE("accelerate's FSDP config: the YAML `accelerate config` writes, and its JSON twin") {
@@ -211,6 +377,7 @@ use_cpu: false
   CHECK(s.master_precision == Precision::fp32);  // and upcasts the parameters it shards
   CHECK(s.reshard_after_forward == false);
   CHECK(s.checkpointing == Checkpointing::full);
+  CHECK(s.fsdp_version == 2);
   // The same keys as JSON (YAML's superset), FSDP1 with the strategy as a number.
   const Strategy j = apply_accelerate_config(
       Strategy{}, R"({"distributed_type": "FSDP", "mixed_precision": "no", "num_processes": 4,
@@ -220,6 +387,10 @@ use_cpu: false
   CHECK(j.precision == Precision::fp32);
   CHECK(j.reshard_after_forward == true);
   CHECK(j.checkpointing == Checkpointing::none);
+  // fsdp_version absent: FSDP1, accelerate's default, with accelerate launch's
+  // use_orig_params true.
+  CHECK(j.fsdp_version == 1);
+  CHECK(j.fsdp_use_orig_params == true);
   // FSDP1's SHARD_GRAD_OP by name, under the key without the fsdp_ prefix accelerate also takes.
   CHECK(apply_accelerate_config(Strategy{},
                                 "distributed_type: FSDP\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n",

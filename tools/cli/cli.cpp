@@ -128,6 +128,15 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "(foreach=False, torch 1.x's default: twice the largest tensor), transformers "
                  "(the Trainer's adamw_hf before v4.39: the largest tensor) [foreach]")
       ->group(fs);
+  app.add_option("--fsdp-version", f.fsdp_version,
+                 "2: fully_shard, each parameter sharded along dim 0 (torchtitan, torchtune); 1: "
+                 "FullyShardedDataParallel, one flat parameter per wrapped unit padded to a "
+                 "multiple of the shard group (accelerate's default fsdp_version) [2]")
+      ->group(fs);
+  app.add_flag("--fsdp-use-orig-params", f.fsdp_use_orig_params,
+               "FSDP1's use_orig_params: each parameter 16-byte aligned in the flat parameter "
+               "(accelerate's launcher sets it) [off, PyTorch's default]")
+      ->group(fs);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -317,6 +326,13 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
         "foreach, fused, for-loop or transformers");
     if (s.optimizer_impl == planner::OptimizerImpl::fused) s.fused_optimizer = true;
   }
+  if (given("--fsdp-version")) {
+    if (fsdp_version != "1" && fsdp_version != "2")
+      throw Error(fmt::format("--fsdp-version: must be 1 or 2, got '{}'", fsdp_version),
+                  "1: FullyShardedDataParallel (FlatParameter), 2: fully_shard (per-parameter)");
+    s.fsdp_version = fsdp_version[0] - '0';
+  }
+  if (fsdp_use_orig_params) s.fsdp_use_orig_params = true;
   if (partition_activations) s.partition_activations = true;
   if (cpu_checkpointing) s.cpu_checkpointing = true;
   if (contiguous_memory_optimization) s.contiguous_memory_optimization = true;

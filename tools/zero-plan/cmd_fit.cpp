@@ -69,6 +69,7 @@ std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
   const bool fsdp = profile == planner::Profile::fsdp;
   std::string out = fsdp ? std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP")
                          : fmt::format("stage {}", s.stage);
+  if (fsdp && s.fsdp_version == 1) out += " FSDP1";
   if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
   out += fmt::format(" dp {}", s.dp);
   if (s.ep > 1) out += fmt::format(" ep {}", s.ep);

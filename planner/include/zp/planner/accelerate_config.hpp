@@ -34,11 +34,13 @@ nlohmann::json parse_yaml_text(std::string_view text, const std::string& origin)
 //     the policy's reduce dtype to the same 16-bit type and upcasts the trainable parameters
 //     to fp32 before sharding (fsdp_utils.py fsdp2_prepare_model; accelerator.py for FSDP1):
 //     fp32 master shards, 16-bit reduce-scatter;
-//   fsdp_config.fsdp_version 1 or 2; fsdp_reshard_after_forward (FSDP2: a boolean; FSDP1: a
-//     sharding strategy name), fsdp_sharding_strategy (FSDP1: FULL_SHARD, SHARD_GRAD_OP,
-//     NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, or their numbers 1-5): FULL_SHARD is stage
-//     3 resharding after forward, SHARD_GRAD_OP stage 3 without; the others are refused (not
-//     modelled yet); fsdp_offload_params true is refused (not modelled yet);
+//   fsdp_config.fsdp_version 1 or 2 (Strategy::fsdp_version; absent: 1, accelerate's
+//     default); fsdp_use_orig_params (FSDP1; absent: true, accelerate launch's default);
+//     fsdp_reshard_after_forward (FSDP2: a boolean; FSDP1: a sharding strategy name),
+//     fsdp_sharding_strategy (FSDP1: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD,
+//     HYBRID_SHARD_ZERO2, or their numbers 1-5): FULL_SHARD is stage 3 resharding after
+//     forward, SHARD_GRAD_OP stage 3 without; the others are refused (not modelled yet);
+//     fsdp_offload_params true is refused (not modelled yet);
 //     fsdp_activation_checkpointing: checkpointing full (per decoder layer).
 // The other documented keys (wrapping policy, prefetch, state dict type, loading, TPU and
 // launcher settings) do not move memory in the plan and are accepted; an unknown key is an

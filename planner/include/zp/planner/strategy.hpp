@@ -215,6 +215,16 @@ struct Strategy {
   bool fused_optimizer = false;
   // Which of PyTorch's Adam implementations runs when not fused (OptimizerImpl).
   OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
+  // PyTorch FSDP (the fsdp profile), which of its two implementations runs:
+  // - 2: fully_shard (torch/distributed/fsdp/_fully_shard, torchtitan's and torchtune's; the
+  //   default): every parameter sharded along dim 0, ceil(d0/W) rows per rank;
+  // - 1: FullyShardedDataParallel (torch/distributed/fsdp/fully_sharded_data_parallel.py,
+  //   accelerate's default fsdp_version): one FlatParameter per wrapped unit, padded to a
+  //   multiple of W and split into W equal shards; with use_orig_params (accelerate's
+  //   launcher default) each parameter also starts 16-byte aligned in it (_flat_param.py
+  //   _get_aligned_numel).
+  int fsdp_version = 2;
+  bool fsdp_use_orig_params = false;  // FSDP1's use_orig_params (PyTorch's default False)
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };
