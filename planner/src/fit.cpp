@@ -64,7 +64,7 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // overlap_comm changes how long gradient buckets live (schedule.cpp flush_if_full).
 // The last field (state_dtypes below): the dtypes and FSDP settings that size states and
 // buffers (master and moments, reduce dtype, reshard after forward, fused optimizer, FSDP's
-// version and use_orig_params) and the optimizer kind.
+// version, use_orig_params and hybrid shard size) and the optimizer kind.
 // The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
                           uint64_t, uint64_t, uint64_t, bool, int64_t,
@@ -88,7 +88,8 @@ int64_t state_dtypes(const Strategy& s) {
          static_cast<int64_t>(s.reduce_precision) << 4 | int64_t{s.reshard_after_forward} << 6 |
          int64_t{s.fused_optimizer} << 7 | static_cast<int64_t>(s.optimizer) << 8 |
          int64_t{s.cpu_checkpointing} << 12 | static_cast<int64_t>(s.optimizer_impl) << 13 |
-         int64_t{s.fsdp_version} << 16 | int64_t{s.fsdp_use_orig_params} << 18;
+         int64_t{s.fsdp_version} << 16 | int64_t{s.fsdp_use_orig_params} << 18 |
+         (s.fsdp_shard_size + 1) << 19;
 }
 
 }  // namespace
@@ -274,7 +275,7 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
           c.per_device = im.memory(sh, ss[i]);
           c.shortfalls = shortfalls(c.per_device, ss[i], hw);
           if (!c.shortfalls.empty()) continue;
-          const Timeline t = simulate(sh.costs, ss[i], hw, cl);
+          const Timeline t = simulate(sh.costs, ss[i], hw, cl, im.options.profile);
           c.step_seconds = t.step_seconds;
           c.tflops_per_gpu = t.tflops_per_gpu;
           c.tokens_per_second = t.tokens_per_second;
@@ -397,8 +398,9 @@ void explain(std::vector<Candidate>& c) {
 // (1 first; the next only when nothing fits), each round's configurations in search order.
 std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
-  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), no
-  // offload, no tensor or expert parallelism (check_profile).
+  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP),
+  // hybrid sharding as the base asks; no offload, no tensor or expert parallelism
+  // (check_profile).
   const bool fsdp = r.options.profile == Profile::fsdp;
   const bool pytorch = r.options.profile == Profile::pytorch;  // stage 0 only
   std::vector<std::vector<int64_t>> mp_rounds;
@@ -469,6 +471,11 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                     s.partition_activations = s.cpu_checkpointing =
                         s.contiguous_memory_optimization = false;
                   if (fsdp) {
+                    // Hybrid sharding as the base asks (a node: the hardware's GPUs per node,
+                    // resolve_for_hardware), where it divides this dp.
+                    if (base.fsdp_shard_size == kFsdpShardNode)
+                      s.fsdp_shard_size = std::min<int64_t>(r.hw.gpus_per_node, s.dp);
+                    if (s.fsdp_shard_size > 0 && s.dp % s.fsdp_shard_size != 0) continue;
                     for (bool reshard : {true, false}) {
                       s.reshard_after_forward = reshard;
                       round.push_back(s);

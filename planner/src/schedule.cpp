@@ -235,7 +235,7 @@ std::string fsdp_unit_of(const std::string& group, const Strategy& s) {
 }
 
 std::map<std::string, FsdpUnit> fsdp_units(const TrainingGraph& g, const Strategy& s) {
-  const uint64_t w = static_cast<uint64_t>(s.dp);
+  const uint64_t w = static_cast<uint64_t>(fsdp_shard_world(s));
   // FSDP1's alignment (use_orig_params): 16 bytes of the unsharded (compute) dtype.
   const uint64_t align = s.fsdp_version == 1 && s.fsdp_use_orig_params ? 16 / g.options.param_bytes : 0;
   const int L = static_cast<int>(g.model.n_blocks());
@@ -318,7 +318,7 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
     }
     return b;
   }
-  const int64_t ep = g.options.ep, w = s.dp;
+  const int64_t ep = g.options.ep, w = fsdp ? fsdp_shard_world(s) : s.dp;
   uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
   for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
     std::vector<int64_t> shape = rank_shape(p, g.options);
@@ -484,6 +484,8 @@ class ScheduleBuilder {
           fsdp_reduce_scatter(i, fsdp_unit_of(g_.tensor(pending_.front()).group, s_));
         if (rs_input_ != UINT32_MAX) free(i, rs_input_);  // the root's final callback
         rs_input_ = UINT32_MAX;
+        for (uint32_t b : all_reduce_held_) free(i, b);  // finalize_backward
+        all_reduce_held_.clear();
       }
     }
   }
@@ -521,9 +523,12 @@ class ScheduleBuilder {
   uint32_t fwd_ag_kept_ = UINT32_MAX;
   uint32_t rs_input_ = UINT32_MAX;
   std::vector<bool> run_bwd_;
-  // FSDP's units (fsdp_units), the last forward and backward run of each.
+  // FSDP's units (fsdp_units), the last forward and backward run of each, and (hybrid
+  // sharding, FSDP2) the reduce-scatter outputs the all-reduce state keeps to the end of
+  // backward.
   std::map<std::string, FsdpUnit> fsdp_units_;
   std::map<std::string, int32_t> last_fwd_run_, last_bwd_run_;
+  std::vector<uint32_t> all_reduce_held_;
   // DeepSpeed stage 3 (deepspeed_stage3_tensors): persistent parameters' elements per group
   // and in all, the largest optimizer sub-group's partition elements.
   std::map<std::string, uint64_t> persistent_elems_;
@@ -980,7 +985,7 @@ class ScheduleBuilder {
   // Each gather group is one FSDP unit (torchtitan's apply_fsdp wraps every transformer block,
   // the token embedding, and [final norm, output] together; accelerate wraps each decoder
   // layer); FSDP1 keeps the embedding and the head in its root unit (fsdp_unit_of). Per unit,
-  // with W = dp ranks, S = its
+  // with W = the shard group's ranks (fsdp_shard_world: dp, or the hybrid shard size), S = its
   // shard (fsdp_units: FSDP2's dim-0 shards, FSDP1's padded flat parameter), in the compute
   // dtype p; torch/distributed/fsdp/, pytorch main read at commit 010ae4a8 (FSDP2
   // _fully_shard/_fsdp_param.py, _fsdp_collectives.py, _fsdp_param_group.py; FSDP1
@@ -1000,7 +1005,7 @@ class ScheduleBuilder {
   //   No forward prefetch
   //   (forward_prefetch=False); backward prefetches the next unit (BACKWARD_PRE).
   // - reshard: after its forward a unit frees its unsharded parameters (reshard_after_forward;
-  //   FULL_SHARD) except FSDP2's [norm, output] unit and a tied embedding's,
+  //   FULL_SHARD and HYBRID_SHARD) except FSDP2's [norm, output] unit and a tied embedding's,
   //   which torchtitan never reshards after forward, and FSDP1's root (_post_forward_reshard);
   //   after its last backward every unit frees them.
   // - gradients, FSDP2 (foreach_reduce): autograd writes the unit's unsharded gradients in p;
@@ -1008,12 +1013,15 @@ class ScheduleBuilder {
   //   reduce dtype, and freed; the output, S in the reduce dtype, is the sharded gradient (or
   //   cast to the sharded parameters' dtype when that differs: a new S). One reduce-scatter
   //   input is kept for reuse until the next unit's (reduce_scatter_max_input_buffers = 1),
-  //   the last until the end of backward.
+  //   the last until the end of backward. Hybrid (HSDP): the output is all-reduced in place
+  //   over the replicas and, where it is a buffer of its own, kept by the unit's
+  //   _all_reduce_state until the end of backward (FSDPParamGroup._wait_for_post_backward in
+  //   finalize_backward).
   // - gradients, FSDP1 (_post_backward_hook, _reduce_grad): autograd's flat gradient of the
   //   unit, flat*p (the split's backward gathers the per-parameter gradients into it), cast to
   //   the reduce dtype (a new flat tensor) when that differs, padded to W*S (F.pad, a copy)
-  //   when flat is not a multiple of W, reduce-scattered into a new S in the reduce dtype,
-  //   cast to the weights' dtype
+  //   when flat is not a multiple of W, reduce-scattered into a new S in the reduce dtype
+  //   (hybrid: all-reduced in place over the replicas), cast to the weights' dtype
   //   (_cast_grad_to_param_dtype: the sharded gradient). Nothing is kept for the next unit.
   uint64_t fsdp_reduce_bytes() const {
     return s_.precision == Precision::fp32 ? 4 : (s_.reduce_precision == Precision::bf16 ? 2 : 4);
@@ -1022,7 +1030,7 @@ class ScheduleBuilder {
   uint64_t fsdp_weight_bytes() const { return weights_in_compute_dtype(s_) ? p_bytes_ : 4; }
   bool fsdp_mixed() const { return !weights_in_compute_dtype(s_); }
   bool fsdp1() const { return s_.fsdp_version == 1; }
-  uint64_t fsdp_w() const { return dp_; }
+  uint64_t fsdp_w() const { return static_cast<uint64_t>(fsdp_shard_world(s_)); }
   const FsdpUnit& fsdp_unit(const std::string& u) const { return fsdp_units_.at(u); }
   uint64_t fsdp_bytes(uint64_t elems, uint64_t b, const char* what) const {
     return checked_mul(elems, b, what);
@@ -1134,7 +1142,11 @@ class ScheduleBuilder {
     }
     const uint32_t in = buffer("rs_input.", checked_mul(fu.shard, w, "reduce-scatter input"), rb);
     for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-    if (own_output) free(pos, buffer("rs_output.", fu.shard, rb));
+    if (own_output) {
+      const uint32_t out = buffer("rs_output.", fu.shard, rb);
+      if (fsdp_replicas(s_) > 1) all_reduce_held_.push_back(out);
+      else free(pos, out);
+    }
     if (rs_input_ != UINT32_MAX) free(pos, rs_input_);
     rs_input_ = in;
   }

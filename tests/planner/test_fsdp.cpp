@@ -19,7 +19,9 @@
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/accelerate_config.hpp"
 #include "zp/planner/estimate.hpp"
+#include "zp/planner/hardware.hpp"
 #include "zp/planner/schedule.hpp"
+#include "zp/planner/simulate.hpp"
 
 // Failed comparisons of buffer sizes print the sizes.
 namespace doctest {
@@ -250,7 +252,16 @@ TEST_CASE("fsdp: what the profile cannot plan is a clear error") {
   s.offload_optimizer = Offload::cpu;
   CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("CPU offload") != std::string::npos);
   s.offload_optimizer = Offload::none;
-  // FSDP's settings under another profile.
+  // A shard group that does not divide dp; "a node" without the hardware that says how many
+  // GPUs a node has; FSDP's settings under another profile.
+  s.fsdp_shard_size = 3;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("--fsdp-shard-size 3: must divide --dp 2") == 0);
+  s.fsdp_shard_size = kFsdpShardNode;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("needs the node's GPUs") != std::string::npos);
+  s.fsdp_shard_size = 2;
+  CHECK(error_of([&] { estimate(m, s, nullptr, PlanOptions{Profile::deepspeed}); })
+            .find("PyTorch FSDP's, not deepspeed's") != std::string::npos);
+  s.fsdp_shard_size = 0;
   s.fsdp_version = 1;
   CHECK(error_of([&] { estimate(m, s, nullptr, PlanOptions{Profile::zeroplan}); })
             .find("PyTorch FSDP's, not zeroplan's") != std::string::npos);
@@ -343,6 +354,113 @@ TEST_CASE("fsdp1: use_orig_params aligns each parameter to 16 bytes of the compu
         fsdp2_shard({{250, c}, {32, c}}, w) + fsdp2_shard(gpt2_block(c), w) + fsdp2_shard({{c}, {c}}, w));
 }
 
+TEST_CASE("hybrid sharding: states sharded over the shard group, gradients all-reduced over replicas") {
+  // dp 4 as 2 replicas of a shard group of 2 ranks (FSDP2's HSDP on a (2, 2) mesh; FSDP1's
+  // HYBRID_SHARD with 2 GPUs per node): each rank holds a 2-way shard, as FULL_SHARD over 2.
+  const uint64_t n = 2;
+  const uint64_t block = fsdp2_shard(gpt2_block(C), n);
+  const uint64_t part = fsdp2_shard({{V, C}, {P, C}}, n) + L * block + fsdp2_shard({{C}, {C}}, n);
+  Strategy h = fsdp(4);
+  h.fsdp_shard_size = static_cast<int64_t>(n);
+  const Run hr = run(h);
+  CHECK(hr.sched.partition_elems == part);
+  CHECK(at(hr, Tier::gpu, Category::master) >= 4 * part);
+  CHECK(sizes(hr.sched, "unsharded.h.0") == std::multiset<uint64_t>{2 * n * block, 2 * n * block});
+  CHECK(sizes(hr.sched, "rs_input.h.0") == std::multiset<uint64_t>{4 * n * block});
+  // torchtitan's fp32 reduce into fp32 gradients: the all-reduce runs in place on the
+  // sharded gradient, so the step holds exactly what FULL_SHARD over 2 ranks holds.
+  const Run full2 = run(fsdp(n));
+  CHECK(hr.rep.peak_allocated[0] == full2.rep.peak_allocated[0]);
+  CHECK(hr.sched.buffers.size() == full2.sched.buffers.size());
+  // A bf16 reduce into fp32 gradients: each unit's bf16 reduce-scatter output is all-reduced
+  // and then kept by its _all_reduce_state until the end of backward (finalize_backward): when
+  // h.0's is allocated, h.1's and the head's are still there.
+  h.reduce_precision = Precision::bf16;
+  const Run hb = run(h);
+  CHECK(sizes(hb.sched, "rs_output.h.0") == std::multiset<uint64_t>{2 * block});
+  const int32_t h0 = first_alloc(hb.sched, "rs_output.h.0");
+  REQUIRE(h0 >= 0);
+  const std::set<std::string> live = live_after(hb.sched, h0);
+  CHECK(live.contains("rs_output.h.1"));
+  CHECK(live.contains("rs_output.head"));
+  CHECK(live.contains("rs_output.h.0"));
+  // Without hybrid sharding the output is cast and dropped at once.
+  Strategy f = fsdp(4);
+  f.reduce_precision = Precision::bf16;
+  const Run fb = run(f);
+  const int32_t f0 = first_alloc(fb.sched, "rs_output.h.0");
+  REQUIRE(f0 >= 0);
+  CHECK_FALSE(live_after(fb.sched, f0).contains("rs_output.h.1"));
+  // FSDP1's hybrid reduce (_reduce_grad) all-reduces its new sharded gradient in place and
+  // keeps nothing.
+  h.fsdp_version = 1;
+  const Run h1 = run(h);
+  const int32_t g0 = first_alloc(h1.sched, "rs_output.h.0");
+  REQUIRE(g0 >= 0);
+  CHECK_FALSE(live_after(h1.sched, g0).contains("rs_output.h.1"));
+}
+
+TEST_CASE("hybrid sharding over a node: the hardware's GPUs per node") {
+  const auto m = load_model("gpt2-tiny");
+  const auto hw = load_hardware("h100-80g");
+  REQUIRE(hw.gpus_per_node == 8);
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
+  Strategy s = fsdp(16);
+  s.seq = 64;
+  s.fsdp_shard_size = kFsdpShardNode;
+  const Estimate e = estimate(m, s, &hw, o);
+  CHECK(e.strategy.fsdp_shard_size == 8);
+  Strategy eight = fsdp(16);
+  eight.seq = 64;
+  eight.fsdp_shard_size = 8;
+  CHECK(e.per_device == estimate(m, eight, &hw, o).per_device);
+  // Fewer ranks than a node's GPUs: one shard group of them all.
+  s.dp = 4;
+  CHECK(estimate(m, s, &hw, o).strategy.fsdp_shard_size == 4);
+  // Ranks that do not fill whole nodes cannot be split into node groups.
+  s.dp = 12;
+  CHECK(error_of([&] { estimate(m, s, &hw, o); }).find("do not divide --dp 12") != std::string::npos);
+}
+
+TEST_CASE("hybrid sharding in the step simulation: per-unit all-gathers within the node, all-reduces across") {
+  // 2 nodes of 8 H100s, dp 16 as 2 replicas of 8-rank shard groups. Each unit's gradient
+  // shard (its parameters / 8, in fp32, torchtitan's reduce dtype) is all-reduced over the 2
+  // replicas at each GPU's share of the node's network (internode_gbps / 8: every GPU of the
+  // node all-reduces at once); all-gathers and reduce-scatters stay on NVLink.
+  const auto m = load_model("gpt2");
+  const auto hw = load_hardware("h100-80g");
+  Strategy s = fsdp(16);
+  s.seq = 1024;
+  s.fsdp_shard_size = 8;
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
+  const auto g = zp::models::build_training_graph(m, graph_options(m, s, o));
+  const StepCosts c = step_costs(g);
+  const Timeline t = simulate(c, s, hw, Cluster{16, 2}, Profile::fsdp);
+  const double gbps = std::min(hw.nvlink_gbps, hw.internode_gbps / 8);
+  int all_reduces = 0;
+  for (const Task& k : t.tasks) {
+    if (k.step != 1) continue;
+    const std::size_t i = static_cast<std::size_t>(c.n_layer + 1 - k.index);  // backward order
+    if (std::string_view(k.kind) == "all-reduce") {
+      ++all_reduces;
+      const double bytes = static_cast<double>(c.group_params[i]) / 8 * 4;
+      CHECK(k.seconds == doctest::Approx(bytes * 2 * (2 - 1) / 2 / (gbps * 1e9)));
+    }
+    if (std::string_view(k.kind) == "all-gather") {
+      const double bytes = static_cast<double>(c.group_params[static_cast<std::size_t>(k.index)]) * 2;
+      CHECK(k.seconds == doctest::Approx(bytes * 7 / 8 / (hw.nvlink_gbps * 1e9)));
+    }
+  }
+  CHECK(all_reduces == static_cast<int>(c.group_params.size()));  // one per unit
+  // Without hybrid sharding no all-reduce, and the collectives span both nodes.
+  Strategy full = s;
+  full.fsdp_shard_size = 0;
+  int n_full = 0;
+  for (const Task& k : simulate(c, full, hw, Cluster{16, 2}, Profile::fsdp).tasks)
+    n_full += std::string_view(k.kind) == "all-reduce";
+  CHECK(n_full == 0);
+}
+
 TEST_CASE("accelerate's FSDP config: the YAML `accelerate config` writes, and its JSON twin") {
   // What `accelerate config` writes for FSDP2 (accelerate commands/config/cluster.py), with
   // the launcher's keys around it.
@@ -378,6 +496,7 @@ use_cpu: false
   CHECK(s.reshard_after_forward == false);
   CHECK(s.checkpointing == Checkpointing::full);
   CHECK(s.fsdp_version == 2);
+  CHECK(s.fsdp_shard_size == 0);
   // The same keys as JSON (YAML's superset), FSDP1 with the strategy as a number.
   const Strategy j = apply_accelerate_config(
       Strategy{}, R"({"distributed_type": "FSDP", "mixed_precision": "no", "num_processes": 4,
@@ -404,10 +523,22 @@ use_cpu: false
   CHECK(err("distributed_type: MULTI_GPU\n").find("plain data parallel") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n")
             .find("NO_SHARD is plain data parallel") != std::string::npos);
-  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 4\n")
-            .find("HYBRID_SHARD is not modelled yet") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n")
             .find("fsdp_offload_params true") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\nparallelism_config:\n"
+            "  parallelism_config_dp_replicate_size: 2\n")
+            .find("parallelism_config needs fsdp_version 2") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+            "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+            "  parallelism_config_dp_shard_size: 4\n  parallelism_config_tp_size: 2\n")
+            .find("parallelism_config.parallelism_config_tp_size > 1 is not modelled") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+            "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+            "  parallelism_config_dp_shard_size: 2\n")
+            .find("is not num_processes 8") != std::string::npos);
+  CHECK(err("distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+            "parallelism_config:\n  parallelism_config_dp_replicas: 2\n")
+            .find("unknown field 'parallelism_config.parallelism_config_dp_replicas'") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: SOMETIMES\n")
             .find("'fsdp_config.fsdp_sharding_strategy' must be") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nmixed_precision: fp8\n").find("fp8 is not modelled") !=
@@ -416,6 +547,53 @@ use_cpu: false
         std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config: [1, 2\n").find("not valid YAML at line") !=
         std::string::npos);
+}
+
+TEST_CASE("accelerate's FSDP config: hybrid sharding, FSDP1's flat parameter") {
+  auto read = [](const std::string& text) {
+    std::vector<std::string> assumed;
+    const Strategy s = apply_accelerate_config(Strategy{}, text, "fsdp.yaml", &assumed);
+    return std::pair{s, assumed};
+  };
+  // FSDP1's HYBRID_SHARD (by name or as 4) and _HYBRID_SHARD_ZERO2: sharded over a node's GPUs,
+  // resharding after forward or not.
+  for (const char* name : {"HYBRID_SHARD", "4"}) {
+    const auto [s, assumed] = read(std::string("distributed_type: FSDP\nnum_processes: 16\n"
+                                               "fsdp_config:\n  fsdp_sharding_strategy: ") + name + "\n");
+    CHECK(s.fsdp_shard_size == kFsdpShardNode);
+    CHECK(s.reshard_after_forward);
+    CHECK(s.fsdp_version == 1);
+    bool said = false;
+    for (const std::string& a : assumed) said |= a.find("sharded over a node's GPUs") != std::string::npos;
+    CHECK(said);
+  }
+  const Strategy zero2 = read("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: "
+                              "HYBRID_SHARD_ZERO2\n  fsdp_use_orig_params: false\n").first;
+  CHECK(zero2.fsdp_shard_size == kFsdpShardNode);
+  CHECK_FALSE(zero2.reshard_after_forward);
+  CHECK_FALSE(zero2.fsdp_use_orig_params);
+  // FSDP2's HSDP: accelerate's parallelism_config, as `accelerate config` writes it
+  // (commands/config/cluster.py: the parallelism_config_ prefix).
+  const Strategy hsdp = read(R"(distributed_type: FSDP
+mixed_precision: bf16
+num_processes: 16
+fsdp_config:
+  fsdp_version: 2
+  fsdp_reshard_after_forward: true
+  fsdp_offload_params: false
+parallelism_config:
+  parallelism_config_dp_replicate_size: 2
+  parallelism_config_dp_shard_size: 8
+  parallelism_config_tp_size: 1
+  parallelism_config_cp_size: 1
+)").first;
+  CHECK(hsdp.fsdp_shard_size == 8);
+  CHECK(hsdp.dp == 16);
+  CHECK(hsdp.fsdp_version == 2);
+  // Only sharding (replicate size 1): FULL_SHARD over all processes.
+  CHECK(read("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\n"
+             "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n"
+             "  parallelism_config_dp_shard_size: 4\n").first.fsdp_shard_size == 0);
 }
 
 TEST_CASE("pytorch profile: one GPU or DDP, the model's tensors whole, DDP's bucket copy") {

@@ -137,6 +137,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                "FSDP1's use_orig_params: each parameter 16-byte aligned in the flat parameter "
                "(accelerate's launcher sets it) [off, PyTorch's default]")
       ->group(fs);
+  app.add_option("--fsdp-shard-size", f.fsdp_shard_size,
+                 "hybrid sharding (FSDP1's HYBRID_SHARD, FSDP2's HSDP on a 2-D mesh): shard over "
+                 "groups of N ranks, replicate over dp/N groups whose gradients are all-reduced; "
+                 "N divides --dp, or `node` for a node's GPUs (--hardware) [all dp ranks]")
+      ->group(fs);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -333,6 +338,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     s.fsdp_version = fsdp_version[0] - '0';
   }
   if (fsdp_use_orig_params) s.fsdp_use_orig_params = true;
+  if (given("--fsdp-shard-size"))
+    s.fsdp_shard_size = fsdp_shard_size == "node" ? planner::kFsdpShardNode
+                                                  : parse_int("--fsdp-shard-size", fsdp_shard_size);
   if (partition_activations) s.partition_activations = true;
   if (cpu_checkpointing) s.cpu_checkpointing = true;
   if (contiguous_memory_optimization) s.contiguous_memory_optimization = true;

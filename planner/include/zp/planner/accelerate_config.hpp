@@ -39,9 +39,13 @@ nlohmann::json parse_yaml_text(std::string_view text, const std::string& origin)
 //     fsdp_reshard_after_forward (FSDP2: a boolean; FSDP1: a sharding strategy name),
 //     fsdp_sharding_strategy (FSDP1: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD,
 //     HYBRID_SHARD_ZERO2, or their numbers 1-5): FULL_SHARD is stage 3 resharding after
-//     forward, SHARD_GRAD_OP stage 3 without; the others are refused (not modelled yet);
-//     fsdp_offload_params true is refused (not modelled yet);
-//     fsdp_activation_checkpointing: checkpointing full (per decoder layer).
+//     forward, SHARD_GRAD_OP stage 3 without, HYBRID_SHARD and HYBRID_SHARD_ZERO2 the same
+//     sharded over a node's GPUs (Strategy::fsdp_shard_size kFsdpShardNode), NO_SHARD is
+//     refused (plain data parallel); fsdp_offload_params true is refused (not modelled yet);
+//     fsdp_activation_checkpointing: checkpointing full (per decoder layer);
+//   parallelism_config (FSDP2 only, as accelerate): parallelism_config_dp_replicate_size R
+//     and parallelism_config_dp_shard_size S with R x S = num_processes; R > 1 is HSDP over
+//     shard groups of S ranks; tp, cp and sp sizes above 1 are refused (not modelled here).
 // The other documented keys (wrapping policy, prefetch, state dict type, loading, TPU and
 // launcher settings) do not move memory in the plan and are accepted; an unknown key is an
 // error naming it. Each default taken adds a line to `assumed` when given.

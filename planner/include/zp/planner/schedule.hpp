@@ -178,7 +178,7 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const models::TrainingGraph& 
                                                    const Strategy& s, const PlanOptions& o);
 
 // PyTorch FSDP (the fsdp profile): one wrapped unit's sizes in elements, on one rank of a
-// shard group of W = dp ranks. Units are the graph's gather groups (each
+// shard group of W = fsdp_shard_world(s) ranks. Units are the graph's gather groups (each
 // transformer block, the embedding, the final norm with the head), except that FSDP1 puts the
 // embedding and the head in one root unit (the outer FullyShardedDataParallel's own
 // parameters, as accelerate's transformer-layer auto-wrap leaves them):
