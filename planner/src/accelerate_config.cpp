@@ -228,9 +228,10 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
     if (!ff.has("fsdp_use_orig_params"))
       note("fsdp_config.fsdp_use_orig_params absent: true (accelerate launch's default)");
   }
-  if (flag(ff, f, "fsdp_offload_params", false))
-    throw Error(fmt::format("{}: fsdp_config.fsdp_offload_params true is not modelled yet", origin),
-                "plan without parameter offload, or DeepSpeed's ZeRO-Offload with --ds-config");
+  // CPUOffload(offload_params=True) for FSDP1, CPUOffloadPolicy() for FSDP2
+  // (FullyShardedDataParallelPlugin.set_cpu_offload): parameters, gradients and the
+  // optimizer step on the host.
+  if (flag(ff, f, "fsdp_offload_params", false)) s.offload_param = Offload::cpu;
   if (flag(ff, f, "fsdp_activation_checkpointing", false)) s.checkpointing = Checkpointing::full;
   // FSDP2's hybrid sharding (HSDP) comes from parallelism_config (accelerate's
   // ParallelismConfig: a (dp_replicate, dp_shard) mesh; launch.py copies its keys as written,

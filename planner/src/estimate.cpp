@@ -155,9 +155,17 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
                 "FSDP shards parameters, gradients and optimizer states together: --stage 3 "
                 "(FULL_SHARD, fully_shard; --no-reshard-after-forward for SHARD_GRAD_OP); "
                 "plain data parallel is --profile deepspeed --stage 0");
-  if (s.offload_optimizer != Offload::none || s.offload_param != Offload::none)
-    throw Error("--profile fsdp: CPU offload is not modelled for FSDP yet",
-                "plan FSDP without --offload-*, or DeepSpeed's ZeRO-Offload with --profile deepspeed");
+  // FSDP offloads the sharded parameters with their gradients and the optimizer step
+  // (CPUOffload(offload_params=True), CPUOffloadPolicy), never the optimizer alone.
+  if (s.offload_optimizer != Offload::none)
+    throw Error(fmt::format("--profile fsdp --offload-optimizer {}: FSDP has no optimizer-only "
+                            "offload", to_string(s.offload_optimizer)),
+                "--offload-param cpu moves FSDP's sharded parameters, their gradients and the "
+                "optimizer step to the host (accelerate's fsdp_offload_params: true); "
+                "ZeRO-Offload is --profile deepspeed");
+  if (s.offload_param == Offload::nvme)
+    throw Error("--profile fsdp --offload-param nvme: FSDP offloads to the host only",
+                "--offload-param cpu, or ZeRO-Infinity's NVMe offload with --profile deepspeed");
   if (s.fsdp_shard_size == kFsdpShardNode)
     throw Error("--fsdp-shard-size node: hybrid sharding over a node needs the node's GPUs",
                 "give --hardware (its GPUs per node), or the shard group as --fsdp-shard-size N");

@@ -398,9 +398,10 @@ void explain(std::vector<Candidate>& c) {
 // (1 first; the next only when nothing fits), each round's configurations in search order.
 std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
-  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP),
-  // hybrid sharding as the base asks; no offload, no tensor or expert parallelism
-  // (check_profile).
+  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), with
+  // and without its CPU offload (--offload-param cpu: parameters, gradients and the step on
+  // the host), hybrid sharding as the base asks; no optimizer-only or NVMe offload, no tensor
+  // or expert parallelism (check_profile).
   const bool fsdp = r.options.profile == Profile::fsdp;
   const bool pytorch = r.options.profile == Profile::pytorch;  // stage 0 only
   std::vector<std::vector<int64_t>> mp_rounds;
@@ -448,7 +449,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
               for (Offload op : r.offload_param)
                 for (bool dpu : r.dpu)
                   for (int64_t ga : accums) {
-                  if (fsdp && (stage != 3 || oo != Offload::none || op != Offload::none || dpu))
+                  if (fsdp && (stage != 3 || oo != Offload::none || op == Offload::nvme || dpu))
                     continue;
                   if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
                     continue;

@@ -996,13 +996,16 @@ class ScheduleBuilder {
   //   copied out into the unit's unsharded parameters, another W*S*p, when the unit's run
   //   starts. The inputs: under mixed precision (param_dtype set) the shard cast to p by one
   //   foreach copy, S*p (_get_param_all_gather_inputs' fast path); without it the sharded
-  //   parameters themselves (nothing new).
+  //   parameters themselves (nothing new); offloaded (CPUOffloadPolicy), each parameter's
+  //   pinned host shard copied to the GPU (FSDPParam.all_gather_inputs: .to(device)), S in the
+  //   weights' dtype, or under mixed precision one parameter's copy at a time cast into S*p.
   //   In forward the flat buffer of a unit stays until the next unit's copy-out
   //   (all_gather_state), in backward it is freed right after its own.
   // - FSDP1 unshard (FlatParamHandle.pre_unshard, unshard, post_unshard): the all-gather writes
   //   straight into _full_param_padded, W*S*p, which holds the unsharded parameters; its input
-  //   is the low-precision _mp_shard, S*p, under mixed precision (freed after the all-gather).
-  //   No forward prefetch
+  //   is the low-precision _mp_shard, S*p, under mixed precision (freed after the all-gather),
+  //   and offloaded the pinned _local_shard's copy on the GPU, S in the weights' dtype (cast
+  //   into _mp_shard under mixed precision, then dropped). No forward prefetch
   //   (forward_prefetch=False); backward prefetches the next unit (BACKWARD_PRE).
   // - reshard: after its forward a unit frees its unsharded parameters (reshard_after_forward;
   //   FULL_SHARD and HYBRID_SHARD) except FSDP2's [norm, output] unit and a tied embedding's,
@@ -1016,19 +1019,21 @@ class ScheduleBuilder {
   //   the last until the end of backward. Hybrid (HSDP): the output is all-reduced in place
   //   over the replicas and, where it is a buffer of its own, kept by the unit's
   //   _all_reduce_state until the end of backward (FSDPParamGroup._wait_for_post_backward in
-  //   finalize_backward).
+  //   finalize_backward). Offloaded: the sharded gradient is copied to the host and dropped.
   // - gradients, FSDP1 (_post_backward_hook, _reduce_grad): autograd's flat gradient of the
   //   unit, flat*p (the split's backward gathers the per-parameter gradients into it), cast to
   //   the reduce dtype (a new flat tensor) when that differs, padded to W*S (F.pad, a copy)
   //   when flat is not a multiple of W, reduce-scattered into a new S in the reduce dtype
   //   (hybrid: all-reduced in place over the replicas), cast to the weights' dtype
-  //   (_cast_grad_to_param_dtype: the sharded gradient). Nothing is kept for the next unit.
+  //   (_cast_grad_to_param_dtype: the sharded gradient), offloaded copied into the pinned
+  //   _cpu_grad and dropped. Nothing is kept for the next unit.
   uint64_t fsdp_reduce_bytes() const {
     return s_.precision == Precision::fp32 ? 4 : (s_.reduce_precision == Precision::bf16 ? 2 : 4);
   }
   // The sharded parameters' (and gradients') bytes: fp32 under mixed precision, else p.
   uint64_t fsdp_weight_bytes() const { return weights_in_compute_dtype(s_) ? p_bytes_ : 4; }
   bool fsdp_mixed() const { return !weights_in_compute_dtype(s_); }
+  bool fsdp_offload() const { return s_.offload_param == Offload::cpu; }
   bool fsdp1() const { return s_.fsdp_version == 1; }
   uint64_t fsdp_w() const { return static_cast<uint64_t>(fsdp_shard_world(s_)); }
   const FsdpUnit& fsdp_unit(const std::string& u) const { return fsdp_units_.at(u); }
@@ -1049,6 +1054,7 @@ class ScheduleBuilder {
   void fsdp_issue(int32_t pos, const std::string& u) {
     if (unsharded_.contains(u) || ag_out_.contains(u)) return;
     const FsdpUnit& fu = fsdp_unit(u);
+    const uint64_t wb = fsdp_weight_bytes();
     auto temp = [&](const char* name, uint64_t elems, uint64_t b) {
       return alloc(pos, add_buffer(name + u, Tier::gpu, Category::buffers,
                                    fsdp_bytes(elems, b, "all-gather input")));
@@ -1057,12 +1063,27 @@ class ScheduleBuilder {
     if (fsdp1()) {
       std::vector<uint32_t> inputs;
       if (fsdp_mixed()) inputs.push_back(temp("mp_shard.", fu.shard, p_bytes_));
+      if (fsdp_offload()) {
+        const uint32_t h2d = temp("h2d_shard.", fu.shard, wb);
+        if (fsdp_mixed()) free(pos, h2d);  // copied into _mp_shard
+        else inputs.push_back(h2d);
+      }
       unsharded_[u] = alloc(pos, add_buffer("unsharded." + u, Tier::gpu, Category::buffers, gathered));
       for (uint32_t b : inputs) free(pos, b);
       return;
     }
     std::vector<uint32_t> inputs;
-    if (fsdp_mixed()) inputs.push_back(temp("ag_copy_in.", fu.shard, p_bytes_));
+    if (fsdp_offload()) {
+      if (fsdp_mixed()) {
+        const uint32_t one = temp("h2d_shard.", fu.largest, wb);  // one parameter's at a time
+        inputs.push_back(temp("ag_copy_in.", fu.shard, p_bytes_));
+        free(pos, one);
+      } else {
+        inputs.push_back(temp("h2d_shard.", fu.shard, wb));
+      }
+    } else if (fsdp_mixed()) {
+      inputs.push_back(temp("ag_copy_in.", fu.shard, p_bytes_));
+    }
     ag_out_[u] = alloc(pos, add_buffer("ag_out." + u, Tier::gpu, Category::buffers, gathered));
     for (uint32_t b : inputs) free(pos, b);
   }
@@ -1123,8 +1144,8 @@ class ScheduleBuilder {
                                    fsdp_bytes(elems, b, "reduce-scatter buffer")));
     };
     // The sharded gradient is the persistent state (model_states) unless it is cast from the
-    // reduce dtype: then the reduce-scatter output is a buffer of its own.
-    const bool own_output = rb != wb;
+    // reduce dtype or goes to the host: then the reduce-scatter output is a buffer of its own.
+    const bool own_output = rb != wb || fsdp_offload();
     if (fsdp1()) {
       std::vector<uint32_t> held;
       held.push_back(buffer("flat_grad.", fu.flat, p_bytes_));
@@ -1136,7 +1157,10 @@ class ScheduleBuilder {
       }
       const uint64_t padded = checked_mul(fu.shard, w, "padded gradient");
       if (fu.flat != padded) held.push_back(buffer("rs_input.", padded, rb));
-      if (own_output) held.push_back(buffer("rs_output.", fu.shard, rb));
+      if (own_output) {
+        held.push_back(buffer("rs_output.", fu.shard, rb));
+        if (fsdp_offload() && rb != wb) free(pos, buffer("grad_to_host.", fu.shard, wb));
+      }
       for (uint32_t b : held) free(pos, b);
       return;
     }
@@ -1144,6 +1168,7 @@ class ScheduleBuilder {
     for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
     if (own_output) {
       const uint32_t out = buffer("rs_output.", fu.shard, rb);
+      if (fsdp_offload() && rb != wb) free(pos, buffer("grad_to_host.", fu.shard, wb));
       if (fsdp_replicas(s_) > 1) all_reduce_held_.push_back(out);
       else free(pos, out);
     }
@@ -1193,15 +1218,23 @@ class ScheduleBuilder {
     if (torch_native()) {
       const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
       const bool pure = weights_in_compute_dtype(s_);
+      // FSDP's CPU offload: the sharded parameters are on the host, so is the step and its
+      // temporaries; torch.optim defaults to its for-loop there (foreach is for CUDA tensors,
+      // optimizer.py _default_to_fused_or_foreach).
+      const bool host = fsdp() && fsdp_offload();
+      const Tier tier = host ? Tier::cpu : Tier::gpu;
+      const OptimizerImpl impl = host && s_.optimizer_impl == OptimizerImpl::foreach
+                                     ? OptimizerImpl::for_loop
+                                     : s_.optimizer_impl;
       if (s_.optimizer == OptimizerKind::adafactor) {
         // transformers' Adafactor (optimization.py Adafactor.step) updates one tensor at a
         // time through full-size fp32 temporaries, two alive at once three times: grad**2
         // and + eps; the old update while _approx_sq_grad's product is made; update and
         // -update at the end. Twice the largest tensor.
         const uint64_t n = largest_tensor_elems();
-        const uint32_t a = add_buffer("adafactor_update", Tier::gpu, Category::workspace,
+        const uint32_t a = add_buffer("adafactor_update", tier, Category::workspace,
                                       checked_mul(4, n, "Adafactor temporary"));
-        const uint32_t b = add_buffer("adafactor_update2", Tier::gpu, Category::workspace,
+        const uint32_t b = add_buffer("adafactor_update2", tier, Category::workspace,
                                       checked_mul(4, n, "Adafactor temporary"));
         alloc(pos, a);
         alloc(pos, b);
@@ -1209,23 +1242,23 @@ class ScheduleBuilder {
         free(pos, b);
         return;
       }
-      if (s_.fused_optimizer || s_.optimizer_impl == OptimizerImpl::fused || !adam) return;
+      if (s_.fused_optimizer || impl == OptimizerImpl::fused || !adam) return;
       const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
       const uint64_t w = pure ? p_bytes_ : 4;
       std::vector<uint32_t> temps;
-      switch (s_.optimizer_impl) {
+      switch (impl) {
         case OptimizerImpl::foreach:
-          temps.push_back(add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("foreach_sqrt", tier, Category::workspace,
                                      checked_mul(w, held, "foreach temporary")));
           break;
         case OptimizerImpl::for_loop:
-          temps.push_back(add_buffer("adam_sqrt", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_sqrt", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
-          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_denom", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
           break;
         case OptimizerImpl::transformers:
-          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_denom", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
           break;
         case OptimizerImpl::fused: break;

@@ -234,7 +234,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
            (expert_bytes > 0 ? coll(expert_bytes, edp, edp_bus) : 0.0);
   };
   const double pbytes = s.precision == Precision::fp32 ? 4.0 : 2.0;
-  // FSDP: the reduce dtype's bytes (what the reduce-scatter moves).
+  // FSDP: the sharded weights' bytes (fp32 under mixed precision: what crosses PCIe when
+  // offloaded) and the reduce dtype's (what the reduce-scatter moves).
+  const double wbytes = weights_in_compute_dtype(s) ? pbytes : 4.0;
   const double rbytes = !fsdp ? pbytes
                         : s.precision == Precision::fp32 ? 4.0
                         : s.reduce_precision == Precision::bf16 ? 2.0 : 4.0;
@@ -266,7 +268,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
   const double state_bytes =
       static_cast<double>(bpp.optimizer) + (s.master_precision == Precision::bf16 ? 2.0 : 4.0);
-  const bool offload_opt = s.offload_optimizer != Offload::none;
+  // FSDP's CPU offload steps on the host as ZeRO-Offload does, without copying back.
+  const bool fsdp_offload = fsdp && s.offload_param == Offload::cpu;
+  const bool offload_opt = s.offload_optimizer != Offload::none || fsdp_offload;
   const bool offload_p = s.stage == 3 && s.offload_param != Offload::none;
 
   const int n_steps = s.dpu ? 3 : 2;
@@ -302,7 +306,8 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
     if (s.stage != 3) return -1;
     const double x = static_cast<double>(expert_of(i)) * pbytes;
     const double dense = static_cast<double>(c.group_params[i]) * pbytes - x;
-    const double part_bytes = dense / static_cast<double>(shard_ranks) + x / static_cast<double>(edp);
+    const double part_bytes = (dense / static_cast<double>(shard_ranks) + x / static_cast<double>(edp)) *
+                              (fsdp ? wbytes / pbytes : 1.0);
     int dep = after;
     if (offload_p) {
       const int q = static_cast<int>(staged.size());
@@ -411,8 +416,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         if (replicas > 1 && (s.stage >= 2 || last_micro))  // hybrid: the shard over the replicas
           done = sch.add("all-reduce", n_bucket, Resource::net,
                          allreduce_seconds(shard * rbytes, replicas, replica_gbps), {done});
-        if (offload_opt)  // the rank's share of the bucket goes to the host in 16 bits
-          done = sch.add("d2h grads", n_bucket, Resource::d2h, shard * pbytes / d2h, {done});
+        if (offload_opt)  // the rank's share goes to the host: 16 bits, FSDP's in its weights' dtype
+          done = sch.add("d2h grads", n_bucket, Resource::d2h, shard * (fsdp ? wbytes : pbytes) / d2h,
+                         {done});
         grads_done.push_back(done);
         reduced = done;
         bucket = 0;

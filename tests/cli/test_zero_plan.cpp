@@ -206,7 +206,7 @@ TEST_CASE("fsdp: --fsdp-config reads accelerate's YAML and implies --profile fsd
                   "--profile fsdp: --stage 2");
 }
 
-TEST_CASE("fsdp: hybrid sharding and FSDP1 from flags and accelerate's config") {
+TEST_CASE("fsdp: hybrid sharding, CPU offload and FSDP1 from flags and accelerate's config") {
   // Hybrid sharding over 8 of 16 ranks: the states of FULL_SHARD over 8.
   auto estimate_json = [](std::vector<std::string> args) {
     args.insert(args.begin(), {"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
@@ -228,6 +228,14 @@ TEST_CASE("fsdp: hybrid sharding and FSDP1 from flags and accelerate's config") 
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3", "--dp",
                              "16", "--fsdp-shard-size", "3"}),
                   "--fsdp-shard-size 3: must divide --dp 16");
+  // CPU offload: the states on the host, none on the GPU.
+  const auto off = estimate_json({"--dp", "8", "--offload-param", "cpu"});
+  CHECK(off["per_device"]["gpu"]["breakdown"]["master"] == 0);
+  CHECK(off["per_device"]["cpu"]["breakdown"]["master"] == 4 * off["partition_elems"].get<uint64_t>());
+  CHECK(off["partition_elems"] == full8["partition_elems"]);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                             "--offload-optimizer", "cpu"}),
+                  "--profile fsdp --offload-optimizer cpu: FSDP has no optimizer-only offload");
   // FSDP1.
   const auto v1 = estimate_json({"--dp", "8", "--fsdp-version", "1", "--fsdp-use-orig-params"});
   CHECK(v1["strategy"]["fsdp_version"] == 1);

@@ -305,7 +305,7 @@ TEST_CASE("fit: cached memory equals estimate() exactly under the fsdp profile")
           }
 }
 
-TEST_CASE("fit: cached memory tells apart FSDP's version, alignment and hybrid sharding") {
+TEST_CASE("fit: cached memory tells apart FSDP's version, alignment, hybrid sharding and offload") {
   const auto m = zp::models::load_model("gpt2");
   PlanOptions o;
   o.profile = Profile::fsdp;
@@ -313,7 +313,7 @@ TEST_CASE("fit: cached memory tells apart FSDP's version, alignment and hybrid s
   for (int version : {1, 2})
     for (bool orig : {false, true})
       for (int64_t shard : {0, 2})
-        for (Offload off : {Offload::none})
+        for (Offload off : {Offload::none, Offload::cpu})
           for (Precision reduce : {Precision::fp32, Precision::bf16}) {
             if (version == 2 && orig) continue;
             Strategy s;

@@ -249,9 +249,16 @@ TEST_CASE("fsdp: what the profile cannot plan is a clear error") {
   s.stage = 2;
   CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("--profile fsdp: --stage 2") == 0);
   s.stage = 3;
+  // FSDP offloads the parameters with their gradients and step, never the optimizer alone,
+  // and only to the host.
   s.offload_optimizer = Offload::cpu;
-  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("CPU offload") != std::string::npos);
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("FSDP has no optimizer-only offload") !=
+        std::string::npos);
   s.offload_optimizer = Offload::none;
+  s.offload_param = Offload::nvme;
+  CHECK(error_of([&] { estimate(m, s, nullptr, o); }).find("FSDP offloads to the host only") !=
+        std::string::npos);
+  s.offload_param = Offload::none;
   // A shard group that does not divide dp; "a node" without the hardware that says how many
   // GPUs a node has; FSDP's settings under another profile.
   s.fsdp_shard_size = 3;
@@ -461,6 +468,97 @@ TEST_CASE("hybrid sharding in the step simulation: per-unit all-gathers within t
   CHECK(n_full == 0);
 }
 
+TEST_CASE("CPU offload: sharded parameters, gradients and optimizer states on the host") {
+  // FSDP2's CPUOffloadPolicy (FSDP1's CPUOffload(offload_params=True) alike): the fp32
+  // sharded parameters, their gradients and AdamW's moments are pinned host memory; the GPU
+  // holds none of them.
+  const uint64_t w = 3;
+  const uint64_t block = fsdp2_shard(gpt2_block(C), w);  // 17050, as above
+  const uint64_t part = fsdp2_shard({{V, C}, {P, C}}, w) + L * block + fsdp2_shard({{C}, {C}}, w);
+  Strategy s = fsdp(w);
+  s.offload_param = Offload::cpu;
+  const Run r = run(s);
+  CHECK(at(r, Tier::cpu, Category::master) == 4 * part);
+  CHECK(at(r, Tier::cpu, Category::grads) == 4 * part);
+  CHECK(at(r, Tier::cpu, Category::optimizer) == 8 * part);
+  for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer})
+    CHECK(at(r, Tier::gpu, c) == 0);
+  // Before each all-gather the unit's shards cross to the GPU one parameter at a time
+  // (FSDPParam.all_gather_inputs: .to(device)), each cast to bf16 into the all-gather input:
+  // the largest fp32 copy is c_fc's (22 rows x 256 = 5632 elements), the cast the shard.
+  CHECK(sizes(r.sched, "h2d_shard.h.0") == std::multiset<uint64_t>{4 * 22 * 256, 4 * 22 * 256});
+  CHECK(sizes(r.sched, "ag_copy_in.h.0") == std::multiset<uint64_t>{2 * block, 2 * block});
+  // The reduce-scatter output goes to the host (fp32 reduce into fp32 gradients: no cast)
+  // and is dropped; a bf16 reduce adds the fp32 cast that crosses.
+  CHECK(sizes(r.sched, "rs_output.h.0") == std::multiset<uint64_t>{4 * block});
+  CHECK(sizes(r.sched, "grad_to_host.h.0").empty());
+  // The step runs on the host: no foreach temporary on the GPU; torch.optim's for-loop AdamW
+  // takes sqrt(exp_avg_sq) and its quotient, two temporaries of the largest tensor (5632).
+  CHECK(sizes(r.sched, "foreach_sqrt").empty());
+  CHECK(sizes(r.sched, "adam_sqrt") == std::multiset<uint64_t>{4 * 22 * 256});
+  CHECK(sizes(r.sched, "adam_denom") == std::multiset<uint64_t>{4 * 22 * 256});
+  for (const MemBuffer& b : r.sched.buffers)
+    if (b.name == "adam_sqrt" || b.name == "adam_denom") CHECK(b.tier == Tier::cpu);
+  Strategy b = s;
+  b.reduce_precision = Precision::bf16;
+  const Run rb = run(b);
+  CHECK(sizes(rb.sched, "rs_output.h.0") == std::multiset<uint64_t>{2 * block});
+  CHECK(sizes(rb.sched, "grad_to_host.h.0") == std::multiset<uint64_t>{4 * block});
+  // torchtune's pure bf16 with CPUOffloadPolicy: the bf16 copies are the all-gather inputs.
+  Strategy p = s;
+  p.master_precision = p.optimizer_precision = Precision::bf16;
+  const Run rp = run(p);
+  CHECK(at(rp, Tier::cpu, Category::params) == 2 * part);
+  CHECK(sizes(rp.sched, "h2d_shard.h.0") == std::multiset<uint64_t>{2 * block, 2 * block});
+  CHECK(sizes(rp.sched, "ag_copy_in.h.0").empty());
+  // FSDP1 (_flat_param.py pre_unshard, _use_low_precision_shard): the whole fp32 flat shard
+  // is copied to the GPU and cast into the bf16 _mp_shard.
+  Strategy f1 = s;
+  f1.fsdp_version = 1;
+  const uint64_t flat_block = fsdp1_shard(gpt2_block(C), w, 0);
+  const Run r1 = run(f1);
+  CHECK(sizes(r1.sched, "h2d_shard.h.0") == std::multiset<uint64_t>{4 * flat_block, 4 * flat_block});
+  CHECK(sizes(r1.sched, "mp_shard.h.0") == std::multiset<uint64_t>{2 * flat_block, 2 * flat_block});
+  CHECK(at(r1, Tier::cpu, Category::master) ==
+        4 * (fsdp1_shard(gpt2_root(V, P, C), w, 0) + L * flat_block));
+  // Offloaded, the GPU peak is lower by at least the states it no longer holds.
+  const Run on_gpu = run(fsdp(w));
+  CHECK(r.rep.peak_allocated[0] + 16 * part <= on_gpu.rep.peak_allocated[0] + 4 * 22 * 256 + 4 * block);
+}
+
+TEST_CASE("CPU offload in the step simulation: shards in over PCIe, gradients out, the step on the host") {
+  const auto m = load_model("gpt2");
+  const auto hw = load_hardware("h100-80g");
+  Strategy s = fsdp(8);
+  s.seq = 1024;
+  s.offload_param = Offload::cpu;
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::fused};
+  const StepCosts c = step_costs(zp::models::build_training_graph(m, graph_options(m, s, o)));
+  const Timeline t = simulate(c, s, hw, Cluster{8, 1}, Profile::fsdp);
+  int h2d = 0, d2h = 0, cpu = 0, gpu_adam = 0;
+  for (const Task& k : t.tasks) {
+    if (k.step != 1) continue;
+    const std::string_view kind = k.kind;
+    if (kind == "h2d params") {  // the unit's fp32 shard, before each of its two gathers
+      ++h2d;
+      const double bytes = static_cast<double>(c.group_params[static_cast<std::size_t>(k.index)]) / 8 * 4;
+      CHECK(k.seconds == doctest::Approx(bytes / (hw.h2d_gbps * 1e9)));
+    }
+    if (kind == "d2h grads") {  // the reduced fp32 gradient shard
+      ++d2h;
+      const std::size_t i = static_cast<std::size_t>(c.n_layer + 1 - k.index);
+      CHECK(k.seconds == doctest::Approx(static_cast<double>(c.group_params[i]) / 8 * 4 / (hw.d2h_gbps * 1e9)));
+    }
+    cpu += kind == "cpu adam";
+    gpu_adam += kind == "gpu adam";
+  }
+  const int units = static_cast<int>(c.group_params.size());
+  CHECK(h2d == 2 * units);
+  CHECK(d2h == units);
+  CHECK(cpu >= 1);
+  CHECK(gpu_adam == 0);
+}
+
 TEST_CASE("accelerate's FSDP config: the YAML `accelerate config` writes, and its JSON twin") {
   // What `accelerate config` writes for FSDP2 (accelerate commands/config/cluster.py), with
   // the launcher's keys around it.
@@ -497,6 +595,7 @@ use_cpu: false
   CHECK(s.checkpointing == Checkpointing::full);
   CHECK(s.fsdp_version == 2);
   CHECK(s.fsdp_shard_size == 0);
+  CHECK(s.offload_param == Offload::none);
   // The same keys as JSON (YAML's superset), FSDP1 with the strategy as a number.
   const Strategy j = apply_accelerate_config(
       Strategy{}, R"({"distributed_type": "FSDP", "mixed_precision": "no", "num_processes": 4,
@@ -523,8 +622,6 @@ use_cpu: false
   CHECK(err("distributed_type: MULTI_GPU\n").find("plain data parallel") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n")
             .find("NO_SHARD is plain data parallel") != std::string::npos);
-  CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n")
-            .find("fsdp_offload_params true") != std::string::npos);
   CHECK(err("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\nparallelism_config:\n"
             "  parallelism_config_dp_replicate_size: 2\n")
             .find("parallelism_config needs fsdp_version 2") != std::string::npos);
@@ -549,7 +646,7 @@ use_cpu: false
         std::string::npos);
 }
 
-TEST_CASE("accelerate's FSDP config: hybrid sharding, FSDP1's flat parameter") {
+TEST_CASE("accelerate's FSDP config: hybrid sharding, CPU offload, FSDP1's flat parameter") {
   auto read = [](const std::string& text) {
     std::vector<std::string> assumed;
     const Strategy s = apply_accelerate_config(Strategy{}, text, "fsdp.yaml", &assumed);
@@ -594,6 +691,13 @@ parallelism_config:
   CHECK(read("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\n"
              "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n"
              "  parallelism_config_dp_shard_size: 4\n").first.fsdp_shard_size == 0);
+  // fsdp_offload_params: FSDP's CPU offload, FSDP1 and FSDP2 alike.
+  for (const char* v : {"1", "2"}) {
+    const Strategy off = read(std::string("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: ") + v +
+                              "\n  fsdp_offload_params: true\n").first;
+    CHECK(off.offload_param == Offload::cpu);
+    CHECK(off.offload_optimizer == Offload::none);
+  }
 }
 
 TEST_CASE("pytorch profile: one GPU or DDP, the model's tensors whole, DDP's bucket copy") {

@@ -168,7 +168,8 @@ int FitCommand::run() const {
   r.base = s;
   if (flags.given("--stage")) r.stages = {s.stage};
   if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
-  if (flags.given("--offload-param") || !flags.ds_config.empty()) r.offload_param = {s.offload_param};
+  if (flags.given("--offload-param") || !flags.ds_config.empty() || !flags.fsdp_config.empty())
+    r.offload_param = {s.offload_param};
   if (flags.given("--micro-batch")) r.micro_batches = {s.micro_batch};
   if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
   // torchtitan, whose runs the fsdp profile predicts, checkpoints per op by default.

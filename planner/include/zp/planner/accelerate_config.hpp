@@ -41,7 +41,8 @@ nlohmann::json parse_yaml_text(std::string_view text, const std::string& origin)
 //     HYBRID_SHARD_ZERO2, or their numbers 1-5): FULL_SHARD is stage 3 resharding after
 //     forward, SHARD_GRAD_OP stage 3 without, HYBRID_SHARD and HYBRID_SHARD_ZERO2 the same
 //     sharded over a node's GPUs (Strategy::fsdp_shard_size kFsdpShardNode), NO_SHARD is
-//     refused (plain data parallel); fsdp_offload_params true is refused (not modelled yet);
+//     refused (plain data parallel); fsdp_offload_params true: --offload-param cpu (FSDP's
+//     CPU offload of parameters, gradients and the optimizer step);
 //     fsdp_activation_checkpointing: checkpointing full (per decoder layer);
 //   parallelism_config (FSDP2 only, as accelerate): parallelism_config_dp_replicate_size R
 //     and parallelism_config_dp_shard_size S with R x S = num_processes; R > 1 is HSDP over

@@ -134,7 +134,13 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
 //   unit at a time (no reduce_bucket_size), the gradients in the reduce dtype;
 // - hybrid sharding (fsdp_replicas > 1): each unit's reduced shard is all-reduced over the
 //   replicas (foreach_reduce's all_reduce; FSDP1's _reduce_grad), at each GPU's share of its
-//   node's network (every GPU of the node all-reduces at once) when they span nodes.
+//   node's network (every GPU of the node all-reduces at once) when they span nodes;
+// - CPU offload (--offload-param cpu): a unit's shard crosses PCIe before its all-gather in
+//   the weights' dtype (4 bytes per element under mixed precision), its reduced gradient
+//   shard crosses back after the reduction, and the optimizer steps on the host (cpu
+//   adam, at the hardware's cpu_adam_gparams: DeepSpeed's CPU Adam rate, an optimistic
+//   bound for torch.optim's host step, which is not measured here), nothing to copy back
+//   (the next gathers read the host shards).
 Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
                   Profile profile = Profile::zeroplan);
 
