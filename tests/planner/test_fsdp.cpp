@@ -10,9 +10,12 @@
 // each), the reduce-scatter input in the reduce dtype.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "error_of.hpp"
 #include "zp/models/graph.hpp"
@@ -763,4 +766,96 @@ TEST_CASE("pytorch profile: one GPU or DDP, the model's tensors whole, DDP's buc
   const auto moe = load_model("mixtral-8x7b");
   CHECK(error_of([&] { check_profile(amp, PlanOptions{Profile::pytorch, Backend::cuda}, &moe); })
             .find("Mixture-of-Experts") != std::string::npos);
+}
+
+namespace {
+
+// Every model the planner reads: the catalog, and the PyTorch reference fixture's configs
+// (tests/data/models/torch_reference.json, one per family variant).
+std::vector<zp::models::ModelSpec> every_model() {
+  std::vector<zp::models::ModelSpec> out;
+  for (const auto& c : zp::models::catalog()) out.push_back(load_model(c.name));
+  std::ifstream f(std::string(ZP_TEST_DATA) + "/models/torch_reference.json");
+  REQUIRE(f.good());
+  const nlohmann::json fixture = nlohmann::json::parse(f);
+  REQUIRE(fixture["configs"].size() >= 30);
+  for (const auto& c : fixture["configs"])
+    out.push_back(zp::models::parse_hf_config(c["config"].dump(), c["name"].get<std::string>()));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("estimate --profile fsdp works for every model the planner reads") {
+  // For each model, from its inventory (models::count_params: every tensor with its shape and
+  // its block, -1 before the blocks, n_blocks() after them), the rank's shard over W = 8:
+  //   FSDP2: sum over tensors of ceil(d0 / 8) * numel / d0 (every tensor's dim-0 chunk);
+  //   FSDP1: per unit (each block; the rest together as the root), the flat parameter with
+  //     each tensor 16-byte aligned (use_orig_params, bf16: 8 elements) padded to a multiple
+  //     of 8, divided by 8;
+  // and with torchtitan's mixed precision the states are 4 (fp32 sharded parameters) + 4
+  // (fp32 gradients) + 8 (AdamW's fp32 moments) bytes per shard element. The estimate must
+  // hold exactly those states, decide whether it fits an H100, and end its step holding
+  // nothing else.
+  const uint64_t w = 8;
+  const auto hw = load_hardware("h100-80g");
+  const PlanOptions o{Profile::fsdp, Backend::cuda, ModelCode::transformers};
+  int n_models = 0;
+  for (const zp::models::ModelSpec& m : every_model()) {
+    CAPTURE(m.name);
+    ++n_models;
+    const zp::models::ParamInventory inv = zp::models::count_params(m);
+    uint64_t v2 = 0, n = 0;
+    std::map<int, uint64_t> flat;  // unit (block, or -1 for the root) -> aligned elements
+    for (const zp::models::ParamTensor& t : inv.tensors) {
+      const uint64_t e = static_cast<uint64_t>(t.numel);
+      const uint64_t d0 = t.shape.empty() ? 1 : static_cast<uint64_t>(t.shape[0]);
+      v2 += ceil_div(d0, w) * (e / d0);
+      n += e;
+      const int unit = t.layer >= 0 && t.layer < static_cast<int>(m.n_blocks()) ? t.layer : -1;
+      flat[unit] = ceil_div(flat[unit], 8) * 8 + e;
+    }
+    REQUIRE(n == static_cast<uint64_t>(inv.total));
+    uint64_t v1 = 0;
+    for (const auto& [unit, elems] : flat) v1 += ceil_div(elems, w);  // ceil(ceil(x/8)*8 / 8)
+    for (int version : {2, 1}) {
+      CAPTURE(version);
+      Strategy s = fsdp(w);
+      s.fsdp_version = version;
+      s.fsdp_use_orig_params = version == 1;
+      s.seq = std::min<int64_t>(m.n_positions, 1024);
+      if (m.encoder_decoder()) s.target_seq = std::min<int64_t>(m.n_positions, 256);
+      s.checkpointing = Checkpointing::full;
+      const Estimate e = estimate(m, s, &hw, o);
+      const uint64_t part = version == 2 ? v2 : v1;
+      CHECK(e.schedule.partition_elems == part);
+      uint64_t master = 0, grads = 0, moments = 0, params = 0;
+      for (const MemEvent& ev : e.schedule.events) {
+        if (!ev.alloc || ev.pos != -1) continue;
+        const MemBuffer& b = e.schedule.buffers[ev.buffer];
+        if (b.name == "master") master += b.bytes;
+        if (b.name == "grads") grads += b.bytes;
+        if (b.name == "exp_avg" || b.name == "exp_avg_sq") moments += b.bytes;
+        if (b.name == "params") params += b.bytes;
+      }
+      CHECK(master == 4 * part);
+      CHECK(grads == 4 * part);
+      CHECK(moments == 8 * part);
+      CHECK(params == 0);
+      // The GPU peak holds at least the states and the largest unit gathered; fits is
+      // decided, and decided by that peak.
+      CHECK(e.memory.peak_allocated[0] >= 16 * part);
+      REQUIRE(e.fits.has_value());
+      CHECK(*e.fits == (e.per_device.peak(Tier::gpu) <= hw.gpu_memory_bytes &&
+                        e.per_device.peak(Tier::cpu) * std::min<uint64_t>(w, hw.gpus_per_node) <=
+                            hw.host_memory_bytes));
+      const std::set<std::string> end =
+          live_after(e.schedule, static_cast<int32_t>(e.schedule.op_names.size()));
+      for (const std::string& b : end) {
+        CAPTURE(b);
+        CHECK((b == "master" || b == "grads" || b == "exp_avg" || b == "exp_avg_sq"));
+      }
+    }
+  }
+  CHECK(n_models >= static_cast<int>(zp::models::catalog().size()) + 30);
 }
