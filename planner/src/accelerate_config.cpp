@@ -144,7 +144,14 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
 
   const json* fc = top.object("fsdp_config");
   if (fc == nullptr) {
-    note("fsdp_config absent: FSDP1 FULL_SHARD, accelerate's defaults");
+    note("fsdp_config absent: FSDP1 FULL_SHARD with use_orig_params, accelerate's defaults");
+    s.fsdp_version = 1;
+    s.fsdp_use_orig_params = true;
+    if (const json* pc = top.object("parallelism_config"); pc != nullptr && !pc->empty())
+      throw Error(fmt::format("{}: parallelism_config needs fsdp_version 2", origin),
+                  "accelerate refuses --use_parallelism_config with FSDP1 (fsdp_config absent "
+                  "is FSDP1); add fsdp_config with fsdp_version: 2");
+    validate(s);
     return s;
   }
   static const std::set<std::string> fsdp_keys = {
@@ -190,6 +197,7 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
         if (v.get<std::string>() == n) return std::string(n);
     ff.fail(key, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or 1-5)");
   };
+  s.fsdp_version = static_cast<int>(version);
   std::string sharding = "FULL_SHARD";
   if (version == 2) {
     if (ff.has("fsdp_sharding_strategy"))
@@ -203,14 +211,71 @@ Strategy apply_accelerate_config(Strategy s, std::string_view text, const std::s
   if (sharding == "NO_SHARD")
     throw Error(fmt::format("{}: fsdp_sharding_strategy NO_SHARD is plain data parallel", origin),
                 "NO_SHARD holds the states of ZeRO stage 0: --profile deepspeed --stage 0");
-  if (sharding.rfind("HYBRID", 0) == 0)
-    throw Error(fmt::format("{}: fsdp_sharding_strategy {} is not modelled yet", origin, sharding),
-                "plan FULL_SHARD over one node's GPUs (--dp = GPUs per node) for the sharded part");
-  s.reshard_after_forward = sharding == "FULL_SHARD";
-  if (flag(ff, f, "fsdp_offload_params", false))
-    throw Error(fmt::format("{}: fsdp_config.fsdp_offload_params true is not modelled yet", origin),
-                "plan without parameter offload, or DeepSpeed's ZeRO-Offload with --ds-config");
+  // FSDP1's hybrid strategies, which accelerate hands FullyShardedDataParallel without process
+  // groups: sharded over each node's devices, replicated across nodes (_init_utils.py
+  // _init_intra_and_inter_node_groups(device_count())); _HYBRID_SHARD_ZERO2 keeps the
+  // parameters gathered from forward to backward as SHARD_GRAD_OP does.
+  if (sharding.rfind("HYBRID", 0) == 0) {
+    s.fsdp_shard_size = kFsdpShardNode;
+    note(fmt::format("fsdp_sharding_strategy {}: sharded over a node's GPUs (--hardware), "
+                     "--fsdp-shard-size N to say how many", sharding));
+  }
+  s.reshard_after_forward = sharding == "FULL_SHARD" || sharding == "HYBRID_SHARD";
+  if (version == 1) {
+    // accelerate launch passes --fsdp_use_orig_params, default "true" (commands/launch.py),
+    // to the plugin (FSDP_USE_ORIG_PARAMS); FSDP2 ignores it.
+    s.fsdp_use_orig_params = flag(ff, f, "fsdp_use_orig_params", true);
+    if (!ff.has("fsdp_use_orig_params"))
+      note("fsdp_config.fsdp_use_orig_params absent: true (accelerate launch's default)");
+  }
+  // CPUOffload(offload_params=True) for FSDP1, CPUOffloadPolicy() for FSDP2
+  // (FullyShardedDataParallelPlugin.set_cpu_offload): parameters, gradients and the
+  // optimizer step on the host.
+  if (flag(ff, f, "fsdp_offload_params", false)) s.offload_param = Offload::cpu;
   if (flag(ff, f, "fsdp_activation_checkpointing", false)) s.checkpointing = Checkpointing::full;
+  // FSDP2's hybrid sharding (HSDP) comes from parallelism_config (accelerate's
+  // ParallelismConfig: a (dp_replicate, dp_shard) mesh; launch.py copies its keys as written,
+  // `accelerate config` writes them with the parallelism_config_ prefix); FSDP1 refuses it
+  // (launch.py _validate_launch_command).
+  if (const json* pc = top.object("parallelism_config"); pc != nullptr && !pc->empty()) {
+    static const std::set<std::string> pc_keys = {
+        "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+        "parallelism_config_tp_size", "parallelism_config_cp_size",
+        "parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
+        "parallelism_config_sp_size", "parallelism_config_sp_backend",
+        "parallelism_config_sp_seq_length", "parallelism_config_sp_seq_length_is_variable",
+        "parallelism_config_sp_attn_implementation"};
+    for (const auto& [key, value] : pc->items())
+      if (!pc_keys.contains(key))
+        throw Error(fmt::format("{}: unknown field 'parallelism_config.{}'", origin, key),
+                    "accelerate's keys are parallelism_config_dp_replicate_size, "
+                    "parallelism_config_dp_shard_size, parallelism_config_tp_size, ...");
+    if (version != 2)
+      throw Error(fmt::format("{}: parallelism_config needs fsdp_version 2", origin),
+                  "accelerate refuses --use_parallelism_config with FSDP1; for FSDP1's hybrid "
+                  "sharding set fsdp_sharding_strategy: HYBRID_SHARD");
+    Fields pf(*pc, origin, "parallelism_config.");
+    for (const char* k : {"parallelism_config_tp_size", "parallelism_config_cp_size",
+                          "parallelism_config_sp_size"})
+      if (pf.has(k) && pf.positive_int(k, 1) > 1)
+        throw Error(fmt::format("{}: parallelism_config.{} > 1 is not modelled under --profile "
+                                "fsdp", origin, k),
+                    "plan the data-parallel part alone, or tensor parallelism with --profile "
+                    "deepspeed --mp");
+    const int64_t replicate = pf.has("parallelism_config_dp_replicate_size")
+                                  ? pf.positive_int("parallelism_config_dp_replicate_size", 1) : 1;
+    const int64_t shard = pf.has("parallelism_config_dp_shard_size")
+                              ? pf.positive_int("parallelism_config_dp_shard_size", 1) : 1;
+    if (replicate * shard != s.dp)
+      throw Error(fmt::format("{}: parallelism_config dp_replicate_size {} x dp_shard_size {} is "
+                              "not num_processes {}", origin, replicate, shard, s.dp),
+                  "accelerate needs their product to be the number of processes");
+    if (replicate > 1 && shard == 1)
+      throw Error(fmt::format("{}: parallelism_config dp_replicate_size {} with dp_shard_size 1 "
+                              "is plain data parallel", origin, replicate),
+                  "DDP holds the states of ZeRO stage 0: --profile deepspeed --stage 0 --dp N");
+    if (replicate > 1) s.fsdp_shard_size = shard;
+  }
   validate(s);
   return s;
 }

@@ -92,6 +92,25 @@ Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
   return s;
 }
 
+Strategy resolve_for_hardware(Strategy s, const Hardware* hw, std::vector<std::string>* assumed) {
+  if (s.fsdp_shard_size != kFsdpShardNode || hw == nullptr) return s;
+  // FSDP1's HYBRID_SHARD without process groups shards over the node's devices
+  // (torch/distributed/fsdp/_init_utils.py _init_process_group_state_for_hybrid_shard:
+  // _init_intra_and_inter_node_groups(default_group, device_count())); fewer ranks than a
+  // node's GPUs are one node of that many devices.
+  const int64_t n = std::min<int64_t>(hw->gpus_per_node, s.dp);
+  if (n < 1 || s.dp % n != 0)
+    throw Error(fmt::format("hybrid sharding over a node: {}'s {} GPUs per node do not divide "
+                            "--dp {}", hw->name, hw->gpus_per_node, s.dp),
+                "give the shard group with --fsdp-shard-size N (N divides --dp)");
+  s.fsdp_shard_size = n;
+  if (assumed != nullptr)
+    assumed->push_back(fmt::format("--fsdp-shard-size {} (hybrid sharding over a node's GPUs, "
+                                   "{}'s gpus_per_node)", n, hw->name));
+  validate(s);
+  return s;
+}
+
 void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelSpec* m) {
   if (s.quantized_weights && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--quantized-weights: DeepSpeed's ZeRO++ qwZ, not {}'s",
@@ -101,6 +120,11 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
     throw Error(fmt::format("--offload-optimizer-ratio: DeepSpeed's partial offload, not {}'s",
                             to_string(o.profile)),
                 "plan it with --profile deepspeed");
+  if (o.profile != Profile::fsdp && (s.fsdp_shard_size != 0 || s.fsdp_version != 2))
+    throw Error(fmt::format("--fsdp-shard-size and --fsdp-version: PyTorch FSDP's, not {}'s",
+                            to_string(o.profile)),
+                "plan hybrid sharding and FSDP1 with --profile fsdp (DeepSpeed's counterpart "
+                "of hybrid sharding is ZeRO++ hpZ, --hpz-partition-size)");
   if (s.cpu_checkpointing && o.profile != Profile::deepspeed)
     throw Error(fmt::format("--cpu-checkpointing: DeepSpeed's activation checkpointing, not "
                             "{}'s", to_string(o.profile)),
@@ -139,9 +163,20 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
                 "FSDP shards parameters, gradients and optimizer states together: --stage 3 "
                 "(FULL_SHARD, fully_shard; --no-reshard-after-forward for SHARD_GRAD_OP); "
                 "plain data parallel is --profile deepspeed --stage 0");
-  if (s.offload_optimizer != Offload::none || s.offload_param != Offload::none)
-    throw Error("--profile fsdp: CPU offload is not modelled for FSDP yet",
-                "plan FSDP without --offload-*, or DeepSpeed's ZeRO-Offload with --profile deepspeed");
+  // FSDP offloads the sharded parameters with their gradients and the optimizer step
+  // (CPUOffload(offload_params=True), CPUOffloadPolicy), never the optimizer alone.
+  if (s.offload_optimizer != Offload::none)
+    throw Error(fmt::format("--profile fsdp --offload-optimizer {}: FSDP has no optimizer-only "
+                            "offload", to_string(s.offload_optimizer)),
+                "--offload-param cpu moves FSDP's sharded parameters, their gradients and the "
+                "optimizer step to the host (accelerate's fsdp_offload_params: true); "
+                "ZeRO-Offload is --profile deepspeed");
+  if (s.offload_param == Offload::nvme)
+    throw Error("--profile fsdp --offload-param nvme: FSDP offloads to the host only",
+                "--offload-param cpu, or ZeRO-Infinity's NVMe offload with --profile deepspeed");
+  if (s.fsdp_shard_size == kFsdpShardNode)
+    throw Error("--fsdp-shard-size node: hybrid sharding over a node needs the node's GPUs",
+                "give --hardware (its GPUs per node), or the shard group as --fsdp-shard-size N");
   if (s.ep > 1 || s.mp > 1)
     throw Error("--profile fsdp: expert and tensor parallelism are not modelled for FSDP yet",
                 "leave out --ep and --mp, or use --profile deepspeed");
@@ -172,7 +207,7 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
   e.model = m;
   e.params = models::count_params(m);
   e.assumed = std::move(assumed);
-  e.strategy = resolve_for_model(s, m, &e.assumed);
+  e.strategy = resolve_for_hardware(resolve_for_model(s, m, &e.assumed), hw, &e.assumed);
   check_profile(e.strategy, o, &m);
   e.options = o;
   if (hw != nullptr && e.options.gpu_capacity == 0) e.options.gpu_capacity = hw->gpu_memory_bytes;

@@ -63,11 +63,11 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // offload tiles too.
 // overlap_comm changes how long gradient buckets live (schedule.cpp flush_if_full).
 // The last field (state_dtypes below): the dtypes and FSDP settings that size states and
-// buffers (master and moments, reduce dtype, reshard after forward, fused optimizer) and the
-// optimizer kind.
+// buffers (master and moments, reduce dtype, reshard after forward, fused optimizer, FSDP's
+// version, use_orig_params and hybrid shard size) and the optimizer kind.
 // The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
-                          uint64_t, uint64_t, uint64_t, bool, int,
+                          uint64_t, uint64_t, uint64_t, bool, int64_t,
                           std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>, int64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
@@ -75,7 +75,7 @@ using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // optimizer and parameters live, the delayed update's host buffers, and the swap buffers held
 // with the states (the delayed update's optimizer swap buffers on NVMe, the parameter
 // swapper's buffers).
-using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int>;
+using StatesKey = std::tuple<uint64_t, int, int, int, int, int, bool, uint64_t, uint64_t, int64_t>;
 
 // DeepSpeed stage 3's per-parameter settings (schedule.cpp deepspeed_stage3_tensors) and hpZ;
 // what DeepSpeed's gradient reduction depends on (schedule.cpp deepspeed_reduce_hook):
@@ -92,11 +92,13 @@ std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double> deepspeed_set
           s.offload_optimizer_ratio};
 }
 
-int state_dtypes(const Strategy& s) {
-  return static_cast<int>(s.master_precision) | static_cast<int>(s.optimizer_precision) << 2 |
-         static_cast<int>(s.reduce_precision) << 4 | int{s.reshard_after_forward} << 6 |
-         int{s.fused_optimizer} << 7 | static_cast<int>(s.optimizer) << 8 |
-         int{s.cpu_checkpointing} << 12 | static_cast<int>(s.optimizer_impl) << 13;
+int64_t state_dtypes(const Strategy& s) {
+  return static_cast<int64_t>(s.master_precision) | static_cast<int64_t>(s.optimizer_precision) << 2 |
+         static_cast<int64_t>(s.reduce_precision) << 4 | int64_t{s.reshard_after_forward} << 6 |
+         int64_t{s.fused_optimizer} << 7 | static_cast<int64_t>(s.optimizer) << 8 |
+         int64_t{s.cpu_checkpointing} << 12 | static_cast<int64_t>(s.optimizer_impl) << 13 |
+         int64_t{s.fsdp_version} << 16 | int64_t{s.fsdp_use_orig_params} << 18 |
+         (s.fsdp_shard_size + 1) << 19;
 }
 
 }  // namespace
@@ -283,7 +285,7 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
           c.per_device = im.memory(sh, ss[i]);
           c.shortfalls = shortfalls(c.per_device, ss[i], hw);
           if (!c.shortfalls.empty()) continue;
-          const Timeline t = simulate(sh.costs, ss[i], hw, cl);
+          const Timeline t = simulate(sh.costs, ss[i], hw, cl, im.options.profile);
           c.step_seconds = t.step_seconds;
           c.tflops_per_gpu = t.tflops_per_gpu;
           c.tokens_per_second = t.tokens_per_second;
@@ -406,8 +408,10 @@ void explain(std::vector<Candidate>& c) {
 // (1 first; the next only when nothing fits), each round's configurations in search order.
 std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
-  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), no
-  // offload, no tensor or expert parallelism (check_profile).
+  // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), with
+  // and without its CPU offload (--offload-param cpu: parameters, gradients and the step on
+  // the host), hybrid sharding as the base asks; no optimizer-only or NVMe offload, no tensor
+  // or expert parallelism (check_profile).
   const bool fsdp = r.options.profile == Profile::fsdp;
   const bool pytorch = r.options.profile == Profile::pytorch;  // stage 0 only
   std::vector<std::vector<int64_t>> mp_rounds;
@@ -455,7 +459,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
               for (Offload op : r.offload_param)
                 for (bool dpu : r.dpu)
                   for (int64_t ga : accums) {
-                  if (fsdp && (stage != 3 || oo != Offload::none || op != Offload::none || dpu))
+                  if (fsdp && (stage != 3 || oo != Offload::none || op == Offload::nvme || dpu))
                     continue;
                   if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
                     continue;
@@ -478,6 +482,11 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                     s.partition_activations = s.cpu_checkpointing =
                         s.contiguous_memory_optimization = false;
                   if (fsdp) {
+                    // Hybrid sharding as the base asks (a node: the hardware's GPUs per node,
+                    // resolve_for_hardware), where it divides this dp.
+                    if (base.fsdp_shard_size == kFsdpShardNode)
+                      s.fsdp_shard_size = std::min<int64_t>(r.hw.gpus_per_node, s.dp);
+                    if (s.fsdp_shard_size > 0 && s.dp % s.fsdp_shard_size != 0) continue;
                     for (bool reshard : {true, false}) {
                       s.reshard_after_forward = reshard;
                       round.push_back(s);

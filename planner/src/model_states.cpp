@@ -92,12 +92,17 @@ PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateL
   if (layout == StateLayout::fsdp) {
     // model_states.hpp: the sharded parameters in the model's dtype are the weights; their
     // gradients and the moments (zeros_like the parameters) share that dtype.
+    // FSDP's CPU offload (CPUOffload(offload_params=True), CPUOffloadPolicy) keeps all three
+    // on the host, pinned: the sharded parameters, their gradients (FSDP1's _cpu_grad, FSDP2's
+    // gradients copied out after each reduce-scatter) and the optimizer's states, which the
+    // step creates zeros_like the host parameters.
     const bool pure = weights_in_compute_dtype(s);
     const uint64_t w = pure ? b.params : 4;
     const uint64_t held = s.stage >= 3 ? part : n;
-    gpu[pure ? Category::params : Category::master] = checked_mul(w, held, "bytes of params");
-    gpu[Category::grads] = checked_mul(w, held, "bytes of grads");
-    gpu[Category::optimizer] = flat(held, w);
+    Breakdown& at = s.offload_param == Offload::cpu ? d[Tier::cpu] : gpu;
+    at[pure ? Category::params : Category::master] = checked_mul(w, held, "bytes of params");
+    at[Category::grads] = checked_mul(w, held, "bytes of grads");
+    at[Category::optimizer] = flat(held, w);
     return d;
   }
   gpu = stage_bytes(n, part, s.stage, b);

@@ -229,6 +229,65 @@ static std::vector<int64_t> rank_shape(const models::ParamTensor& p, const model
   return shape;
 }
 
+std::string fsdp_unit_of(const std::string& group, const Strategy& s) {
+  if (s.fsdp_version == 1 && (group == "embed" || group == "head")) return "root";
+  return group;
+}
+
+std::map<std::string, FsdpUnit> fsdp_units(const TrainingGraph& g, const Strategy& s) {
+  const uint64_t w = static_cast<uint64_t>(fsdp_shard_world(s));
+  // FSDP1's alignment (use_orig_params): 16 bytes of the unsharded (compute) dtype.
+  const uint64_t align = s.fsdp_version == 1 && s.fsdp_use_orig_params ? 16 / g.options.param_bytes : 0;
+  const int L = static_cast<int>(g.model.n_blocks());
+  std::map<std::string, uint64_t> group_elems;  // the graph's, to check the inventory against
+  for (const Tensor& t : g.tensors)
+    if (t.kind == TensorKind::param)
+      group_elems[t.group] = checked_add(group_elems[t.group], t.bytes / t.elem_bytes, "parameters");
+  std::map<std::string, uint64_t> listed;
+  std::map<std::string, FsdpUnit> units;
+  for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
+    std::vector<int64_t> shape = rank_shape(p, g.options);
+    uint64_t n = 1;
+    for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "parameter elements");
+    const std::string grp = p.layer < 0 ? "embed" : p.layer >= L ? "head" : fmt::format("h.{}", p.layer);
+    listed[grp] = checked_add(listed[grp], n, "parameters");
+    FsdpUnit& u = units[fsdp_unit_of(grp, s)];
+    u.elems = checked_add(u.elems, n, "parameters");
+    if (s.fsdp_version == 2) {
+      // torch.chunk(param, W, dim=0), every rank padded to chunk 0: ceil(d0/W) rows.
+      const uint64_t d0 = shape.empty() ? 1 : static_cast<uint64_t>(shape[0]);
+      const uint64_t rows = (d0 + w - 1) / w;
+      const uint64_t sp = checked_mul(rows, d0 == 0 ? 0 : n / d0, "shard elements");
+      u.shard = checked_add(u.shard, sp, "shard elements");
+      u.largest = std::max(u.largest, sp);
+    } else {
+      // The parameter starts at a multiple of `align` elements of the flat parameter.
+      if (align > 0) u.flat = (u.flat + align - 1) / align * align;
+      u.flat = checked_add(u.flat, n, "flat parameter elements");
+    }
+  }
+  for (const auto& [grp, n] : listed)
+    if (!group_elems.contains(grp) && n > 0)
+      throw Error(fmt::format("fsdp: the parameter inventory lists {} elements for unit {}, which "
+                              "the graph lacks (an internal error)", n, grp));
+  for (const auto& [grp, n] : group_elems)
+    if (listed[grp] != n)
+      throw Error(fmt::format("fsdp: the parameter inventory lists {} elements for unit {}, the "
+                              "graph {} (an internal error)", listed[grp], grp, n));
+  for (auto& [name, u] : units) {
+    if (s.fsdp_version == 2) {
+      u.flat = checked_mul(u.shard, w, "unsharded elements");
+      continue;
+    }
+    // Aligned, the flat parameter is padded to a multiple of W (_init_flat_param_and_metadata);
+    // otherwise its shards are (_get_shard's F.pad): ceil(N/W) elements either way.
+    if (align > 0) u.flat = (u.flat + w - 1) / w * w;
+    u.shard = (u.flat + w - 1) / w;
+    u.largest = u.shard;
+  }
+  return units;
+}
+
 std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const Strategy& s,
                                                    const PlanOptions& o) {
   const bool fsdp = o.profile == Profile::fsdp;
@@ -236,16 +295,30 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
   const bool whole_tensors = o.profile == Profile::pytorch;
   const bool shaped = s.optimizer == OptimizerKind::adafactor || s.optimizer == OptimizerKind::adam8bit;
   if (!shaped || (!fsdp && s.stage >= 1)) return std::nullopt;
-  if (fsdp && s.optimizer == OptimizerKind::adam8bit)
+  if (fsdp && s.optimizer == OptimizerKind::adam8bit && s.fsdp_version == 2)
     throw Error("--optimizer adam8bit: bitsandbytes' 8-bit optimizers do not run on FSDP2's "
                 "sharded (DTensor) parameters (bitsandbytes issue #1633)",
                 "plan 8-bit Adam with --profile deepspeed (ZeRO hands it flat partitions), or "
                 "FSDP with --optimizer adamw");
+  if (fsdp && s.optimizer == OptimizerKind::adam8bit && s.fsdp_use_orig_params)
+    throw Error("--optimizer adam8bit with FSDP1's use_orig_params: the optimizer is handed each "
+                "rank's pieces of the parameters, which differ from rank to rank",
+                "plan it without --fsdp-use-orig-params (one flat shard per unit)");
   // The moments' dtype: fp32 or --optimizer-states bf16; under fsdp the sharded parameters'.
   const bool pure = weights_in_compute_dtype(s);
   const uint64_t m = fsdp || whole_tensors ? (pure ? g.options.param_bytes : 4)
                                            : (s.optimizer_precision == Precision::bf16 ? 2 : 4);
-  const int64_t ep = g.options.ep, w = s.dp;
+  // FSDP1: the optimizer is handed one 1-D flat shard per unit (use_orig_params=False; with
+  // it, 1-D views of the parameters' pieces in that shard, as many elements less padding).
+  if (fsdp && s.fsdp_version == 1) {
+    uint64_t b = 0;
+    for (const auto& [name, u] : fsdp_units(g, s)) {
+      const int64_t shape[] = {static_cast<int64_t>(u.shard)};
+      b = checked_add(b, optimizer_state_bytes(s.optimizer, shape, m), "optimizer state bytes");
+    }
+    return b;
+  }
+  const int64_t ep = g.options.ep, w = fsdp ? fsdp_shard_world(s) : s.dp;
   uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
   for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
     std::vector<int64_t> shape = rank_shape(p, g.options);
@@ -414,9 +487,12 @@ class ScheduleBuilder {
         else end_run(i, run_at_[static_cast<std::size_t>(i)]);
       }
       if (fsdp() && i == last_bwd) {
-        while (!pending_.empty()) fsdp_reduce_scatter(i, g_.tensor(pending_.front()).group);
+        while (!pending_.empty())
+          fsdp_reduce_scatter(i, fsdp_unit_of(g_.tensor(pending_.front()).group, s_));
         if (rs_input_ != UINT32_MAX) free(i, rs_input_);  // the root's final callback
         rs_input_ = UINT32_MAX;
+        for (uint32_t b : all_reduce_held_) free(i, b);  // finalize_backward
+        all_reduce_held_.clear();
       }
     }
   }
@@ -454,6 +530,12 @@ class ScheduleBuilder {
   uint32_t fwd_ag_kept_ = UINT32_MAX;
   uint32_t rs_input_ = UINT32_MAX;
   std::vector<bool> run_bwd_;
+  // FSDP's units (fsdp_units), the last forward and backward run of each, and (hybrid
+  // sharding, FSDP2) the reduce-scatter outputs the all-reduce state keeps to the end of
+  // backward.
+  std::map<std::string, FsdpUnit> fsdp_units_;
+  std::map<std::string, int32_t> last_fwd_run_, last_bwd_run_;
+  std::vector<uint32_t> all_reduce_held_;
   // DeepSpeed stage 3 (deepspeed_stage3_tensors): persistent parameters' elements per group
   // and in all, the largest optimizer sub-group's partition elements.
   std::map<std::string, uint64_t> persistent_elems_;
@@ -529,6 +611,13 @@ class ScheduleBuilder {
     // schedule.hpp: DeepSpeed-MoE's expert-data-parallel groups).
     out_.partition_elems = partition_elems(elems, expert, s_.stage, dp_, edp_);
     out_.expert_partition_elems = partition_elems(expert, expert, s_.stage, dp_, edp_);
+    // FSDP: each unit's shard as FSDP1 or FSDP2 lays it out (fsdp_units).
+    if (fsdp()) {
+      fsdp_units_ = fsdp_units(g_, s_);
+      uint64_t part = 0;
+      for (const auto& [name, u] : fsdp_units_) part = checked_add(part, u.shard, "partition");
+      out_.partition_elems = part;
+    }
     if (o_.profile == Profile::deepspeed && s_.stage == 3) deepspeed_stage3_tensors();
   }
 
@@ -1215,6 +1304,10 @@ class ScheduleBuilder {
     }
     for (std::size_t r = 0; r < run_group_.size(); ++r)
       for (int32_t i = run_start_[r]; i <= run_end_[r]; ++i) run_at_[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
+    if (fsdp())
+      for (std::size_t r = 0; r < run_group_.size(); ++r)
+        (run_bwd_[r] ? last_bwd_run_ : last_fwd_run_)[fsdp_unit_of(run_group_[r], s_)] =
+            static_cast<int32_t>(r);
   }
 
   // ZeRO-3 all-gathers a group's dense parameters from the dp ranks' equal shards and its
@@ -1364,99 +1457,196 @@ class ScheduleBuilder {
     }
   }
 
-  // ---- PyTorch FSDP (fully_shard), the fsdp profile ----------------------------------------
+  // ---- PyTorch FSDP, the fsdp profile -------------------------------------------------------
   // Each gather group is one FSDP unit (torchtitan's apply_fsdp wraps every transformer block,
-  // the token embedding, and [final norm, output] together). Per unit, with W = dp ranks and
-  // S = its shard (ceil(unit/W) elements here; FSDP2 pads each parameter's dim 0 to a multiple
-  // of W, a few rows more), in the compute dtype p (torch/distributed/fsdp/_fully_shard/,
-  // torch 2.14; planner/notes/fsdp-and-optimizers-memory.md sec. 1 has the line numbers):
-  // - all-gather: a flat output of W*S*p (foreach_all_gather) issued one unit ahead (implicit
-  //   prefetch on the all-gather stream, forward and backward), then copied out into the
-  //   unit's unsharded parameters, another W*S*p, when the unit's run starts; the copy-in
-  //   of the shard cast to p, S*p, is a temporary of the issue. In forward the flat buffer
-  //   of a unit stays until the next unit's copy-out (all_gather_state), in backward it is
-  //   freed right after its own.
-  // - reshard: after its forward a unit frees its unsharded parameters (reshard_after_forward,
-  //   a strategy setting) except the [norm, output] unit and a tied embedding's, which
-  //   torchtitan never reshards after forward (and the root's default is the same); after
-  //   backward every unit frees them.
-  // - gradients: autograd writes the unit's unsharded gradients in p; after the unit's
-  //   backward they are copied into the reduce-scatter input, W*S in the reduce dtype, and
-  //   freed; the output, S in the reduce dtype, becomes the sharded gradient (cast to the
-  //   sharded parameters' dtype when that differs: a temporary of S in the reduce dtype).
-  //   One reduce-scatter input is kept for reuse until the next unit's
-  //   (reduce_scatter_max_input_buffers = 1), the last until the end of backward.
+  // the token embedding, and [final norm, output] together; accelerate wraps each decoder
+  // layer); FSDP1 keeps the embedding and the head in its root unit (fsdp_unit_of). Per unit,
+  // with W = the shard group's ranks (fsdp_shard_world: dp, or the hybrid shard size), S = its
+  // shard (fsdp_units: FSDP2's dim-0 shards, FSDP1's padded flat parameter), in the compute
+  // dtype p; torch/distributed/fsdp/, pytorch main read at commit 010ae4a8 (FSDP2
+  // _fully_shard/_fsdp_param.py, _fsdp_collectives.py, _fsdp_param_group.py; FSDP1
+  // _flat_param.py, _runtime_utils.py, _init_utils.py); planner/notes/
+  // fsdp-and-optimizers-memory.md has the line numbers of torch 2.14:
+  // - FSDP2 all-gather (foreach_all_gather): the all-gather inputs, then a flat output of W*S*p
+  //   issued one unit ahead (implicit prefetch on the all-gather stream, forward and backward),
+  //   copied out into the unit's unsharded parameters, another W*S*p, when the unit's run
+  //   starts. The inputs: under mixed precision (param_dtype set) the shard cast to p by one
+  //   foreach copy, S*p (_get_param_all_gather_inputs' fast path); without it the sharded
+  //   parameters themselves (nothing new); offloaded (CPUOffloadPolicy), each parameter's
+  //   pinned host shard copied to the GPU (FSDPParam.all_gather_inputs: .to(device)), S in the
+  //   weights' dtype, or under mixed precision one parameter's copy at a time cast into S*p.
+  //   In forward the flat buffer of a unit stays until the next unit's copy-out
+  //   (all_gather_state), in backward it is freed right after its own.
+  // - FSDP1 unshard (FlatParamHandle.pre_unshard, unshard, post_unshard): the all-gather writes
+  //   straight into _full_param_padded, W*S*p, which holds the unsharded parameters; its input
+  //   is the low-precision _mp_shard, S*p, under mixed precision (freed after the all-gather),
+  //   and offloaded the pinned _local_shard's copy on the GPU, S in the weights' dtype (cast
+  //   into _mp_shard under mixed precision, then dropped). No forward prefetch
+  //   (forward_prefetch=False); backward prefetches the next unit (BACKWARD_PRE).
+  // - reshard: after its forward a unit frees its unsharded parameters (reshard_after_forward;
+  //   FULL_SHARD and HYBRID_SHARD) except FSDP2's [norm, output] unit and a tied embedding's,
+  //   which torchtitan never reshards after forward, and FSDP1's root (_post_forward_reshard);
+  //   after its last backward every unit frees them.
+  // - gradients, FSDP2 (foreach_reduce): autograd writes the unit's unsharded gradients in p;
+  //   after the unit's backward they are copied into the reduce-scatter input, W*S in the
+  //   reduce dtype, and freed; the output, S in the reduce dtype, is the sharded gradient (or
+  //   cast to the sharded parameters' dtype when that differs: a new S). One reduce-scatter
+  //   input is kept for reuse until the next unit's (reduce_scatter_max_input_buffers = 1),
+  //   the last until the end of backward. Hybrid (HSDP): the output is all-reduced in place
+  //   over the replicas and, where it is a buffer of its own, kept by the unit's
+  //   _all_reduce_state until the end of backward (FSDPParamGroup._wait_for_post_backward in
+  //   finalize_backward). Offloaded: the sharded gradient is copied to the host and dropped.
+  // - gradients, FSDP1 (_post_backward_hook, _reduce_grad): autograd's flat gradient of the
+  //   unit, flat*p (the split's backward gathers the per-parameter gradients into it), cast to
+  //   the reduce dtype (a new flat tensor) when that differs, padded to W*S (F.pad, a copy)
+  //   when flat is not a multiple of W, reduce-scattered into a new S in the reduce dtype
+  //   (hybrid: all-reduced in place over the replicas), cast to the weights' dtype
+  //   (_cast_grad_to_param_dtype: the sharded gradient), offloaded copied into the pinned
+  //   _cpu_grad and dropped. Nothing is kept for the next unit.
   uint64_t fsdp_reduce_bytes() const {
     return s_.precision == Precision::fp32 ? 4 : (s_.reduce_precision == Precision::bf16 ? 2 : 4);
   }
-  bool fsdp_reshards_after_forward(const std::string& grp) const {
-    if (grp == "head") return false;
-    if (grp == "embed" && g_.model.tied_embeddings) return false;
+  // The sharded parameters' (and gradients') bytes: fp32 under mixed precision, else p.
+  uint64_t fsdp_weight_bytes() const { return weights_in_compute_dtype(s_) ? p_bytes_ : 4; }
+  bool fsdp_mixed() const { return !weights_in_compute_dtype(s_); }
+  bool fsdp_offload() const { return s_.offload_param == Offload::cpu; }
+  bool fsdp1() const { return s_.fsdp_version == 1; }
+  uint64_t fsdp_w() const { return static_cast<uint64_t>(fsdp_shard_world(s_)); }
+  const FsdpUnit& fsdp_unit(const std::string& u) const { return fsdp_units_.at(u); }
+  uint64_t fsdp_bytes(uint64_t elems, uint64_t b, const char* what) const {
+    return checked_mul(elems, b, what);
+  }
+  // W x shard in the compute dtype: FSDP2's all-gather output and unsharded parameters, FSDP1's
+  // padded unsharded flat parameter.
+  uint64_t fsdp_gathered_bytes(const std::string& u) const {
+    return fsdp_bytes(checked_mul(fsdp_unit(u).shard, fsdp_w(), "unsharded elements"), p_bytes_,
+                      "unsharded parameters");
+  }
+  bool fsdp_reshards_after_forward(const std::string& u) const {
+    if (u == "head" || u == "root") return false;
+    if (u == "embed" && g_.model.tied_embeddings) return false;
     return s_.reshard_after_forward;
   }
-  void fsdp_issue(int32_t pos, const std::string& grp) {
-    if (unsharded_.contains(grp) || ag_out_.contains(grp)) return;
-    const uint32_t copy_in = alloc(pos, add_buffer("ag_copy_in." + grp, Tier::gpu, Category::buffers,
-                                                   shard_bytes(grp)));
-    ag_out_[grp] = alloc(pos, add_buffer("ag_out." + grp, Tier::gpu, Category::buffers,
-                                         gathered_bytes(grp)));
-    free(pos, copy_in);
+  void fsdp_issue(int32_t pos, const std::string& u) {
+    if (unsharded_.contains(u) || ag_out_.contains(u)) return;
+    const FsdpUnit& fu = fsdp_unit(u);
+    const uint64_t wb = fsdp_weight_bytes();
+    auto temp = [&](const char* name, uint64_t elems, uint64_t b) {
+      return alloc(pos, add_buffer(name + u, Tier::gpu, Category::buffers,
+                                   fsdp_bytes(elems, b, "all-gather input")));
+    };
+    const uint64_t gathered = fsdp_gathered_bytes(u);
+    if (fsdp1()) {
+      std::vector<uint32_t> inputs;
+      if (fsdp_mixed()) inputs.push_back(temp("mp_shard.", fu.shard, p_bytes_));
+      if (fsdp_offload()) {
+        const uint32_t h2d = temp("h2d_shard.", fu.shard, wb);
+        if (fsdp_mixed()) free(pos, h2d);  // copied into _mp_shard
+        else inputs.push_back(h2d);
+      }
+      unsharded_[u] = alloc(pos, add_buffer("unsharded." + u, Tier::gpu, Category::buffers, gathered));
+      for (uint32_t b : inputs) free(pos, b);
+      return;
+    }
+    std::vector<uint32_t> inputs;
+    if (fsdp_offload()) {
+      if (fsdp_mixed()) {
+        const uint32_t one = temp("h2d_shard.", fu.largest, wb);  // one parameter's at a time
+        inputs.push_back(temp("ag_copy_in.", fu.shard, p_bytes_));
+        free(pos, one);
+      } else {
+        inputs.push_back(temp("h2d_shard.", fu.shard, wb));
+      }
+    } else if (fsdp_mixed()) {
+      inputs.push_back(temp("ag_copy_in.", fu.shard, p_bytes_));
+    }
+    ag_out_[u] = alloc(pos, add_buffer("ag_out." + u, Tier::gpu, Category::buffers, gathered));
+    for (uint32_t b : inputs) free(pos, b);
   }
   void fsdp_start_run(int32_t pos, int32_t r) {
     const std::size_t ru = static_cast<std::size_t>(r);
-    const std::string& grp = run_group_[ru];
+    const std::string u = fsdp_unit_of(run_group_[ru], s_);
     const bool bwd = run_bwd_[ru];
     if (bwd && fwd_ag_kept_ != UINT32_MAX) {  // the end of the root's forward frees it
       free(pos, fwd_ag_kept_);
       fwd_ag_kept_ = UINT32_MAX;
     }
-    if (!unsharded_.contains(grp)) {
-      fsdp_issue(pos, grp);
-      unsharded_[grp] = alloc(pos, add_buffer("unsharded." + grp, Tier::gpu, Category::buffers,
-                                              gathered_bytes(grp)));
-      const uint32_t flat = ag_out_.at(grp);
-      ag_out_.erase(grp);
-      if (bwd) {
-        free(pos, flat);
-      } else {
-        if (fwd_ag_kept_ != UINT32_MAX) free(pos, fwd_ag_kept_);
-        fwd_ag_kept_ = flat;
+    if (!unsharded_.contains(u)) {
+      fsdp_issue(pos, u);
+      if (!fsdp1()) {
+        unsharded_[u] = alloc(pos, add_buffer("unsharded." + u, Tier::gpu, Category::buffers,
+                                              fsdp_gathered_bytes(u)));
+        const uint32_t flat = ag_out_.at(u);
+        ag_out_.erase(u);
+        if (bwd) {
+          free(pos, flat);
+        } else {
+          if (fwd_ag_kept_ != UINT32_MAX) free(pos, fwd_ag_kept_);
+          fwd_ag_kept_ = flat;
+        }
       }
     }
-    if (ru + 1 < run_group_.size()) fsdp_issue(pos, run_group_[ru + 1]);
+    if (ru + 1 < run_group_.size() && (!fsdp1() || bwd))
+      fsdp_issue(pos, fsdp_unit_of(run_group_[ru + 1], s_));
   }
   void fsdp_end_run(int32_t pos, int32_t r) {
     const std::size_t ru = static_cast<std::size_t>(r);
-    const std::string& grp = run_group_[ru];
+    const std::string u = fsdp_unit_of(run_group_[ru], s_);
     const bool bwd = run_bwd_[ru];
-    if (bwd || fsdp_reshards_after_forward(grp)) {
-      free(pos, unsharded_.at(grp));
-      unsharded_.erase(grp);
+    if (fsdp1()) {  // a unit (the root) may span several runs: its last one decides
+      if (bwd ? r != last_bwd_run_.at(u) : (r != last_fwd_run_.at(u) || !fsdp_reshards_after_forward(u)))
+        return;
+    } else if (!bwd && !fsdp_reshards_after_forward(u)) {
+      return;
     }
-    if (bwd) fsdp_reduce_scatter(pos, grp);
+    free(pos, unsharded_.at(u));
+    unsharded_.erase(u);
+    if (bwd) fsdp_reduce_scatter(pos, u);
   }
   // Reduce-scatter a unit's gradients once its backward is done (at the end of backward for
   // gradients written by ops that read no weight, such as the embedding's).
-  void fsdp_reduce_scatter(int32_t pos, const std::string& grp) {
+  void fsdp_reduce_scatter(int32_t pos, const std::string& u) {
     std::vector<TensorId> mine;
     std::erase_if(pending_, [&](TensorId gt) {
-      if (g_.tensor(gt).group != grp) return false;
+      if (fsdp_unit_of(g_.tensor(gt).group, s_) != u) return false;
       mine.push_back(gt);
       return true;
     });
     if (mine.empty()) return;
-    const uint64_t gathered_elems = gathered_bytes(grp) / p_bytes_;
-    const uint64_t shard_elems = shard_bytes(grp) / p_bytes_;
-    const uint64_t rb = fsdp_reduce_bytes();
-    const uint32_t in = alloc(pos, add_buffer("rs_input." + grp, Tier::gpu, Category::buffers,
-                                              checked_mul(gathered_elems, rb, "reduce-scatter input")));
+    const FsdpUnit& fu = fsdp_unit(u);
+    const uint64_t w = fsdp_w(), rb = fsdp_reduce_bytes(), wb = fsdp_weight_bytes();
+    auto buffer = [&](const char* name, uint64_t elems, uint64_t b) {
+      return alloc(pos, add_buffer(name + u, Tier::gpu, Category::buffers,
+                                   fsdp_bytes(elems, b, "reduce-scatter buffer")));
+    };
+    // The sharded gradient is the persistent state (model_states) unless it is cast from the
+    // reduce dtype or goes to the host: then the reduce-scatter output is a buffer of its own.
+    const bool own_output = rb != wb || fsdp_offload();
+    if (fsdp1()) {
+      std::vector<uint32_t> held;
+      held.push_back(buffer("flat_grad.", fu.flat, p_bytes_));
+      for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
+      if (rb != p_bytes_) {
+        const uint32_t cast = buffer("flat_grad_reduce_dtype.", fu.flat, rb);
+        free(pos, held.back());
+        held.back() = cast;
+      }
+      const uint64_t padded = checked_mul(fu.shard, w, "padded gradient");
+      if (fu.flat != padded) held.push_back(buffer("rs_input.", padded, rb));
+      if (own_output) {
+        held.push_back(buffer("rs_output.", fu.shard, rb));
+        if (fsdp_offload() && rb != wb) free(pos, buffer("grad_to_host.", fu.shard, wb));
+      }
+      for (uint32_t b : held) free(pos, b);
+      return;
+    }
+    const uint32_t in = buffer("rs_input.", checked_mul(fu.shard, w, "reduce-scatter input"), rb);
     for (TensorId gt : mine) free(pos, grad_buffer_[static_cast<std::size_t>(gt)]);
-    const bool pure = weights_in_compute_dtype(s_);
-    const uint64_t sharded_grad_bytes = pure ? p_bytes_ : 4;
-    if (rb != sharded_grad_bytes) {
-      const uint32_t out = alloc(pos, add_buffer("rs_output." + grp, Tier::gpu, Category::buffers,
-                                                 checked_mul(shard_elems, rb, "reduce-scatter output")));
-      free(pos, out);
+    if (own_output) {
+      const uint32_t out = buffer("rs_output.", fu.shard, rb);
+      if (fsdp_offload() && rb != wb) free(pos, buffer("grad_to_host.", fu.shard, wb));
+      if (fsdp_replicas(s_) > 1) all_reduce_held_.push_back(out);
+      else free(pos, out);
     }
     if (rs_input_ != UINT32_MAX) free(pos, rs_input_);
     rs_input_ = in;
@@ -1481,14 +1671,19 @@ class ScheduleBuilder {
   // fsdp-and-optimizers-memory.md sec. 4); the fused kernel (torchtitan's default) none.
   // The for-loop implementations (Strategy::optimizer_impl) instead take one tensor at a
   // time: their temporaries are sized by the largest tensor the optimizer is handed (under
-  // fsdp its dim-0 shard), twice for torch's (the sqrt and its quotient), once for
-  // transformers' AdamW (sqrt, then add_ in place).
+  // fsdp its shard: FSDP2 a parameter's, FSDP1 a unit's), twice for torch's (the sqrt and its
+  // quotient), once for transformers' AdamW (sqrt, then add_ in place).
   uint64_t largest_tensor_elems() const {
     uint64_t most = 0;
+    // FSDP: the largest tensor its optimizer is handed, FSDP2's largest dim-0 shard or FSDP1's
+    // largest flat shard (fsdp_units).
+    if (fsdp()) {
+      for (const auto& [name, u] : fsdp_units_) most = std::max(most, u.largest);
+      return most;
+    }
     for (const models::ParamTensor& p : models::count_params(g_.model).tensors) {
       std::vector<int64_t> shape = rank_shape(p, g_.options);
       if (shape.empty()) continue;
-      if (fsdp()) shape[0] = (shape[0] + static_cast<int64_t>(dp_) - 1) / static_cast<int64_t>(dp_);
       uint64_t n = 1;
       for (int64_t d : shape) n = checked_mul(n, static_cast<uint64_t>(d), "tensor elements");
       most = std::max(most, n);
@@ -1499,15 +1694,23 @@ class ScheduleBuilder {
     if (torch_native()) {
       const bool adam = s_.optimizer == OptimizerKind::adam || s_.optimizer == OptimizerKind::adamw;
       const bool pure = weights_in_compute_dtype(s_);
+      // FSDP's CPU offload: the sharded parameters are on the host, so is the step and its
+      // temporaries; torch.optim defaults to its for-loop there (foreach is for CUDA tensors,
+      // optimizer.py _default_to_fused_or_foreach).
+      const bool host = fsdp() && fsdp_offload();
+      const Tier tier = host ? Tier::cpu : Tier::gpu;
+      const OptimizerImpl impl = host && s_.optimizer_impl == OptimizerImpl::foreach
+                                     ? OptimizerImpl::for_loop
+                                     : s_.optimizer_impl;
       if (s_.optimizer == OptimizerKind::adafactor) {
         // transformers' Adafactor (optimization.py Adafactor.step) updates one tensor at a
         // time through full-size fp32 temporaries, two alive at once three times: grad**2
         // and + eps; the old update while _approx_sq_grad's product is made; update and
         // -update at the end. Twice the largest tensor.
         const uint64_t n = largest_tensor_elems();
-        const uint32_t a = add_buffer("adafactor_update", Tier::gpu, Category::workspace,
+        const uint32_t a = add_buffer("adafactor_update", tier, Category::workspace,
                                       checked_mul(4, n, "Adafactor temporary"));
-        const uint32_t b = add_buffer("adafactor_update2", Tier::gpu, Category::workspace,
+        const uint32_t b = add_buffer("adafactor_update2", tier, Category::workspace,
                                       checked_mul(4, n, "Adafactor temporary"));
         alloc(pos, a);
         alloc(pos, b);
@@ -1515,23 +1718,23 @@ class ScheduleBuilder {
         free(pos, b);
         return;
       }
-      if (s_.fused_optimizer || s_.optimizer_impl == OptimizerImpl::fused || !adam) return;
+      if (s_.fused_optimizer || impl == OptimizerImpl::fused || !adam) return;
       const uint64_t held = s_.stage >= 3 ? out_.partition_elems : out_.n_params;
       const uint64_t w = pure ? p_bytes_ : 4;
       std::vector<uint32_t> temps;
-      switch (s_.optimizer_impl) {
+      switch (impl) {
         case OptimizerImpl::foreach:
-          temps.push_back(add_buffer("foreach_sqrt", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("foreach_sqrt", tier, Category::workspace,
                                      checked_mul(w, held, "foreach temporary")));
           break;
         case OptimizerImpl::for_loop:
-          temps.push_back(add_buffer("adam_sqrt", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_sqrt", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
-          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_denom", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
           break;
         case OptimizerImpl::transformers:
-          temps.push_back(add_buffer("adam_denom", Tier::gpu, Category::workspace,
+          temps.push_back(add_buffer("adam_denom", tier, Category::workspace,
                                      checked_mul(w, largest_tensor_elems(), "Adam temporary")));
           break;
         case OptimizerImpl::fused: break;

@@ -188,7 +188,8 @@ class Schedule {
 
 }  // namespace
 
-Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
+Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
+                  Profile profile) {
   if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
   Timeline tl;
   tl.n_layer = c.n_layer;
@@ -203,10 +204,21 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const double cpu_rate = hw.cpu_adam_gparams * 1e9 / static_cast<double>(per_node);
   const double nvme_r = hw.nvme_read_gbps * 1e9 / static_cast<double>(per_node);
   const double nvme_w = hw.nvme_write_gbps * 1e9 / static_cast<double>(per_node);
-  const double dp_bus = bus_gbps(hw, dp, cl);
-  // Expert parameters: the expert-data-parallel group of dp/ep ranks (DeepSpeed-MoE).
-  const int64_t edp = expert_dp(s);
-  const double edp_bus = bus_gbps(hw, edp, cl);
+  // PyTorch FSDP (simulate.hpp): units sharded over the shard group, replicated (hybrid)
+  // over the rest; a shard group within a node talks over NVLink.
+  const bool fsdp = profile == Profile::fsdp && s.stage == 3;
+  const int64_t shard_ranks = fsdp ? fsdp_shard_world(s) : dp;
+  const int64_t replicas = fsdp ? fsdp_replicas(s) : 1;
+  const double dp_bus = replicas > 1 && shard_ranks <= hw.gpus_per_node ? hw.nvlink_gbps
+                                                                       : bus_gbps(hw, dp, cl);
+  const double replica_gbps =
+      cl.nodes <= 1 ? hw.nvlink_gbps
+                    : std::min(hw.nvlink_gbps,
+                               hw.internode_gbps / static_cast<double>(std::max<int64_t>(1, hw.gpus_per_node)));
+  // Expert parameters: the expert-data-parallel group of dp/ep ranks (DeepSpeed-MoE); FSDP
+  // shards them with the rest.
+  const int64_t edp = fsdp ? shard_ranks : expert_dp(s);
+  const double edp_bus = fsdp ? dp_bus : bus_gbps(hw, edp, cl);
   const double a2a_gbps = alltoall_gbps(hw, s.ep, mp, cl);
   auto expert_of = [&](std::size_t i) {
     return c.group_expert_params.empty() ? uint64_t{0} : c.group_expert_params[i];
@@ -218,9 +230,16 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   // A collective over the group's parameters: the dense ones over dp, the experts' over dp/ep.
   auto split_seconds = [&](double (*coll)(double, int64_t, double), double dense_bytes,
                            double expert_bytes) {
-    return coll(dense_bytes, dp, dp_bus) + (expert_bytes > 0 ? coll(expert_bytes, edp, edp_bus) : 0.0);
+    return coll(dense_bytes, shard_ranks, dp_bus) +
+           (expert_bytes > 0 ? coll(expert_bytes, edp, edp_bus) : 0.0);
   };
   const double pbytes = s.precision == Precision::fp32 ? 4.0 : 2.0;
+  // FSDP: the sharded weights' bytes (fp32 under mixed precision: what crosses PCIe when
+  // offloaded) and the reduce dtype's (what the reduce-scatter moves).
+  const double wbytes = weights_in_compute_dtype(s) ? pbytes : 4.0;
+  const double rbytes = !fsdp ? pbytes
+                        : s.precision == Precision::fp32 ? 4.0
+                        : s.reduce_precision == Precision::bf16 ? 2.0 : 4.0;
   const std::size_t n = c.group_params.size();
   const int n_groups = static_cast<int>(n);
   // Megatron: two all-reduces of a (B, T, C) activation per block and pass, on the stream.
@@ -238,7 +257,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const int depth = static_cast<int>(std::min<uint64_t>(s.buffers.prefetch_bucket_size / largest, 64));
   // Optimizer: elements each rank updates, bytes of fp32 states per element.
   const uint64_t n_dense = c.n_params - c.n_expert_params;
-  const uint64_t part = s.stage >= 1 ? (n_dense + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp) +
+  const uint64_t part = s.stage >= 1 ? (n_dense + static_cast<uint64_t>(shard_ranks) - 1) / static_cast<uint64_t>(shard_ranks) +
                                            (c.n_expert_params + static_cast<uint64_t>(edp) - 1) /
                                                static_cast<uint64_t>(edp)
                                      : c.n_params;
@@ -249,7 +268,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
   const double state_bytes =
       static_cast<double>(bpp.optimizer) + (s.master_precision == Precision::bf16 ? 2.0 : 4.0);
-  const bool offload_opt = s.offload_optimizer != Offload::none;
+  // FSDP's CPU offload steps on the host as ZeRO-Offload does, without copying back.
+  const bool fsdp_offload = fsdp && s.offload_param == Offload::cpu;
+  const bool offload_opt = s.offload_optimizer != Offload::none || fsdp_offload;
   const bool offload_p = s.stage == 3 && s.offload_param != Offload::none;
 
   const int n_steps = s.dpu ? 3 : 2;
@@ -285,7 +306,8 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
     if (s.stage != 3) return -1;
     const double x = static_cast<double>(expert_of(i)) * pbytes;
     const double dense = static_cast<double>(c.group_params[i]) * pbytes - x;
-    const double part_bytes = dense / static_cast<double>(dp) + x / static_cast<double>(edp);
+    const double part_bytes = (dense / static_cast<double>(shard_ranks) + x / static_cast<double>(edp)) *
+                              (fsdp ? wbytes / pbytes : 1.0);
     int dep = after;
     if (offload_p) {
       const int q = static_cast<int>(staged.size());
@@ -300,7 +322,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       staged.push_back(dep);
     }
     // The first micro-step's gathers move the parameters of the update they wait for (ready).
-    if (dp > 1)
+    if (shard_ranks > 1)
       dep = sch.add("all-gather", static_cast<int>(i), Resource::net,
                     split_seconds(allgather_seconds, dense, x), {dep}, ready);
     return dep;
@@ -376,22 +398,26 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         last_gpu = t;
         bucket += c.group_params[i];
         bucket_expert += expert_of(i);
-        if (bucket < s.buffers.reduce_bucket_size && i != 0) continue;
+        // FSDP reduces each unit on its own after its backward.
+        if (!fsdp && bucket < s.buffers.reduce_bucket_size && i != 0) continue;
         int done = t;
-        if (dp > 1 && (s.stage >= 2 || last_micro)) {
+        // The rank's share of the bucket, in elements.
+        const double shard = static_cast<double>(bucket - bucket_expert) / static_cast<double>(shard_ranks) +
+                             static_cast<double>(bucket_expert) / static_cast<double>(edp);
+        if (shard_ranks > 1 && (s.stage >= 2 || last_micro)) {
           // Expert gradients are reduced over their dp/ep expert-data-parallel ranks.
-          const double xb = static_cast<double>(bucket_expert) * pbytes;
-          const double db = static_cast<double>(bucket) * pbytes - xb;
+          const double xb = static_cast<double>(bucket_expert) * rbytes;
+          const double db = static_cast<double>(bucket) * rbytes - xb;
           done = s.stage == 0 ? sch.add("all-reduce", n_bucket, Resource::net,
                                         split_seconds(allreduce_seconds, db, xb), {t})
                               : sch.add("reduce-scatter", n_bucket, Resource::net,
                                         split_seconds(reduce_scatter_seconds, db, xb), {t});
         }
-        if (offload_opt)  // the rank's share of the bucket goes to the host in 16 bits
-          done = sch.add("d2h grads", n_bucket, Resource::d2h,
-                         (static_cast<double>(bucket - bucket_expert) / static_cast<double>(dp) +
-                          static_cast<double>(bucket_expert) / static_cast<double>(edp)) *
-                             pbytes / d2h,
+        if (replicas > 1 && (s.stage >= 2 || last_micro))  // hybrid: the shard over the replicas
+          done = sch.add("all-reduce", n_bucket, Resource::net,
+                         allreduce_seconds(shard * rbytes, replicas, replica_gbps), {done});
+        if (offload_opt)  // the rank's share goes to the host: 16 bits, FSDP's in its weights' dtype
+          done = sch.add("d2h grads", n_bucket, Resource::d2h, shard * (fsdp ? wbytes : pbytes) / d2h,
                          {done});
         grads_done.push_back(done);
         reduced = done;

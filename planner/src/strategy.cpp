@@ -217,6 +217,14 @@ void validate(const Strategy& s) {
   if (s.hpz_partition_size < 1 || s.dp % s.hpz_partition_size != 0)
     throw Error(fmt::format("--hpz-partition-size {}: must divide --dp {}", s.hpz_partition_size, s.dp),
                 "ZeRO++'s secondary partition spans the GPUs of a node, e.g. 8");
+  if (s.fsdp_version != 1 && s.fsdp_version != 2)
+    throw Error(fmt::format("--fsdp-version: must be 1 or 2, got {}", s.fsdp_version),
+                "1: FullyShardedDataParallel (FlatParameter), 2: fully_shard (per-parameter)");
+  if (s.fsdp_shard_size < kFsdpShardNode ||
+      (s.fsdp_shard_size > 0 && s.dp % s.fsdp_shard_size != 0))
+    throw Error(fmt::format("--fsdp-shard-size {}: must divide --dp {}", s.fsdp_shard_size, s.dp),
+                "hybrid sharding shards over groups of that many ranks (a node's GPUs, e.g. 8) "
+                "and replicates over dp / that many groups");
   if (s.master_precision == Precision::fp16 || s.optimizer_precision == Precision::fp16)
     throw Error("--master-weights and --optimizer-states take fp32 or bf16",
                 "fp16 master weights or moments lose too much range; train in bf16 to keep 16-bit states");
@@ -607,6 +615,11 @@ json to_json(const Strategy& s) {
           {"reduce_precision", to_string(s.reduce_precision)},
           {"fused_optimizer", s.fused_optimizer},
           {"optimizer_impl", to_string(s.optimizer_impl)},
+          {"fsdp_version", s.fsdp_version},
+          {"fsdp_use_orig_params", s.fsdp_use_orig_params},
+          // 0: all dp ranks; "node": a node's GPUs, settled by the hardware
+          {"fsdp_shard_size", s.fsdp_shard_size == kFsdpShardNode ? json("node")
+                                                                  : json(s.fsdp_shard_size)},
           // null: DeepSpeed's default for the stage (overlaps_comm)
           {"overlap_comm", s.overlap_comm ? json(*s.overlap_comm) : json(nullptr)},
           {"contiguous_gradients", s.contiguous_gradients},
@@ -649,7 +662,8 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
                   "optimizer_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "quantized_weights",
-                  "deepspeed_version", "torch_version"},
+                  "deepspeed_version", "torch_version", "fsdp_version", "fsdp_use_orig_params",
+                  "fsdp_shard_size"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -691,6 +705,12 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.optimizer_impl = enum_field("optimizer_impl", optimizer_impl_from_string, s.optimizer_impl,
                                 "\"foreach\", \"fused\", \"for-loop\" or \"transformers\"");
   if (s.optimizer_impl == OptimizerImpl::fused) s.fused_optimizer = true;
+  s.fsdp_version = static_cast<int>(f.positive_int("fsdp_version", 2));
+  s.fsdp_use_orig_params = f.boolean("fsdp_use_orig_params", false);
+  if (f.has("fsdp_shard_size") && j.at("fsdp_shard_size") == "node")
+    s.fsdp_shard_size = kFsdpShardNode;
+  else
+    s.fsdp_shard_size = f.nonneg_int("fsdp_shard_size", 0);
   if (f.has("moe_capacity_factor")) {
     const json& v = j.at("moe_capacity_factor");
     if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
@@ -781,6 +801,10 @@ std::string describe(const Strategy& s) {
   if (s.offload_param != Offload::none)
     out += fmt::format(", offload params={}", to_string(s.offload_param));
   if (s.dpu) out += ", dpu";
+  if (s.fsdp_version == 1) out += s.fsdp_use_orig_params ? ", FSDP1 use_orig_params" : ", FSDP1";
+  if (s.fsdp_shard_size == kFsdpShardNode) out += ", hybrid shard over a node";
+  else if (s.fsdp_shard_size > 0 && s.fsdp_shard_size < s.dp)
+    out += fmt::format(", hybrid shard {} x {}", s.fsdp_shard_size, s.dp / s.fsdp_shard_size);
   if (s.master_precision != Precision::fp32) out += fmt::format(", {} master", to_string(s.master_precision));
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));

@@ -206,6 +206,54 @@ TEST_CASE("fsdp: --fsdp-config reads accelerate's YAML and implies --profile fsd
                   "--profile fsdp: --stage 2");
 }
 
+TEST_CASE("fsdp: hybrid sharding, CPU offload and FSDP1 from flags and accelerate's config") {
+  // Hybrid sharding over 8 of 16 ranks: the states of FULL_SHARD over 8.
+  auto estimate_json = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                               "--seq", "512", "--format", "json"});
+    const Result r = zero_plan(args);
+    REQUIRE(r.rc == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  const auto hybrid = estimate_json({"--dp", "16", "--fsdp-shard-size", "8"});
+  CHECK(hybrid["strategy"]["fsdp_shard_size"] == 8);
+  const auto full8 = estimate_json({"--dp", "8"});
+  CHECK(hybrid["per_device"]["gpu"]["breakdown"]["master"] == full8["per_device"]["gpu"]["breakdown"]["master"]);
+  // "node": the hardware's GPUs per node.
+  const auto node = estimate_json({"--dp", "16", "--fsdp-shard-size", "node", "--hardware", "h100-80g"});
+  CHECK(node["strategy"]["fsdp_shard_size"] == 8);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3", "--dp",
+                             "16", "--fsdp-shard-size", "node"}),
+                  "--fsdp-shard-size node: hybrid sharding over a node needs the node's GPUs");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3", "--dp",
+                             "16", "--fsdp-shard-size", "3"}),
+                  "--fsdp-shard-size 3: must divide --dp 16");
+  // CPU offload: the states on the host, none on the GPU.
+  const auto off = estimate_json({"--dp", "8", "--offload-param", "cpu"});
+  CHECK(off["per_device"]["gpu"]["breakdown"]["master"] == 0);
+  CHECK(off["per_device"]["cpu"]["breakdown"]["master"] == 4 * off["partition_elems"].get<uint64_t>());
+  CHECK(off["partition_elems"] == full8["partition_elems"]);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                             "--offload-optimizer", "cpu"}),
+                  "--profile fsdp --offload-optimizer cpu: FSDP has no optimizer-only offload");
+  // FSDP1.
+  const auto v1 = estimate_json({"--dp", "8", "--fsdp-version", "1", "--fsdp-use-orig-params"});
+  CHECK(v1["strategy"]["fsdp_version"] == 1);
+  CHECK(v1["strategy"]["fsdp_use_orig_params"] == true);
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "fsdp", "--stage", "3",
+                             "--fsdp-version", "3"}),
+                  "--fsdp-version: must be 1 or 2, got '3'");
+  // accelerate's HYBRID_SHARD through fit on two nodes: the rows say so.
+  zp::test::TempDir dir;
+  const std::string cfg = dir.write("hsdp.yaml",
+                                    "distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 16\n"
+                                    "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n");
+  const Result fit = zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "16",
+                                "--fsdp-config", cfg, "--seq", "512", "--micro-batch", "1"});
+  REQUIRE(fit.rc == 0);
+  CHECK(fit.out.find("HYBRID_SHARD 2x8 FSDP1") != std::string::npos);
+}
+
 TEST_CASE("ds-config with flags overriding it") {
   zp::test::TempDir dir;
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},

@@ -305,6 +305,36 @@ TEST_CASE("fit: cached memory equals estimate() exactly under the fsdp profile")
           }
 }
 
+TEST_CASE("fit: cached memory tells apart FSDP's version, alignment, hybrid sharding and offload") {
+  const auto m = zp::models::load_model("gpt2");
+  PlanOptions o;
+  o.profile = Profile::fsdp;
+  FitEvaluator ev(m, o);
+  for (int version : {1, 2})
+    for (bool orig : {false, true})
+      for (int64_t shard : {0, 2})
+        for (Offload off : {Offload::none, Offload::cpu})
+          for (Precision reduce : {Precision::fp32, Precision::bf16}) {
+            if (version == 2 && orig) continue;
+            Strategy s;
+            s.stage = 3;
+            s.dp = 8;
+            s.micro_batch = 2;
+            s.fsdp_version = version;
+            s.fsdp_use_orig_params = orig;
+            s.fsdp_shard_size = shard;
+            s.offload_param = off;
+            s.reduce_precision = reduce;
+            s = resolve_for_model(s, m);
+            CAPTURE(version);
+            CAPTURE(orig);
+            CAPTURE(shard);
+            CAPTURE(static_cast<int>(off));
+            CAPTURE(static_cast<int>(reduce));
+            CHECK(ev.memory(s) == estimate(m, s, nullptr, o).per_device);
+          }
+}
+
 TEST_CASE("fit: cached memory equals estimate() exactly under the pytorch profile") {
   const auto m = zp::models::load_model("gpt2");
   PlanOptions o;

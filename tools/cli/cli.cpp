@@ -154,6 +154,20 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "(foreach=False, torch 1.x's default: twice the largest tensor), transformers "
                  "(the Trainer's adamw_hf before v4.39: the largest tensor) [foreach]")
       ->group(fs);
+  app.add_option("--fsdp-version", f.fsdp_version,
+                 "2: fully_shard, each parameter sharded along dim 0 (torchtitan, torchtune); 1: "
+                 "FullyShardedDataParallel, one flat parameter per wrapped unit padded to a "
+                 "multiple of the shard group (accelerate's default fsdp_version) [2]")
+      ->group(fs);
+  app.add_flag("--fsdp-use-orig-params", f.fsdp_use_orig_params,
+               "FSDP1's use_orig_params: each parameter 16-byte aligned in the flat parameter "
+               "(accelerate's launcher sets it) [off, PyTorch's default]")
+      ->group(fs);
+  app.add_option("--fsdp-shard-size", f.fsdp_shard_size,
+                 "hybrid sharding (FSDP1's HYBRID_SHARD, FSDP2's HSDP on a 2-D mesh): shard over "
+                 "groups of N ranks, replicate over dp/N groups whose gradients are all-reduced; "
+                 "N divides --dp, or `node` for a node's GPUs (--hardware) [all dp ranks]")
+      ->group(fs);
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
@@ -358,6 +372,16 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
         "foreach, fused, for-loop or transformers");
     if (s.optimizer_impl == planner::OptimizerImpl::fused) s.fused_optimizer = true;
   }
+  if (given("--fsdp-version")) {
+    if (fsdp_version != "1" && fsdp_version != "2")
+      throw Error(fmt::format("--fsdp-version: must be 1 or 2, got '{}'", fsdp_version),
+                  "1: FullyShardedDataParallel (FlatParameter), 2: fully_shard (per-parameter)");
+    s.fsdp_version = fsdp_version[0] - '0';
+  }
+  if (fsdp_use_orig_params) s.fsdp_use_orig_params = true;
+  if (given("--fsdp-shard-size"))
+    s.fsdp_shard_size = fsdp_shard_size == "node" ? planner::kFsdpShardNode
+                                                  : parse_int("--fsdp-shard-size", fsdp_shard_size);
   if (partition_activations) s.partition_activations = true;
   if (cpu_checkpointing) s.cpu_checkpointing = true;
   if (contiguous_memory_optimization) s.contiguous_memory_optimization = true;

@@ -25,8 +25,9 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config, fsdp_config;
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
-  std::string master_weights, optimizer_states, reduce_dtype, optimizer_impl;
-  bool reshard_after_forward = true, fused_optimizer = false;
+  std::string master_weights, optimizer_states, reduce_dtype, optimizer_impl, fsdp_version,
+      fsdp_shard_size;
+  bool reshard_after_forward = true, fused_optimizer = false, fsdp_use_orig_params = false;
   std::string reduce_bucket_size, allgather_bucket_size, prefetch_bucket_size, max_live_parameters;
   std::string optimizer_swap_chunk_size, optimizer_swap_buffer_count, offload_tile_size;
   std::string param_swap_buffer_count, param_swap_buffer_size, param_swap_prefetch_depth;

@@ -65,10 +65,16 @@ int64_t count_flag(const std::string& text, const char* flag) {
 }
 
 std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
-  // FSDP's names for its sharding: FULL_SHARD reshards after forward, SHARD_GRAD_OP does not.
+  // FSDP's names for its sharding: FULL_SHARD reshards after forward, SHARD_GRAD_OP does not;
+  // their hybrid forms shard over fewer ranks than dp (HSDP under FSDP2).
   const bool fsdp = profile == planner::Profile::fsdp;
-  std::string out = fsdp ? std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP")
-                         : fmt::format("stage {}", s.stage);
+  const bool hybrid = fsdp && planner::fsdp_replicas(s) > 1;
+  std::string out = !fsdp ? fmt::format("stage {}", s.stage)
+                    : hybrid ? fmt::format("{} {}x{}",
+                                           s.reshard_after_forward ? "HYBRID_SHARD" : "_HYBRID_SHARD_ZERO2",
+                                           planner::fsdp_replicas(s), s.fsdp_shard_size)
+                             : std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP");
+  if (fsdp && s.fsdp_version == 1) out += " FSDP1";
   if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
   out += fmt::format(" dp {}", s.dp);
   if (s.ep > 1) out += fmt::format(" ep {}", s.ep);
@@ -162,7 +168,8 @@ int FitCommand::run() const {
   r.base = s;
   if (flags.given("--stage")) r.stages = {s.stage};
   if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
-  if (flags.given("--offload-param") || !flags.ds_config.empty()) r.offload_param = {s.offload_param};
+  if (flags.given("--offload-param") || !flags.ds_config.empty() || !flags.fsdp_config.empty())
+    r.offload_param = {s.offload_param};
   if (flags.given("--micro-batch")) r.micro_batches = {s.micro_batch};
   if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
   // torchtitan, whose runs the fsdp profile predicts, checkpoints per op by default.

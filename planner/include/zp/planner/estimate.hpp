@@ -48,10 +48,18 @@ struct Estimate {
 Strategy resolve_for_model(Strategy s, const models::ModelSpec& m,
                            std::vector<std::string>* assumed = nullptr);
 
+// Settles what depends on the machine: hybrid sharding over "a node" (Strategy::
+// fsdp_shard_size kFsdpShardNode) takes min(the hardware's GPUs per node, dp) ranks. Without
+// hardware the strategy is returned as it is (check_profile refuses an unsettled node).
+Strategy resolve_for_hardware(Strategy s, const Hardware* hw,
+                              std::vector<std::string>* assumed = nullptr);
+
 // What a profile cannot plan, as zp::Error naming the flag: the fsdp profile plans stage 3
-// (FULL_SHARD; SHARD_GRAD_OP with reshard_after_forward false) without offload; the pytorch
-// profile stage 0, in fp32, a 16-bit model, or autocast on fp32 weights (not for the model
-// families whose casts the graph does not follow, when `m` is given).
+// (FULL_SHARD; SHARD_GRAD_OP with reshard_after_forward false; hybrid sharding; CPU offload
+// of the parameters, which takes their gradients and the optimizer step along, never the
+// optimizer alone, never NVMe); FSDP's settings under another profile; the pytorch profile
+// stage 0, in fp32, a 16-bit model, or autocast on fp32 weights (not for the model families
+// whose casts the graph does not follow, when `m` is given).
 void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelSpec* m = nullptr);
 
 // Builds the training graph, the step's memory schedule, and replays it through the

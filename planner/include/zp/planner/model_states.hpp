@@ -81,7 +81,9 @@ uint64_t optimizer_state_bytes(OptimizerKind o, std::span<const int64_t> shape,
 //     optimizer step uses the sharded parameter in the original dtype");
 //   FSDP, pure bf16 (--master-weights bf16: a bf16 model, no policy, torchtune's default) or
 //     fp32 training: the sharded parameters are the compute dtype (category params), with
-//     gradients and moments in the same dtype: 2 + 2 + 4 (bf16) or 4 + 4 + 8 (fp32).
+//     gradients and moments in the same dtype: 2 + 2 + 4 (bf16) or 4 + 4 + 8 (fp32);
+//   FSDP with --offload-param cpu (CPUOffload(offload_params=True), CPUOffloadPolicy): the
+//     same bytes, all on the cpu tier (pinned host memory), none on the gpu.
 enum class StateLayout { zero, fsdp };
 
 // Under PyTorch's own layout (StateLayout::fsdp: the fsdp and pytorch profiles), whether the

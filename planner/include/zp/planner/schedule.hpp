@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -182,6 +183,31 @@ void append_offload_buffers(MemorySchedule& out, int32_t pos, const Strategy& s,
 // in the sharded parameters' dtype under fsdp (torch's zeros_like).
 std::optional<uint64_t> per_tensor_optimizer_bytes(const models::TrainingGraph& g,
                                                    const Strategy& s, const PlanOptions& o);
+
+// PyTorch FSDP (the fsdp profile): one wrapped unit's sizes in elements, on one rank of a
+// shard group of W = fsdp_shard_world(s) ranks. Units are the graph's gather groups (each
+// transformer block, the embedding, the final norm with the head), except that FSDP1 puts the
+// embedding and the head in one root unit (the outer FullyShardedDataParallel's own
+// parameters, as accelerate's transformer-layer auto-wrap leaves them):
+//   FSDP2 (fully_shard, _fsdp_param.py FSDPParam._init_sharded_param): each parameter is
+//     chunked along dim 0 and every rank's chunk padded to chunk 0's, ceil(d0/W) rows of
+//     numel/d0 elements; shard = the sum over the unit's parameters, largest = the largest of
+//     them (a parameter's own shard), flat = W x shard (the all-gather output); a
+//     shard_placement_fn (torchtitan's Shard(1) for experts when W exceeds their count) is
+//     not modelled;
+//   FSDP1 (FlatParamHandle, _flat_param.py): the unit's parameters flattened into one
+//     FlatParameter of flat elements: their sum, and with use_orig_params each parameter
+//     first padded to a multiple of 16 / (compute dtype bytes) elements and the total to a
+//     multiple of W (_init_flat_param_and_metadata, _get_aligned_numel); shard = ceil(flat/W)
+//     (_get_shard pads the last rank's chunk), largest = shard.
+// elems: the unit's parameters, unpadded. The parameters are the inventory's
+// (models::count_params), checked against the graph's groups.
+struct FsdpUnit {
+  uint64_t elems = 0, flat = 0, shard = 0, largest = 0;
+};
+std::map<std::string, FsdpUnit> fsdp_units(const models::TrainingGraph& g, const Strategy& s);
+// The unit a gather group belongs to ("root" for FSDP1's embedding and head).
+std::string fsdp_unit_of(const std::string& group, const Strategy& s);
 
 // Appends the persistent model states (allocated before the first op, position -1) in the
 // order the runtime allocates them: per tier params, grads, master, moments; then the

@@ -21,6 +21,7 @@
 
 #include "zp/models/graph.hpp"
 #include "zp/planner/hardware.hpp"
+#include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
 
 namespace zp::planner {
@@ -127,7 +128,21 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
 //   all-gather the updated parameters;
 // - without DPU the next step's forward waits for the update; with DPU (ZeRO-Offload sec.
 //   5.2) it waits for the update of the step before, so the CPU work overlaps a whole step.
-Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl);
+// PyTorch FSDP (profile fsdp) differs (torch/distributed/fsdp; schedule.cpp's FSDP section):
+// - each group (unit) is gathered from and reduce-scattered over its shard group
+//   (fsdp_shard_world: dp, or the hybrid shard size, whose ranks sit in one node: NVLink), one
+//   unit at a time (no reduce_bucket_size), the gradients in the reduce dtype;
+// - hybrid sharding (fsdp_replicas > 1): each unit's reduced shard is all-reduced over the
+//   replicas (foreach_reduce's all_reduce; FSDP1's _reduce_grad), at each GPU's share of its
+//   node's network (every GPU of the node all-reduces at once) when they span nodes;
+// - CPU offload (--offload-param cpu): a unit's shard crosses PCIe before its all-gather in
+//   the weights' dtype (4 bytes per element under mixed precision), its reduced gradient
+//   shard crosses back after the reduction, and the optimizer steps on the host (cpu
+//   adam, at the hardware's cpu_adam_gparams: DeepSpeed's CPU Adam rate, an optimistic
+//   bound for torch.optim's host step, which is not measured here), nothing to copy back
+//   (the next gathers read the host shards).
+Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
+                  Profile profile = Profile::zeroplan);
 
 // Chrome Trace Event JSON, one track per resource, critical-path tasks marked; opens in Perfetto.
 nlohmann::json trace_json(const Timeline& t);

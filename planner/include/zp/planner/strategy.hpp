@@ -124,6 +124,9 @@ inline constexpr int64_t kDefaultSeq = 4096;
 
 inline constexpr uint64_t kPersistenceAuto = UINT64_MAX;
 
+// Strategy::fsdp_shard_size: a node's GPUs (resolve_for_hardware takes the hardware's).
+inline constexpr int64_t kFsdpShardNode = -1;
+
 struct Strategy {
   int stage = 0;                  // 0 plain data parallel, 1 P_os, 2 P_os+g, 3 P_os+g+p
   int64_t dp = 1;                 // data-parallel degree Nd (ranks holding one replica each)
@@ -246,6 +249,23 @@ struct Strategy {
   bool fused_optimizer = false;
   // Which of PyTorch's Adam implementations runs when not fused (OptimizerImpl).
   OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
+  // PyTorch FSDP (the fsdp profile), which of its two implementations runs:
+  // - 2: fully_shard (torch/distributed/fsdp/_fully_shard, torchtitan's and torchtune's; the
+  //   default): every parameter sharded along dim 0, ceil(d0/W) rows per rank;
+  // - 1: FullyShardedDataParallel (torch/distributed/fsdp/fully_sharded_data_parallel.py,
+  //   accelerate's default fsdp_version): one FlatParameter per wrapped unit, padded to a
+  //   multiple of W and split into W equal shards; with use_orig_params (accelerate's
+  //   launcher default) each parameter also starts 16-byte aligned in it (_flat_param.py
+  //   _get_aligned_numel).
+  int fsdp_version = 2;
+  bool fsdp_use_orig_params = false;  // FSDP1's use_orig_params (PyTorch's default False)
+  // Hybrid sharding (FSDP1's HYBRID_SHARD and _HYBRID_SHARD_ZERO2, FSDP2's fully_shard on a
+  // 2-D (replicate, shard) DeviceMesh, HSDP): parameters, gradients and optimizer states
+  // sharded over groups of fsdp_shard_size ranks, replicated over dp / fsdp_shard_size such
+  // groups, whose sharded gradients are all-reduced. 0: no hybrid (the shard group is all dp
+  // ranks); kFsdpShardNode: a node's GPUs (FSDP1's default groups, _init_utils.py
+  // _init_intra_and_inter_node_groups(device_count())), settled from the hardware.
+  int64_t fsdp_shard_size = 0;
   BufferSizes buffers;
   bool operator==(const Strategy&) const = default;
 };
@@ -274,6 +294,14 @@ void validate(const Strategy& s);
 // The expert-data-parallel degree dp/ep: the ranks over which expert parameters (and their
 // gradients, master weights and optimizer states) are ZeRO-partitioned.
 inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1); }
+
+// PyTorch FSDP's shard group (the fsdp profile): fsdp_shard_size ranks under hybrid sharding,
+// else every data-parallel rank; and the replicas of each shard, dp / that, whose sharded
+// gradients are all-reduced (1 without hybrid sharding).
+inline int64_t fsdp_shard_world(const Strategy& s) {
+  return s.fsdp_shard_size > 0 ? s.fsdp_shard_size : s.dp;
+}
+inline int64_t fsdp_replicas(const Strategy& s) { return s.dp / fsdp_shard_world(s); }
 
 // Fills a strategy from a DeepSpeed config (its JSON object). Fields it reads:
 // zero_optimization.{stage, offload_optimizer.{device, buffer_count},
