@@ -135,6 +135,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   }
   offload_ = plan.strategy.offload_optimizer != planner::Offload::none;
   overlap_ = stage_ >= 2 && planner::overlaps_comm(plan.strategy);
+  collectives_ = dp_ > 1 || opt_.collectives_at_one_rank;
   buckets_in_flight_ = planner::holds_buckets_in_flight(plan.strategy);
   dpu_ = offload_ && plan.strategy.dpu;
   nvme_ = plan.strategy.offload_optimizer == planner::Offload::nvme;
@@ -418,7 +419,7 @@ Engine::Segment Engine::segment(TensorId gt, int owner) const {
 
 // Reduces each owner's segment of the bucket to its owner (one reduce per owner rank).
 void Engine::issue_reduce(TensorId gt, std::vector<CommRequest>& reqs) {
-  if (dp_ == 1) return;
+  if (!collectives_) return;
   void* bucket = buf_[static_cast<std::size_t>(gt)];
   for (int r = 0; r < dp_; ++r) {
     const Segment sg = segment(gt, r);
@@ -788,7 +789,7 @@ Engine::OwnedGrads Engine::owned_grads(const Group& gr) const {
 
 // Stages 1-2: every rank updated its slice of the flat params; share them, in place.
 void Engine::gather_params() {
-  if ((stage_ != 1 && stage_ != 2) || dp_ == 1) return;
+  if ((stage_ != 1 && stage_ != 2) || !collectives_) return;
   std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
   const Group& gr = groups_.front();
   for (int r = 0; r < dp_; ++r) {
@@ -934,7 +935,7 @@ StepStats Engine::optimizer_step() {
   const bool replicated = stage_ == 0;
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
-  if (stage_ <= 1 && dp_ > 1) comm_.all_reduce_sum(grads_, n_params_, pdt_);
+  if (stage_ <= 1 && collectives_) comm_.all_reduce_sum(grads_, n_params_, pdt_);
   // The host reads the offloaded gradients below: the device's queued writes into them (a GPU
   // streams reduced segments into pinned memory) must be done.
   if (offload_) dev_.synchronize();
@@ -959,7 +960,7 @@ StepStats Engine::optimizer_step() {
     finite = finite && ss.finite;
   }
   if (!finite) sq = std::numeric_limits<double>::infinity();
-  if (!replicated && dp_ > 1) sq = comm_.all_reduce_sum(sq);
+  if (!replicated && collectives_) sq = comm_.all_reduce_sum(sq);
   st.grad_norm = std::sqrt(sq) * inv_scale;
   st.loss_scale = loss_scale_;
   auto zero_grads = [&] {
@@ -1046,7 +1047,7 @@ StepStats Engine::step() {
   ++step_;
   st.step = step_;
   const double tokens = static_cast<double>(B_ * T_ * plan_.strategy.grad_accum);
-  st.loss = (dp_ > 1 ? comm_.all_reduce_sum(loss_sum_) : loss_sum_) / (tokens * dp_);
+  st.loss = (collectives_ ? comm_.all_reduce_sum(loss_sum_) : loss_sum_) / (tokens * dp_);
   dev_.synchronize();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

@@ -579,3 +579,89 @@ TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the 
     CHECK(b.identical(dlogits));
   }
 }
+
+TEST_CASE("cuda add_f32 writes a device segment into the pinned host tier, as the cpu backend") {
+  Both b;
+  for (DType t : {DType::fp32, DType::bf16, DType::fp16}) {
+    CAPTURE(static_cast<int>(t));
+    const std::size_t n = 70'001;
+    const std::vector<float> base = b.normal(n);
+    // The destination in the host tier (an offloaded fp32 gradient partition), the source a
+    // device buffer: the GPU's kernel writes host memory over PCIe.
+    auto* hc = static_cast<float*>(b.cpu->arena(Tier::cpu).alloc(n * 4, Category::grads, "c"));
+    auto* hg = static_cast<float*>(b.gpu->arena(Tier::cpu).alloc(n * 4, Category::grads, "g"));
+    std::memcpy(hc, base.data(), n * 4);
+    std::memcpy(hg, base.data(), n * 4);
+    std::vector<uint16_t> h16(n);
+    const std::vector<float> f = b.normal(n);
+    for (std::size_t i = 0; i < n; ++i) store_from_f32(h16.data(), i, t, f[i]);
+    const void* src_c = nullptr;
+    const void* src_g = nullptr;
+    if (t == DType::fp32) {
+      const Pair<float> p = b.put(f);
+      src_c = p.c;
+      src_g = p.g;
+    } else {
+      const Pair<uint16_t> p = b.put(h16);
+      src_c = p.c;
+      src_g = p.g;
+    }
+    b.cpu->add_f32(hc, src_c, t, static_cast<int64_t>(n));
+    b.gpu->add_f32(hg, src_g, t, static_cast<int64_t>(n));
+    b.gpu->synchronize();  // the host reads what the kernel wrote
+    CHECK(std::memcmp(hc, hg, n * 4) == 0);  // one fp32 addition per element on both
+    b.cpu->arena(Tier::cpu).free(hc);
+    b.gpu->arena(Tier::cpu).free(hg);
+  }
+}
+
+TEST_CASE("cuda copy_to_device_async: wait_copy delivers the bytes of the issue, into either tier") {
+  Both b;
+  const std::size_t n = 1 << 20;  // 4 MiB: long enough that a late copy would show
+  std::vector<float> first(n), second(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    first[i] = static_cast<float>(i);
+    second[i] = -1.0f;
+  }
+  auto* tile = static_cast<float*>(b.gpu->arena(Tier::cpu).alloc(n * 4, Category::buffers, "tile"));
+  for (Tier dst_tier : {Tier::gpu, Tier::cpu}) {  // cpu: the parameters of offload_param cpu
+    CAPTURE(zp::planner::to_string(dst_tier));
+    auto* dst = static_cast<float*>(b.gpu->arena(dst_tier).alloc(n * 4, Category::params, "dst"));
+    for (int slot = 0; slot < Device::kCopySlots; ++slot) {
+      CAPTURE(slot);
+      b.gpu->zero(dst, n * 4);
+      std::memcpy(tile, first.data(), n * 4);
+      b.gpu->copy_to_device_async(dst, tile, n * 4, slot);
+      b.gpu->wait_copy(slot);
+      std::memcpy(tile, second.data(), n * 4);  // the tile is free again once waited for
+      std::vector<float> got(n);
+      b.gpu->copy(got.data(), dst, n * 4);
+      CHECK(std::memcmp(got.data(), first.data(), n * 4) == 0);
+    }
+    b.gpu->arena(dst_tier).free(dst);
+  }
+  b.gpu->arena(Tier::cpu).free(tile);
+}
+
+TEST_CASE("cuda sums are deterministic (two passes, no atomics) and equal the double sum") {
+  Both b;
+  const std::size_t n = 3'000'017;  // more blocks than the first pass's 1024
+  const std::vector<float> v = b.normal(n);
+  const Pair<float> p = b.put(v);
+  double want = 0, want_sq = 0, sum_abs = 0;
+  for (float x : v) {
+    want += x;
+    want_sq += static_cast<double>(x) * x;
+    sum_abs += std::fabs(x);
+  }
+  const double s1 = b.gpu->sum(p.g, static_cast<int64_t>(n));
+  const double s2 = b.gpu->sum(p.g, static_cast<int64_t>(n));
+  CHECK(std::memcmp(&s1, &s2, sizeof(double)) == 0);
+  CHECK(std::fabs(s1 - want) <= 1e-12 * sum_abs);  // double sums of 3e6 floats, reordered
+  const GradSumSquares q1 = b.gpu->grad_sum_squares(p.g, DType::fp32, n);
+  const GradSumSquares q2 = b.gpu->grad_sum_squares(p.g, DType::fp32, n);
+  CHECK(std::memcmp(&q1.sum_sq, &q2.sum_sq, sizeof(double)) == 0);
+  CHECK(std::fabs(q1.sum_sq - want_sq) <= 1e-12 * want_sq);
+  CHECK(q1.finite);
+  CHECK(b.gpu->sum(p.g, 0) == 0.0);
+}

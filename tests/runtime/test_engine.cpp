@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -285,4 +286,93 @@ TEST_CASE("engine refuses what it cannot run, naming why") {
     CHECK(e.find("out of gpu memory allocating") != std::string::npos);
     CHECK(e.find("short by") != std::string::npos);
   }
+}
+
+namespace {
+
+// The collectives of `base`, counted by kind (a one-rank job: test_engine runs alone).
+class CountingComm final : public Comm {
+ public:
+  explicit CountingComm(Comm& base) : base_(base) {}
+  int reduces = 0, all_reduces = 0, gathers = 0, gathers_in_place = 0, double_sums = 0;
+  int rank() const override { return base_.rank(); }
+  int size() const override { return base_.size(); }
+  int local_size() const override { return base_.local_size(); }
+  void all_reduce_sum(void* buf, uint64_t n, DType t) override {
+    ++all_reduces;
+    base_.all_reduce_sum(buf, n, t);
+  }
+  CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) override {
+    ++reduces;
+    return base_.ireduce_sum(buf, n, t, root);
+  }
+  CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) override {
+    ++gathers;
+    return base_.iall_gather(send, recv, n, t);
+  }
+  void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) override {
+    ++gathers_in_place;
+    base_.all_gather_in_place(buf, counts, t);
+  }
+  void broadcast(void* buf, uint64_t bytes, int root) override { base_.broadcast(buf, bytes, root); }
+  void gather_u64(const uint64_t* send, uint64_t* recv, int n) override { base_.gather_u64(send, recv, n); }
+  double all_reduce_sum(double v) override {
+    ++double_sums;
+    return base_.all_reduce_sum(v);
+  }
+  void barrier() override { base_.barrier(); }
+  [[noreturn]] void abort(int code) override { base_.abort(code); }
+
+ private:
+  Comm& base_;
+};
+
+}  // namespace
+
+TEST_CASE("collectives_at_one_rank: every collective runs at one rank, the same bits and bytes") {
+  // The test mode that lets a one-GPU machine execute NCCL's calls (test_cuda_engine): on the
+  // cpu backend over MPI, the engine issues the collectives a multi-rank run would, and
+  // nothing changes: weights, losses and memory, op by op, as without.
+  REQUIRE(comm().size() == 1);
+  for (auto prec : {planner::Precision::fp32, planner::Precision::bf16})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(prec));
+      planner::Strategy s = test::tiny_strategy(stage, prec);
+      s.grad_accum = 2;
+      s.buffers.reduce_bucket_size = 20'000;  // several buckets
+      const planner::Plan plan = tiny_plan(s);
+      std::vector<double> losses[2];
+      std::vector<float> weights[2];
+      CountingComm counted[2] = {CountingComm(comm()), CountingComm(comm())};
+      for (int forced : {0, 1}) {
+        auto dev = device_for(plan);
+        EngineOptions opt;
+        opt.collectives_at_one_rank = forced == 1;
+        test::TempDir dir;
+        std::vector<planner::TimelineSample> timeline;
+        {
+          Engine engine(plan, *dev, counted[forced], TokenData::load(""), opt);
+          for (int i = 0; i < 2; ++i) losses[forced].push_back(engine.step().loss);
+          engine.save_weights(dir.file("w.bin"));
+          timeline = engine.timeline();
+        }
+        if (forced == 1) test::check_memory_matches_plan(plan, *dev, timeline);
+        weights[forced] = read_floats(dir.file("w.bin"));
+      }
+      CHECK(losses[1] == losses[0]);
+      REQUIRE(weights[1].size() == weights[0].size());
+      CHECK(std::memcmp(weights[1].data(), weights[0].data(), weights[0].size() * 4) == 0);
+      // Without the mode: no reduction at one rank (stage 3 gathers its groups either way).
+      const CountingComm& off = counted[0];
+      const CountingComm& on = counted[1];
+      CHECK(off.reduces == 0);
+      CHECK(off.all_reduces == 0);
+      CHECK(off.gathers_in_place == 0);
+      CHECK(on.gathers == off.gathers);
+      CHECK((on.reduces > 0) == (stage >= 2));        // the bucket segments
+      CHECK(on.all_reduces == (stage <= 1 ? 2 : 0));  // one per step
+      CHECK(on.gathers_in_place == (stage == 1 || stage == 2 ? 2 : 0));
+      CHECK(on.double_sums > off.double_sums);        // the loss (and the norm from stage 1)
+    }
 }

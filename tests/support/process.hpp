@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -62,10 +63,42 @@ struct TempDir {
   }
 };
 
+// The OMPI_* and PMIX_* variables this process started with (name=value), read before main:
+// MPI_Init in a test process started without mpirun (a singleton) adds its own (OMPI_MCA_ess,
+// PMIX_NAMESPACE, PMIX_SERVER_URI*, ...), and an mpirun that inherits them exits 1 without
+// launching anything (Open MPI 4.1).
+inline bool is_launcher_var(const char* e) {
+  return std::strncmp(e, "OMPI_", 5) == 0 || std::strncmp(e, "PMIX_", 5) == 0;
+}
+inline const std::set<std::string>& startup_launcher_env() {
+  static const std::set<std::string> vars = [] {
+    std::set<std::string> v;
+    for (char** e = environ; *e != nullptr; ++e)
+      if (is_launcher_var(*e)) v.insert(*e);
+    return v;
+  }();
+  return vars;
+}
+inline const bool kLauncherEnvRead = (startup_launcher_env(), true);
+
+// In a child: drops the launcher variables this process did not start with (see above), so
+// a child mpirun or MPI program starts as from a clean shell.
+inline void drop_added_launcher_env() {
+  std::vector<std::string> names;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (is_launcher_var(*e) && !startup_launcher_env().contains(*e)) {
+      const char* eq = std::strchr(*e, '=');
+      names.emplace_back(*e, eq != nullptr ? static_cast<std::size_t>(eq - *e) : std::strlen(*e));
+    }
+  for (const auto& n : names) ::unsetenv(n.c_str());
+}
+
 // Starts argv[0] (a path) with the rest as arguments, stdin /dev/null, stdout and stderr to
-// the given files; returns the child's pid.
+// the given files, and without the launcher variables an MPI_Init in this process added
+// (keep_added_launcher_env: with them, to show why); returns the child's pid.
 inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out,
-                   const std::string& err, const std::vector<std::string>& env = {}) {
+                   const std::string& err, const std::vector<std::string>& env = {},
+                   bool keep_added_launcher_env = false) {
   std::fflush(nullptr);  // or the child's freopen writes our pending output a second time
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -73,6 +106,7 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out,
     std::freopen("/dev/null", "r", stdin);
     std::freopen(out.c_str(), "w", stdout);
     std::freopen(err.c_str(), "w", stderr);
+    if (!keep_added_launcher_env) drop_added_launcher_env();
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -100,10 +134,10 @@ inline int wait_for(pid_t pid, int timeout_s) {
 // Runs argv[0] (a path) with the rest as arguments; stdin is /dev/null. A run that takes
 // longer than timeout_s is killed and reported with rc -1.
 inline Result run(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
-                  int timeout_s = 300) {
+                  int timeout_s = 300, bool keep_added_launcher_env = false) {
   TempDir tmp;
   const std::string out = tmp.file("out"), err = tmp.file("err");
-  const pid_t pid = spawn(argv, out, err, env);
+  const pid_t pid = spawn(argv, out, err, env, keep_added_launcher_env);
   Result r;
   r.rc = wait_for(pid, timeout_s);
   r.out = slurp(out);

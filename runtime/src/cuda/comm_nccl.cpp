@@ -9,7 +9,12 @@
 // gather_u64, barrier, abort, and any buffer in host memory) go over MPI. Not a transport of
 // our own.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +23,7 @@
 #include "device_cuda.hpp"
 #include "nccl_types.hpp"
 #include "zp/error.hpp"
+#include "zp/runtime/async_watch.hpp"
 
 namespace zp::runtime {
 
@@ -35,18 +41,67 @@ void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int l
 
 namespace {
 
+// What failed asynchronously on comm, or "" while it is healthy (ncclInProgress is a
+// non-blocking communicator's normal state, not a failure).
+std::string nccl_async_error(ncclComm_t comm) {
+  ncclResult_t r = ncclSuccess;
+  const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+  if (q != ncclSuccess) r = q;
+  if (r == ncclSuccess || r == ncclInProgress) return {};
+  const char* last = ncclGetLastError(comm);
+  return fmt::format("{}{}{}", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
+// ncclCommAbort ends this rank's NCCL kernels, so the streams behind them drain. Since NCCL
+// 2.16 it can itself block on peers of the node (NVIDIA/nccl#863): it runs on a thread of its
+// own, and after 10 s the rank goes on to report its error anyway (MPI then ends the job).
+void abort_bounded(ncclComm_t comm) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  std::thread([comm, done] {
+    ncclCommAbort(comm);
+    done->set_value();
+  }).detach();
+  f.wait_for(std::chrono::seconds(10));
+}
+
 class NcclComm final : public Comm {
  public:
   NcclComm(CudaDevice& dev, Comm& mpi) : dev_(dev), mpi_(mpi) {
-    ncclUniqueId id{};
-    if (mpi.rank() == 0) ZP_NCCL_CHECK(ncclGetUniqueId(&id));
-    mpi.broadcast(&id, sizeof(id), 0);  // host memory: over MPI
+    // Rank 0's ncclGetUniqueId result travels with the id: when it fails (a wrong
+    // NCCL_SOCKET_IFNAME, say), every rank throws the same error here instead of the others
+    // waiting in the broadcast for an id that never comes.
+    struct {
+      int32_t rc = ncclSuccess;
+      ncclUniqueId id{};
+    } boot;
+    if (mpi.rank() == 0) boot.rc = ncclGetUniqueId(&boot.id);
+    mpi.broadcast(&boot, sizeof(boot), 0);  // host memory: over MPI
+    if (boot.rc != ncclSuccess)
+      throw_nccl_error(static_cast<ncclResult_t>(boot.rc), "ncclGetUniqueId (on rank 0)", __FILE__,
+                       __LINE__);
+    // Every rank has its id before any enters the blocking ncclCommInitRank (with HCOLL, a
+    // broadcast not yet progressed on a peer can otherwise deadlock it; NVIDIA/cuDecomp#24).
+    mpi.barrier();
     ZP_CUDA_CHECK(cudaSetDevice(dev.device_index()));
-    ZP_NCCL_CHECK(ncclCommInitRank(&comm_, mpi.size(), id, mpi.rank()));
+    ZP_NCCL_CHECK(ncclCommInitRank(&comm_, mpi.size(), boot.id, mpi.rank()));
+    watch_ = std::make_unique<AsyncWatch>(
+        mpi.rank(), "NCCL", [c = comm_] { return nccl_async_error(c); },
+        [c = comm_] { abort_bounded(c); });
+    dev_.set_async_watch(watch_.get());
   }
   ~NcclComm() override {
-    cudaStreamSynchronize(dev_.stream(Stream::comm));
-    ncclCommDestroy(comm_);
+    dev_.set_async_watch(nullptr);
+    bool aborted = watch_->failed();
+    if (!aborted) {
+      try {  // the comm stream's last collectives, polled: a dead peer must not hang the exit
+        wait_until([&] { return cudaStreamQuery(dev_.stream(Stream::comm)) != cudaErrorNotReady; },
+                   watch_.get());
+      } catch (const std::exception&) {
+        aborted = true;  // the watch aborted the communicator
+      }
+    }
+    if (!aborted) ncclCommDestroy(comm_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -116,8 +171,9 @@ class NcclComm final : public Comm {
   double all_reduce_sum(double v) override { return mpi_.all_reduce_sum(v); }
   void barrier() override { mpi_.barrier(); }
 
+  // MPI ends every rank, this one's NCCL work with it; no ncclCommAbort first, which can block
+  // on the node's peers (NVIDIA/nccl#863).
   [[noreturn]] void abort(int code) override {
-    ncclCommAbort(comm_);  // unblocks this rank's pending NCCL work; MPI ends the others
     mpi_.abort(code);
     std::_Exit(code);  // not reached: MPI's abort ends the process
   }
@@ -159,6 +215,7 @@ class NcclComm final : public Comm {
   CudaDevice& dev_;
   Comm& mpi_;
   ncclComm_t comm_ = nullptr;
+  std::unique_ptr<AsyncWatch> watch_;
 };
 
 }  // namespace

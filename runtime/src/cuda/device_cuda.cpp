@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -65,6 +66,10 @@ int blas_dim(int64_t n, const char* what) {
 }  // namespace
 
 CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(opt.tf32) {
+  // The host's share of the work (the offloaded CPU Adam, the host-tier paths) uses this rank's
+  // cores only: with 8 ranks on a node, each takes an eighth (zero-run's n_threads), as the cpu
+  // backend does; 0 leaves OpenMP's and OpenBLAS's defaults.
+  if (cfg.n_threads > 0) cpu::set_threads(cfg.n_threads);
   const CudaAvailability avail = cuda_devices();
   if (avail.n_devices == 0) throw Error("no CUDA device visible: " + avail.reason, kNoDeviceHint);
   device_ = opt.device_index >= 0 ? opt.device_index : local_rank_from_env() % avail.n_devices;
@@ -108,6 +113,7 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
     ZP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(Scratch)));
     ZP_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(Scratch)));
     ZP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&readback_), sizeof(Scratch), cudaHostAllocDefault));
+    ZP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), cuda::kSumBlocks * sizeof(double)));
     for (std::size_t i = 0; i < kStreams; ++i) {
       ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
       ZP_CUDA_CHECK(cudaEventCreateWithFlags(&events_[i], cudaEventDisableTiming));
@@ -146,12 +152,39 @@ void CudaDevice::release() noexcept {
     if (s != nullptr) cudaStreamDestroy(std::exchange(s, nullptr));
   if (readback_ != nullptr) cudaFreeHost(readback_);
   if (scratch_ != nullptr) cudaFree(scratch_);
+  if (partials_ != nullptr) cudaFree(std::exchange(partials_, nullptr));
   if (host_base_ != nullptr) cudaFreeHost(host_base_);
   if (gpu_base_ != nullptr) cudaFree(gpu_base_);
   blas_ = nullptr;
   readback_ = scratch_ = nullptr;
   host_base_ = gpu_base_ = nullptr;
   cudaGetLastError();
+}
+
+void CudaDevice::host_wait(cudaStream_t s) {
+  if (watch_ == nullptr) {
+    ZP_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  wait_until([&] {
+    const cudaError_t rc = cudaStreamQuery(s);
+    if (rc == cudaErrorNotReady) return false;
+    ZP_CUDA_CHECK(rc);
+    return true;
+  }, watch_);
+}
+
+void CudaDevice::host_wait(cudaEvent_t e) {
+  if (watch_ == nullptr) {
+    ZP_CUDA_CHECK(cudaEventSynchronize(e));
+    return;
+  }
+  wait_until([&] {
+    const cudaError_t rc = cudaEventQuery(e);
+    if (rc == cudaErrorNotReady) return false;
+    ZP_CUDA_CHECK(rc);
+    return true;
+  }, watch_);
 }
 
 void CudaDevice::order(Stream waiter, Stream signaller) {
@@ -200,7 +233,7 @@ void CudaDevice::copy_across(void* dst, const void* src, uint64_t bytes, Stream 
                              cudaMemcpyKind kind) {
   order(s, Stream::compute);
   ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream(s)));
-  ZP_CUDA_CHECK(cudaStreamSynchronize(stream(s)));
+  host_wait(stream(s));
 }
 
 void CudaDevice::copy(void* dst, const void* src, uint64_t bytes) {
@@ -220,12 +253,15 @@ void CudaDevice::copy(void* dst, const void* src, uint64_t bytes) {
 // compute stream's earlier work, which may still read the destination) and its slot's event
 // recorded behind it; the host returns at once and fills the other tile meanwhile. Pinned
 // source memory (the cpu tier is cudaHostAlloc'd) is what makes cudaMemcpyAsync truly
-// asynchronous with respect to the host.
+// asynchronous with respect to the host. The destination is in the host tier too under
+// offload_param cpu (the parameters live there): cudaMemcpyDefault lets the runtime take the
+// direction from the pointers (unified addressing) instead of claiming HostToDevice for a
+// host-to-host copy, which the API leaves undefined; the ordering is the same either way.
 void CudaDevice::copy_to_device_async(void* dst, const void* src, uint64_t bytes, int slot) {
   check_copy_slot(slot);
   if (bytes == 0) return;
   order(Stream::h2d, Stream::compute);
-  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(Stream::h2d)));
+  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(Stream::h2d)));
   const auto i = static_cast<std::size_t>(slot);
   ZP_CUDA_CHECK(cudaEventRecord(copy_events_[i], stream(Stream::h2d)));
   copy_pending_[i] = true;
@@ -238,14 +274,14 @@ void CudaDevice::wait_copy(int slot) {
   check_copy_slot(slot);
   const auto i = static_cast<std::size_t>(slot);
   if (!copy_pending_[i]) return;
-  ZP_CUDA_CHECK(cudaEventSynchronize(copy_events_[i]));
+  host_wait(copy_events_[i]);
   ZP_CUDA_CHECK(cudaStreamWaitEvent(compute(), copy_events_[i], 0));
   copy_pending_[i] = false;
 }
 
 CudaDevice::Scratch CudaDevice::read_scratch() {
   ZP_CUDA_CHECK(cudaMemcpyAsync(readback_, scratch_, sizeof(Scratch), cudaMemcpyDeviceToHost, compute()));
-  ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  host_wait(compute());
   const Scratch s = *readback_;
   if (s.bad_target != 0) {
     ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->bad_target, 0, sizeof(int64_t), compute()));
@@ -257,14 +293,13 @@ CudaDevice::Scratch CudaDevice::read_scratch() {
 }
 
 void CudaDevice::synchronize() {
-  for (cudaStream_t s : streams_) ZP_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (cudaStream_t s : streams_) host_wait(s);
   copy_pending_.fill(false);  // the h2d stream is drained: every slot's copy is done
   read_scratch();
 }
 
 double CudaDevice::sum(const float* p, int64_t n) {
-  ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->sum, 0, sizeof(double), compute()));
-  cuda::sum_add(compute(), &scratch_->sum, p, n);
+  cuda::sum(compute(), &scratch_->sum, partials_, p, n);
   return read_scratch().sum;
 }
 
@@ -426,7 +461,7 @@ void CudaDevice::add_f32(float* dst, const void* src, DType t, int64_t n) {
     cuda::add_f32(compute(), dst, src, t, n);
     return;
   }
-  ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  host_wait(compute());
   for (int64_t i = 0; i < n; ++i) dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
 }
 
@@ -435,11 +470,10 @@ void CudaDevice::add_f32(float* dst, const void* src, DType t, int64_t n) {
 GradSumSquares CudaDevice::grad_sum_squares(const void* grads, DType t, uint64_t n) {
   if (n == 0) return {};
   if (!on_device(grads)) {  // offloaded gradients in the host tier: the CPU pass
-    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    host_wait(compute());
     return zp::runtime::grad_sum_squares(grads, t, n);
   }
-  ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->sum, 0, sizeof(double), compute()));
-  cuda::sum_squares_add(compute(), &scratch_->sum, grads, t, n);
+  cuda::sum_squares(compute(), &scratch_->sum, partials_, grads, t, n);
   const double s = read_scratch().sum;
   // Every square of a finite value is exact in double and their sum cannot overflow, so the
   // sum is finite exactly when every gradient is (cpu_adam.hpp's argument).
@@ -450,7 +484,7 @@ void CudaDevice::adam_step(const AdamConfig& cfg, const AdamStepArgs& step, cons
   detail::check_adam_args(cfg, step, ts);
   if (ts.n == 0) return;
   if (!on_device(ts.master)) {  // offloaded states in the host tier: the CPU Adam
-    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    host_wait(compute());
     cpu_adam_step(cfg, step, ts);
     return;
   }
@@ -462,7 +496,7 @@ void CudaDevice::sgd_step(float* master, float* momentum_buf, const void* grads,
                           float weight_decay, float grad_scale, uint64_t n) {
   if (n == 0) return;
   if (!on_device(master)) {
-    ZP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    host_wait(compute());
     cpu::sgd_step(master, momentum_buf, grads, grad_dtype, param_out, param_dtype, lr, momentum,
                   weight_decay, grad_scale, static_cast<int64_t>(n));
     return;
@@ -488,7 +522,11 @@ CudaAvailability cuda_devices() {
     const char* plain = rc == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this CUDA runtime: "
                         : rc == cudaErrorNoDevice         ? "no CUDA-capable GPU: "
                                                           : "";
-    return {0, fmt::format("{}{} ({}){}", plain, cudaGetErrorString(rc), cudaGetErrorName(rc), where)};
+    std::error_code ec;
+    const bool driver_here = std::filesystem::exists("/dev/nvidiactl", ec) ||
+                             std::filesystem::exists("/proc/driver/nvidia/version", ec);
+    return {0, fmt::format("{}{} ({}){}", plain, cudaGetErrorString(rc), cudaGetErrorName(rc), where),
+            rc != cudaErrorNoDevice && driver_here};
   }
   if (n == 0) return {0, "the CUDA runtime sees 0 devices" + where};
   return {n, ""};

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 
+#include "zp/runtime/async_watch.hpp"
 #include "zp/runtime/cuda.hpp"
 #include "zp/runtime/device.hpp"
 
@@ -32,6 +33,12 @@ class CudaDevice final : public Device {
   void order(Stream waiter, Stream signaller);
   // Whether p points into device memory (the gpu arena, or any cudaMalloc'd block).
   bool on_device(const void* p) const;
+  // The host blocks until the stream's (the event's) work is done, polling; between polls it
+  // asks the watch (the communicator's asynchronous errors, set by NcclComm) so that a dead
+  // peer ends in a zp::Error instead of a wait forever. Without a watch: a plain synchronize.
+  void host_wait(cudaStream_t s);
+  void host_wait(cudaEvent_t e);
+  void set_async_watch(AsyncWatch* watch) { watch_ = watch; }
   CudaMemoryInfo memory_info() const;
 
   void zero(void* p, uint64_t bytes) override;
@@ -108,6 +115,8 @@ class CudaDevice final : public Device {
   // copy_to_device_async: each slot's last copy on the h2d stream, and whether it is unwaited.
   std::array<cudaEvent_t, kCopySlots> copy_events_{};
   std::array<bool, kCopySlots> copy_pending_{};
+  double* partials_ = nullptr;       // device, cuda::kSumBlocks doubles: the sums' first pass
+  AsyncWatch* watch_ = nullptr;      // NcclComm's, while it lives
   cublasHandle_t blas_ = nullptr;
   // The handle's math mode, set per GEMM by its input type (see gemm); fp32's to start.
   cublasMath_t math_mode_ = CUBLAS_PEDANTIC_MATH;

@@ -2,7 +2,8 @@
 // attention in three masked steps, GELU, residual, dropout, cross-entropy, 16-bit casts, sums,
 // Adam and SGD), each with its host launcher. The step's kernels are templates over the storage
 // type (fp32, fp16, bf16): they load as fp32, compute in fp32 and store each output element
-// once, every output owned by one thread (no atomics). Elementwise math comes from
+// once, every output owned by one thread (no atomics but the bad-target flag's compare-and-swap;
+// sums run in two passes of fixed order). Elementwise math comes from
 // kernel_math.hpp, dtype.hpp and cpu_adam_kernels.hpp (the ZP_HD functions the CPU backend
 // runs), and summation orders follow cpu_kernels.cpp wherever one thread owns a sum. Built with
 // --fmad=false so that no multiply-add is fused behind the code's back (the CPU build fuses none
@@ -497,21 +498,32 @@ __global__ void add_f32_k(float* dst, const void* src, DType t, int64_t n) {
     dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
 }
 
-// *out += sum of p (squares: of x^2, exact in double), per block then one atomic add.
-__global__ void sum_k(double* out, const float* p, int64_t n) {
+// Sums in two passes, the same bits on every run: each of at most kSumBlocks blocks adds its
+// grid-stride share and writes one partial (a fixed tree: warp shuffles, then the warps in
+// order), then one block adds the partials in index order and writes *out. The grid depends
+// only on n, so no order depends on which block finishes first (atomics would).
+__global__ void sum_partials_k(double* partials, const float* p, int64_t n) {
   double acc = 0.0;
   for (int64_t i = global_index(); i < n; i += grid_stride()) acc += p[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
-__global__ void sum_squares_k(double* out, const void* p, DType t, int64_t n) {
+// Squares of values read as type t (x^2 of an fp32 is exact in double).
+__global__ void sum_squares_partials_k(double* partials, const void* p, DType t, int64_t n) {
   double acc = 0.0;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
     const double x = load_as_f32(p, static_cast<std::size_t>(i), t);
     acc += x * x;
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+__global__ void sum_finish_k(double* out, const double* partials, int n_partials) {
+  double acc = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < n_partials; i += static_cast<int>(blockDim.x))
+    acc += partials[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
 }
 
 __global__ void adam_k(detail::AdamCoeffs c, AdamTensors ts) {
@@ -765,16 +777,24 @@ void add_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n) {
   ZP_LAUNCH_CHECK();
 }
 
-void sum_add(cudaStream_t s, double* out, const float* p, int64_t n) {
-  if (n == 0) return;
-  sum_k<<<blocks_for(n), kThreads, 0, s>>>(out, p, n);
+void sum(cudaStream_t s, double* out, double* partials, const float* p, int64_t n) {
+  const unsigned blocks = std::min<unsigned>(blocks_for(n), kSumBlocks);
+  if (n > 0) {
+    sum_partials_k<<<blocks, kThreads, 0, s>>>(partials, p, n);
+    ZP_LAUNCH_CHECK();
+  }
+  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, n > 0 ? static_cast<int>(blocks) : 0);
   ZP_LAUNCH_CHECK();
 }
 
-void sum_squares_add(cudaStream_t s, double* out, const void* p, DType t, uint64_t n) {
-  if (n == 0) return;
+void sum_squares(cudaStream_t s, double* out, double* partials, const void* p, DType t, uint64_t n) {
   const auto m = static_cast<int64_t>(n);
-  sum_squares_k<<<blocks_for(m), kThreads, 0, s>>>(out, p, t, m);
+  const unsigned blocks = std::min<unsigned>(blocks_for(m), kSumBlocks);
+  if (m > 0) {
+    sum_squares_partials_k<<<blocks, kThreads, 0, s>>>(partials, p, t, m);
+    ZP_LAUNCH_CHECK();
+  }
+  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, m > 0 ? static_cast<int>(blocks) : 0);
   ZP_LAUNCH_CHECK();
 }
 

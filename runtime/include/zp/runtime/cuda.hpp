@@ -32,6 +32,10 @@ bool cuda_built();
 struct CudaAvailability {
   int n_devices = 0;
   std::string reason;  // empty when n_devices > 0
+  // No device usable, yet an NVIDIA GPU's driver is on this machine (/dev/nvidiactl or
+  // /proc/driver/nvidia): a driver older than the CUDA runtime, say. Tests fail on it rather
+  // than skip.
+  bool unusable = false;
 };
 CudaAvailability cuda_devices();
 
@@ -47,7 +51,8 @@ struct CudaOptions {
 };
 
 // cfg.gpu_bytes is one cudaMalloc on the chosen device, cfg.cpu_bytes one cudaHostAlloc;
-// cfg.n_threads is ignored. zp::Error (with a hint) when no device is visible, the index is
+// cfg.n_threads > 0 sets the host threads (OpenMP, OpenBLAS) of the CPU-side work, as on the
+// cpu backend. zp::Error (with a hint) when no device is visible, the index is
 // out of range, or an allocation fails.
 std::unique_ptr<Device> make_cuda_device(const DeviceConfig& cfg, const CudaOptions& opt = {});
 

@@ -59,6 +59,11 @@ struct EngineOptions {
   // for the swapper.
   std::string nvme_path;
   AioConfig aio;
+  // A test mode: on one rank, run every collective anyway (the bucket reductions, the stage
+  // 0-1 all-reduce, the stage 1-2 parameter all-gather, the norm and loss sums) through the
+  // communicator, where they change nothing, so a one-GPU machine executes NCCL's calls.
+  // Memory and results are those of the one-rank plan: a bucket is still freed at once.
+  bool collectives_at_one_rank = false;
 };
 
 // A step that failed on one rank in a way every rank learns of together (the swapped
@@ -163,6 +168,7 @@ class Engine {
   // partition that a delayed update writes.
   bool offload_ = false, dpu_ = false;
   bool overlap_ = false;  // overlap_comm at stages 2-3 (planner::overlaps_comm)
+  bool collectives_ = false;  // run the collectives: dp > 1, or opt_.collectives_at_one_rank
   bool buckets_in_flight_ = false;  // and dp > 1 (planner::holds_buckets_in_flight)
   float* host_grads_[2] = {nullptr, nullptr};
   int cur_ = 0;                 // which host_grads_ the backward pass fills
