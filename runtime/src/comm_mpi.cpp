@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -12,6 +14,16 @@
 #include "zp/runtime/comm.hpp"
 
 namespace zp::runtime {
+
+// The default group: each segment's own request, all completed at the group's wait.
+CommRequest Comm::ireduce_sum_group(const std::vector<ReduceSegment>& segs, DType t) {
+  auto reqs = std::make_shared<std::vector<CommRequest>>();
+  reqs->reserve(segs.size());
+  for (const ReduceSegment& g : segs) reqs->push_back(ireduce_sum(g.buf, g.n, t, g.root));
+  return CommRequest([reqs] {
+    for (CommRequest& r : *reqs) r.wait();
+  });
+}
 
 namespace {
 

@@ -115,7 +115,7 @@ void Engine::init_swapped_states() {
       const uint64_t a = std::max(e0, gr.part_off), b = std::min(e0 + m, gr.part_off + (hi - lo));
       if (a >= b) continue;
       const uint64_t flat0 = gr.flat_off + lo + (a - gr.part_off);
-      init_range(flat0, flat0 + (b - a), [&](uint64_t flat, float v) { master[a - e0 + flat - flat0] = v; });
+      init_range(flat0, flat0 + (b - a), master + (a - e0));
     }
   });
 }

@@ -592,9 +592,10 @@ TEST_CASE("cuda add_f32 writes a device segment into the pinned host tier, as th
     auto* hg = static_cast<float*>(b.gpu->arena(Tier::cpu).alloc(n * 4, Category::grads, "g"));
     std::memcpy(hc, base.data(), n * 4);
     std::memcpy(hg, base.data(), n * 4);
-    std::vector<uint16_t> h16(n);
     const std::vector<float> f = b.normal(n);
-    for (std::size_t i = 0; i < n; ++i) store_from_f32(h16.data(), i, t, f[i]);
+    std::vector<uint16_t> h16(n);
+    if (t != DType::fp32)
+      for (std::size_t i = 0; i < n; ++i) store_from_f32(h16.data(), i, t, f[i]);
     const void* src_c = nullptr;
     const void* src_g = nullptr;
     if (t == DType::fp32) {

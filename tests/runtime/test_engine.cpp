@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -321,7 +322,10 @@ class CountingComm final : public Comm {
     return base_.all_reduce_sum(v);
   }
   void barrier() override { base_.barrier(); }
-  [[noreturn]] void abort(int code) override { base_.abort(code); }
+  [[noreturn]] void abort(int code) override {
+    base_.abort(code);
+    std::_Exit(code);  // not reached
+  }
 
  private:
   Comm& base_;

@@ -65,6 +65,25 @@ void abort_bounded(ncclComm_t comm) {
   f.wait_for(std::chrono::seconds(10));
 }
 
+// ncclGroupStart .. ncclGroupEnd: an error between them still closes the group (else every
+// later NCCL call of the thread would queue into a group never launched).
+class GroupGuard {
+ public:
+  GroupGuard() { ZP_NCCL_CHECK(ncclGroupStart()); }
+  ~GroupGuard() {
+    if (open_) ncclGroupEnd();
+  }
+  GroupGuard(const GroupGuard&) = delete;
+  GroupGuard& operator=(const GroupGuard&) = delete;
+  void end() {
+    open_ = false;
+    ZP_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
 class NcclComm final : public Comm {
  public:
   NcclComm(CudaDevice& dev, Comm& mpi) : dev_(dev), mpi_(mpi) {
@@ -126,6 +145,20 @@ class NcclComm final : public Comm {
     });
   }
 
+  // A bucket's reductions in one NCCL group on the comm stream, behind one event. Segments in
+  // host memory (none in the engine's use) go over MPI, each with its own request.
+  CommRequest ireduce_sum_group(const std::vector<ReduceSegment>& segs, DType t) override {
+    const bool device = std::all_of(segs.begin(), segs.end(),
+                                    [&](const ReduceSegment& g) { return dev_.on_device(g.buf); });
+    if (!device) return Comm::ireduce_sum_group(segs, t);
+    return issued([&](cudaStream_t s) {
+      GroupGuard group;
+      for (const ReduceSegment& g : segs)
+        ZP_NCCL_CHECK(ncclReduce(g.buf, g.buf, g.n, nccl_type(t), ncclSum, g.root, comm_, s));
+      group.end();
+    });
+  }
+
   CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) override {
     if (!dev_.on_device(recv)) return mpi_.iall_gather(send, recv, n, t);
     return issued([&](cudaStream_t s) {
@@ -149,7 +182,7 @@ class NcclComm final : public Comm {
                                     counts[0], nccl_type(t), comm_, s));
         return;
       }
-      ZP_NCCL_CHECK(ncclGroupStart());
+      GroupGuard group;
       uint64_t off = 0;
       for (std::size_t r = 0; r < counts.size(); ++r) {
         std::byte* block = base + off * eb;
@@ -158,7 +191,7 @@ class NcclComm final : public Comm {
                                       comm_, s));
         off += counts[r];
       }
-      ZP_NCCL_CHECK(ncclGroupEnd());
+      group.end();
     });
   }
 
@@ -195,11 +228,18 @@ class NcclComm final : public Comm {
   // stay untouched until wait (CommRequest).
   template <class F>
   CommRequest issued(F&& enqueue) {
-    dev_.order(Stream::comm, Stream::compute);
-    const cudaStream_t s = dev_.stream(Stream::comm);
-    enqueue(s);
+    // The event first: once the collective is enqueued, nothing may fail before a request
+    // owns its completion (else the engine frees buffers a collective still uses).
     cudaEvent_t done = nullptr;
     ZP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    try {
+      dev_.order(Stream::comm, Stream::compute);
+      enqueue(dev_.stream(Stream::comm));
+    } catch (...) {
+      cudaEventDestroy(done);
+      throw;
+    }
+    const cudaStream_t s = dev_.stream(Stream::comm);
     const cudaStream_t compute = dev_.stream(Stream::compute);
     // The request owns the event from here (a failed record below still destroys it).
     CommRequest req([done, compute] {

@@ -64,6 +64,13 @@ class CommRequest {
   }
 };
 
+// One reduction of a group: buf[0, n) summed into rank `root`'s buf.
+struct ReduceSegment {
+  void* buf = nullptr;
+  uint64_t n = 0;
+  int root = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -84,6 +91,10 @@ class Comm {
   // CommRequest). Every rank issues the same collectives in the same order.
   virtual CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) = 0;
   virtual CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) = 0;
+  // Several reductions issued together (a gradient bucket's segments, each to its owner),
+  // all done at the one request's wait(). This default issues them one by one through
+  // ireduce_sum; NCCL launches them as one group with one completion event.
+  virtual CommRequest ireduce_sum_group(const std::vector<ReduceSegment>& segs, DType t);
   // In place: rank r's block of counts[r] elements sits at the sum of counts before r.
   virtual void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) = 0;
   virtual void broadcast(void* buf, uint64_t bytes, int root) = 0;

@@ -240,8 +240,8 @@ class Engine {
   void layout();
   void allocate_states();
   void init_weights();
-  // Calls put(flat index, initial value) for every element of [lo, hi).
-  void init_range(uint64_t lo, uint64_t hi, const std::function<void(uint64_t, float)>& put) const;
+  // out[i - lo] = the initial value of flat element i, for i in [lo, hi).
+  void init_range(uint64_t lo, uint64_t hi, float* out) const;
   void find_runs();
 
   void* alloc(Tier t, uint64_t bytes, Category c, const std::string& name);
@@ -251,7 +251,7 @@ class Engine {
   void flush_if_full(bool end_of_backward);
   struct Segment;
   Segment segment(models::TensorId gt, int owner) const;
-  void issue_reduce(models::TensorId gt, std::vector<CommRequest>& reqs);
+  void reduce_segments(models::TensorId gt, std::vector<ReduceSegment>& segs) const;
   void add_reduced(models::TensorId gt);
   void complete_in_flight();
   void gather(const std::string& grp, int32_t hold_until);
