@@ -11,6 +11,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -313,6 +314,9 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < n; ++i) s += p[i];
     return s;
   }
+  void loss_accumulate(const float* p, int64_t n) override { loss_acc_ += sum(p, n); }
+  double loss_take() override { return std::exchange(loss_acc_, 0.0); }
+  void upload(void* dst, const void* src, uint64_t bytes) override { std::memmove(dst, src, bytes); }
   GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) override {
     return zp::runtime::grad_sum_squares(grads, t, n);
   }
@@ -331,6 +335,7 @@ class CpuDevice final : public Device {
   // The 16-bit GEMMs' fp32 panels (cpu_kernels.hpp kGemmWorkspaceFloats, 768 KiB): kernel
   // scratch of fixed size outside the arenas, as OpenBLAS's packing buffers are, not a tensor.
   std::vector<float> gemm_panels_ = std::vector<float>(cpu::kGemmWorkspaceFloats);
+  double loss_acc_ = 0.0;  // loss_accumulate's running total
   CopyStream copies_;  // declared last: its destructor finishes copies into the regions
 };
 

@@ -156,6 +156,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   buf_.assign(g_.tensors.size(), nullptr);
   allocate_states();
   init_weights();
+  dev_.loss_take();  // a loss total left on the device by an engine before this one
 }
 
 Engine::~Engine() {
@@ -375,12 +376,12 @@ void Engine::touch(TensorId t) {
   if (x.kind == TensorKind::act_grad) dev_.zero(p, x.bytes);
   if (x.kind == TensorKind::input) {
     // tokens (first used by the embedding) or targets (by the loss), made on the host and
-    // copied in with Device::copy: the buffer may be GPU memory.
+    // uploaded (Device::upload: in order with the device's work, no host wait for it).
     const bool is_tokens = x.name == "tokens";
     std::vector<int32_t> host(static_cast<std::size_t>(B_ * T_));
     data_.fill(is_tokens ? host.data() : nullptr, is_tokens ? nullptr : host.data(), B_, T_,
                plan_.seed, step_, micro_, static_cast<int64_t>(rank_) * B_);
-    dev_.copy(p, host.data(), std::min<uint64_t>(x.bytes, host.size() * sizeof(int32_t)));
+    dev_.upload(p, host.data(), std::min<uint64_t>(x.bytes, host.size() * sizeof(int32_t)));
   }
 }
 
@@ -737,7 +738,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     case OpKind::cross_entropy: {
       const int64_t V = last_dim(op.inputs[0]);
       dev_.crossentropy_forward(f(op.inputs[0]), f(op.outputs[1]), i32(op.inputs[1]), N, V);
-      loss_sum_ += dev_.sum(f(op.outputs[1]), N);
+      dev_.loss_accumulate(f(op.outputs[1]), N);  // read once per step (step())
       break;
     }
     case OpKind::cross_entropy_bwd: {
@@ -1062,8 +1063,8 @@ StepStats Engine::optimizer_step() {
 
 StepStats Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  loss_sum_ = 0;
   for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) micro_step();
+  loss_sum_ = dev_.loss_take();
   StepStats st = optimizer_step();
   ++step_;
   st.step = step_;

@@ -666,3 +666,31 @@ TEST_CASE("cuda sums are deterministic (two passes, no atomics) and equal the do
   CHECK(q1.finite);
   CHECK(b.gpu->sum(p.g, 0) == 0.0);
 }
+
+TEST_CASE("cuda loss_accumulate / loss_take: the host's sum of sum()s, bit for bit, one wait") {
+  Both b;
+  const std::vector<Pair<float>> parts = {b.rand(4097), b.rand(70'000), b.rand(1)};
+  double want = 0;
+  for (const auto& p : parts) want += b.gpu->sum(p.g, static_cast<int64_t>(p.n));
+  for (const auto& p : parts) b.gpu->loss_accumulate(p.g, static_cast<int64_t>(p.n));
+  const double got = b.gpu->loss_take();
+  CHECK(std::memcmp(&got, &want, sizeof(double)) == 0);
+  CHECK(b.gpu->loss_take() == 0.0);  // a new total
+}
+
+TEST_CASE("cuda upload: lands after the kernels queued before it, the source free at once") {
+  Both b;
+  const std::size_t n = 1 << 20;
+  const Pair<float> x = b.rand(n), y = b.rand(n), out = b.rand(n);
+  std::vector<float> host = b.normal(n);
+  const std::vector<float> sent = host;
+  for (int round = 0; round < 6; ++round) {  // more rounds than staging blocks
+    CAPTURE(round);
+    b.gpu->residual_forward(out.g, x.g, y.g, DType::fp32, static_cast<int64_t>(n));  // queued
+    b.gpu->upload(out.g, host.data(), n * 4);
+    std::fill(host.begin(), host.end(), -7.0f);  // reused before the copy could have run
+    const std::vector<float> got = b.get(*b.gpu, out.g, n);
+    CHECK(std::memcmp(got.data(), sent.data(), n * 4) == 0);
+    host = sent;
+  }
+}

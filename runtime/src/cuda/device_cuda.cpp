@@ -150,6 +150,12 @@ void CudaDevice::release() noexcept {
     if (e != nullptr) cudaEventDestroy(std::exchange(e, nullptr));
   for (cudaStream_t& s : streams_)
     if (s != nullptr) cudaStreamDestroy(std::exchange(s, nullptr));
+  for (Staging& b : staging_) {
+    if (b.done != nullptr) cudaEventDestroy(std::exchange(b.done, nullptr));
+    if (b.host != nullptr) cudaFreeHost(std::exchange(b.host, nullptr));
+    b.capacity = 0;
+    b.pending = false;
+  }
   if (readback_ != nullptr) cudaFreeHost(readback_);
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (partials_ != nullptr) cudaFree(std::exchange(partials_, nullptr));
@@ -301,6 +307,43 @@ void CudaDevice::synchronize() {
 double CudaDevice::sum(const float* p, int64_t n) {
   cuda::sum(compute(), &scratch_->sum, partials_, p, n);
   return read_scratch().sum;
+}
+
+void CudaDevice::loss_accumulate(const float* p, int64_t n) {
+  cuda::sum(compute(), &scratch_->loss, partials_, p, n, /*accumulate=*/true);
+}
+
+double CudaDevice::loss_take() {
+  const double loss = read_scratch().loss;
+  ZP_CUDA_CHECK(cudaMemsetAsync(&scratch_->loss, 0, sizeof(double), compute()));
+  return loss;
+}
+
+// The host's bytes go into a pinned block of the ring (once that block's previous copy is
+// done, normally long since), and from there to dst on the compute stream: ordered among the
+// kernels, with no host wait for them. A block grows (cudaHostAlloc) to the largest upload.
+void CudaDevice::upload(void* dst, const void* src, uint64_t bytes) {
+  if (bytes == 0) return;
+  if (!on_device(dst)) {  // host memory the compute stream may still use: wait, then copy
+    host_wait(compute());
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  Staging& b = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingBlocks;
+  if (b.pending) host_wait(b.done);
+  b.pending = false;
+  if (b.capacity < bytes) {
+    if (b.host != nullptr) ZP_CUDA_CHECK(cudaFreeHost(std::exchange(b.host, nullptr)));
+    b.capacity = 0;
+    ZP_CUDA_CHECK(cudaHostAlloc(&b.host, bytes, cudaHostAllocDefault));
+    b.capacity = bytes;
+  }
+  if (b.done == nullptr) ZP_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+  std::memcpy(b.host, src, bytes);
+  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, b.host, bytes, cudaMemcpyHostToDevice, compute()));
+  ZP_CUDA_CHECK(cudaEventRecord(b.done, compute()));
+  b.pending = true;
 }
 
 // ---- GEMMs: row-major out = inp @ W^T as column-major out^T = W^T... (see each call) --------

@@ -89,6 +89,9 @@ class CudaDevice final : public Device {
   void add(void* dst, const void* src, DType t, int64_t n) override;
   void add_f32(float* dst, const void* src, DType t, int64_t n) override;
   double sum(const float* p, int64_t n) override;
+  void loss_accumulate(const float* p, int64_t n) override;
+  double loss_take() override;
+  void upload(void* dst, const void* src, uint64_t bytes) override;
   GradSumSquares grad_sum_squares(const void* grads, DType t, uint64_t n) override;
   void adam_step(const AdamConfig& cfg, const AdamStepArgs& step, const AdamTensors& ts) override;
   void sgd_step(float* master, float* momentum_buf, const void* grads, DType grad_dtype,
@@ -101,7 +104,18 @@ class CudaDevice final : public Device {
   struct Scratch {
     double sum;
     int64_t bad_target;
+    double loss;  // loss_accumulate's running total
   };
+  // upload's pinned staging: a ring of blocks, each reused once its last copy is done.
+  struct Staging {
+    void* host = nullptr;  // cudaHostAlloc
+    uint64_t capacity = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  static constexpr std::size_t kStagingBlocks = 4;  // tokens and targets of two micro-steps
+  std::array<Staging, kStagingBlocks> staging_{};
+  std::size_t next_staging_ = 0;
   int device_ = 0;
   bool tf32_ = false;
   uint64_t total_bytes_ = 0, free_at_start_bytes_ = 0, arena_bytes_ = 0;

@@ -518,12 +518,13 @@ __global__ void sum_squares_partials_k(double* partials, const void* p, DType t,
   acc = block_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
-__global__ void sum_finish_k(double* out, const double* partials, int n_partials) {
+// accumulate: *out += the sum (one double addition, in stream order), else *out = the sum.
+__global__ void sum_finish_k(double* out, const double* partials, int n_partials, bool accumulate) {
   double acc = 0.0;
   for (int i = static_cast<int>(threadIdx.x); i < n_partials; i += static_cast<int>(blockDim.x))
     acc += partials[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
 }
 
 __global__ void adam_k(detail::AdamCoeffs c, AdamTensors ts) {
@@ -777,13 +778,13 @@ void add_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n) {
   ZP_LAUNCH_CHECK();
 }
 
-void sum(cudaStream_t s, double* out, double* partials, const float* p, int64_t n) {
+void sum(cudaStream_t s, double* out, double* partials, const float* p, int64_t n, bool accumulate) {
   const unsigned blocks = std::min<unsigned>(blocks_for(n), kSumBlocks);
   if (n > 0) {
     sum_partials_k<<<blocks, kThreads, 0, s>>>(partials, p, n);
     ZP_LAUNCH_CHECK();
   }
-  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, n > 0 ? static_cast<int>(blocks) : 0);
+  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, n > 0 ? static_cast<int>(blocks) : 0, accumulate);
   ZP_LAUNCH_CHECK();
 }
 
@@ -794,7 +795,7 @@ void sum_squares(cudaStream_t s, double* out, double* partials, const void* p, D
     sum_squares_partials_k<<<blocks, kThreads, 0, s>>>(partials, p, t, m);
     ZP_LAUNCH_CHECK();
   }
-  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, m > 0 ? static_cast<int>(blocks) : 0);
+  sum_finish_k<<<1, kThreads, 0, s>>>(out, partials, m > 0 ? static_cast<int>(blocks) : 0, false);
   ZP_LAUNCH_CHECK();
 }
 

@@ -70,7 +70,9 @@ void add_f32(cudaStream_t s, float* dst, const void* src, DType t, int64_t n);
 // *out (device, one double) = sum of p[0, n) (in double), or of its squares read as type t, in
 // two passes through `partials` (device, kSumBlocks doubles): deterministic, no atomics.
 inline constexpr int kSumBlocks = 1024;
-void sum(cudaStream_t s, double* out, double* partials, const float* p, int64_t n);
+// accumulate: *out += the sum instead (one double addition, in stream order).
+void sum(cudaStream_t s, double* out, double* partials, const float* p, int64_t n,
+         bool accumulate = false);
 void sum_squares(cudaStream_t s, double* out, double* partials, const void* p, DType t, uint64_t n);
 // The fused Adam of cpu_adam_kernels.hpp (adam_element, the same per-step coefficients), on
 // device buffers; ts.grad_dtype, ts.moment_dtype and ts.param_out_dtype as there.

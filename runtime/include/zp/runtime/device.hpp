@@ -168,8 +168,19 @@ class Device {
   // dst += src as fp32, dst an fp32 buffer in the host tier (an offloaded gradient partition;
   // on a GPU the source is device memory and the add streams over the host link).
   virtual void add_f32(float* dst, const void* src, DType t, int64_t n) = 0;
-  // Sum of a device buffer of fp32 values, read back to the host (the step's loss).
+  // Sum of a device buffer of fp32 values, read back to the host (the host waits for it).
   virtual double sum(const float* p, int64_t n) = 0;
+  // The step's loss without a host wait per micro-step: loss_accumulate adds sum(p, n) to the
+  // device's running total, where it stays; loss_take returns the total (the host waits here,
+  // once per step) and starts a new one. The same bits as adding sum()'s results on the host
+  // in the same order. A bad cross-entropy target is reported by loss_take at the latest.
+  virtual void loss_accumulate(const float* p, int64_t n) = 0;
+  virtual double loss_take() = 0;
+  // Host memory (any) into a buffer of this device, ordered after the device's earlier compute
+  // work and before its later, without the host waiting for that work (a micro-step's tokens
+  // and targets); src may be reused at once: a GPU first copies it into pinned staging memory
+  // of its own (a few KiB per input, outside the arenas).
+  virtual void upload(void* dst, const void* src, uint64_t bytes) = 0;
 
   // The optimizer on buffers of this device's gpu tier (states not offloaded): the same
   // contracts as cpu_adam.hpp's grad_sum_squares and cpu_adam_step, and cpu::sgd_step.
