@@ -54,6 +54,7 @@ class MpiComm final : public Comm {
     MPI_Comm local;
     ZP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
     ZP_MPI_CHECK(MPI_Comm_size(local, &local_size_));
+    ZP_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
     ZP_MPI_CHECK(MPI_Comm_free(&local));
     ZP_MPI_CHECK(MPI_Op_create(&sum16<fp32_to_fp16, fp16_to_fp32>, 1, &sum_fp16_));
     ZP_MPI_CHECK(MPI_Op_create(&sum16<fp32_to_bf16, bf16_to_fp32>, 1, &sum_bf16_));
@@ -66,6 +67,7 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
+  int local_rank() const override { return local_rank_; }
 
   void all_reduce_sum(void* buf, uint64_t n, DType t) override {
     chunked(buf, n, t, [&](void* p, int count) {
@@ -170,7 +172,7 @@ class MpiComm final : public Comm {
 
  private:
   static constexpr uint64_t kMaxCount = 1ULL << 30;
-  int rank_ = 0, size_ = 1, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
 
   static CommRequest waiting_for(std::vector<MPI_Request> reqs) {

@@ -101,11 +101,13 @@ struct Both {
   }
 };
 
-#define CHECK_CLOSE(both, pair, tol)       \
-  do {                                     \
-    const double e_ = (both).err(pair);    \
-    CAPTURE(e_);                           \
-    CHECK(e_ <= (tol));                    \
+// The measured error is printed (MESSAGE) as well as judged: the tolerances are estimates
+// until a GPU run shows the numbers.
+#define CHECK_CLOSE(both, pair, tol)                                  \
+  do {                                                                \
+    const double e_ = (both).err(pair);                               \
+    MESSAGE(#pair " error " << e_ << " (tolerance " << (tol) << ")"); \
+    CHECK(e_ <= (tol));                                               \
   } while (0)
 
 // Small GPT-2 shapes with awkward sizes: C not a multiple of 32, V odd, T not a power of 2.
@@ -125,7 +127,9 @@ TEST_CASE("cuda embedding and layernorm equal the cpu backend") {
   const auto dout = b.rand(N * C);
   b.cpu->embedding_backward(dwte.c, dwpe.c, dout.c, tokens.c, DType::fp32, B, T, C);
   b.gpu->embedding_backward(dwte.g, dwpe.g, dout.g, tokens.g, DType::fp32, B, T, C);
-  CHECK_CLOSE(b, dwte, kReorder);  // repeated tokens: atomic adds in any order
+  // Repeated tokens: the first position of a token adds every position's row in ascending order
+  // onto the old value, as the cpu loop does (no atomics): the same bits.
+  CHECK_CLOSE(b, dwte, kExact);
   CHECK_CLOSE(b, dwpe, kExact);
 
   // A mean far from zero exercises the two-pass variance.

@@ -299,6 +299,7 @@ class CountingComm final : public Comm {
   int rank() const override { return base_.rank(); }
   int size() const override { return base_.size(); }
   int local_size() const override { return base_.local_size(); }
+  int local_rank() const override { return base_.local_rank(); }
   void all_reduce_sum(void* buf, uint64_t n, DType t) override {
     ++all_reduces;
     base_.all_reduce_sum(buf, n, t);

@@ -34,6 +34,7 @@ class DeferredComm final : public runtime::Comm {
   int rank() const override { return base_.rank(); }
   int size() const override { return base_.size(); }
   int local_size() const override { return base_.local_size(); }
+  int local_rank() const override { return base_.local_rank(); }
   void all_reduce_sum(void* buf, uint64_t n, DType t) override { base_.all_reduce_sum(buf, n, t); }
   CommRequest ireduce_sum(void* buf, uint64_t n, DType t, int root) override {
     issued_one();
@@ -221,4 +222,17 @@ TEST_CASE("overlap_comm with offloaded parameters: each staging buffer lives unt
     CHECK(deferred.in_flight == 0);
     CHECK(deferred.max_in_flight > 1);
   }
+}
+
+TEST_CASE("local ranks: every rank of this one-node job has its own index on the node") {
+  // Comm::local_rank, from MPI_Comm_split_type: which GPU a rank takes on its node, whatever the
+  // launcher's variables say. Alone: 0 of 1; under mpirun -np 2 here: 0 and 1 of 2.
+  runtime::Comm& c = test::comm();
+  CHECK(c.local_size() == c.size());
+  CHECK(c.local_rank() == c.rank());
+  std::vector<uint64_t> all(static_cast<std::size_t>(c.size()));
+  const uint64_t mine = static_cast<uint64_t>(c.local_rank());
+  c.gather_u64(&mine, all.data(), 1);
+  if (c.rank() == 0)
+    for (std::size_t r = 0; r < all.size(); ++r) CHECK(all[r] == r);
 }

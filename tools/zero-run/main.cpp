@@ -327,7 +327,9 @@ int main(int argc, char** argv) {
     // learns of it before NCCL's initialisation, which would wait for the missing rank.
     std::optional<Error> device_error;
     try {
-      dev = cuda ? runtime::make_cuda_device(dc) : runtime::make_cpu_device(dc);
+      runtime::CudaOptions co;
+      co.local_rank = comm->local_rank();  // one rank per GPU of the node, as MPI sees the node
+      dev = cuda ? runtime::make_cuda_device(dc, co) : runtime::make_cpu_device(dc);
     } catch (const Error& e) {
       device_error = e;
     }

@@ -128,6 +128,7 @@ class NcclComm final : public Comm {
   int rank() const override { return mpi_.rank(); }
   int size() const override { return mpi_.size(); }
   int local_size() const override { return mpi_.local_size(); }
+  int local_rank() const override { return mpi_.local_rank(); }
 
   void all_reduce_sum(void* buf, uint64_t n, DType t) override {
     if (!dev_.on_device(buf)) return mpi_.all_reduce_sum(buf, n, t);

@@ -72,7 +72,9 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
   if (cfg.n_threads > 0) cpu::set_threads(cfg.n_threads);
   const CudaAvailability avail = cuda_devices();
   if (avail.n_devices == 0) throw Error("no CUDA device visible: " + avail.reason, kNoDeviceHint);
-  device_ = opt.device_index >= 0 ? opt.device_index : local_rank_from_env() % avail.n_devices;
+  device_ = opt.device_index >= 0
+                ? opt.device_index
+                : (opt.local_rank >= 0 ? opt.local_rank : local_rank_from_env()) % avail.n_devices;
   if (device_ >= avail.n_devices)
     throw Error(fmt::format("CUDA device {} asked for, {} visible", device_, avail.n_devices),
                 "one rank per GPU: run at most as many ranks per node as GPUs, or set "
@@ -105,7 +107,8 @@ CudaDevice::CudaDevice(const DeviceConfig& cfg, const CudaOptions& opt) : tf32_(
         cudaGetLastError();
         throw Error(fmt::format("cannot pin {} of host memory for the host arena",
                                 format_bytes(cfg.cpu_bytes)),
-                    "ask for less (--host-memory), or raise the locked-memory limit (ulimit -l)");
+                    "ask for less (--host-memory): pinned host memory cannot be paged out, and "
+                    "the machine (or its container) may allow less of it than it has");
       }
       ZP_CUDA_CHECK(rc);
       host_base_ = static_cast<std::byte*>(p);

@@ -76,8 +76,10 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Ranks on this machine (to share its cores).
+  // Ranks on this machine (to share its cores), and this rank's index among them (which GPU
+  // of the node it takes).
   virtual int local_size() const = 0;
+  virtual int local_rank() const = 0;
 
   // In place: every rank ends with the element-wise sum.
   virtual void all_reduce_sum(void* buf, uint64_t n, DType t) = 0;

@@ -44,6 +44,10 @@ struct CudaOptions {
   // OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, SLURM_LOCALID, else 0) modulo the
   // number of visible devices: one rank per GPU.
   int device_index = -1;
+  // This rank's index among the node's ranks as MPI knows it (Comm::local_rank(), from
+  // MPI_Comm_split_type), preferred to the launcher's variables when given (>= 0): a launcher
+  // that sets none of them (MVAPICH, some PMIx ones) would put every rank on GPU 0.
+  int local_rank = -1;
   // The Device seam hands fp32 activations and fp32 weights, so the GEMMs are cuBLAS SGEMMs;
   // false keeps TF32 off (CUBLAS_PEDANTIC_MATH), the faithful twin of the CPU backend; true
   // lets them use TF32 tensor cores (about 1e-3 relative error per product).
@@ -61,7 +65,10 @@ std::unique_ptr<Device> make_cuda_device(const DeviceConfig& cfg, const CudaOpti
 // device buffers run in NCCL (fp32/fp16/bf16), ordered after the compute stream's work and
 // before its next; gather_u64, the double all-reduce, barrier and abort (and any collective on
 // host memory) go over `mpi`, which must outlive the result. `dev` must come from
-// make_cuda_device.
+// make_cuda_device, and outlive the result too: destroy the Comm first, on every rank
+// together (ncclCommDestroy is collective in recent NCCL). While it lives, the device's host
+// waits poll NCCL's asynchronous errors (async_watch.hpp): a dead peer is a zp::Error naming
+// the rank, not a wait forever.
 std::unique_ptr<Comm> make_nccl_comm(Device& dev, Comm& mpi);
 
 // Device memory outside the arenas, from cudaMemGetInfo (whole-GPU figures: another process
