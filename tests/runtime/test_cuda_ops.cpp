@@ -94,6 +94,21 @@ struct Both {
     }
     return ref > 0 ? diff / ref : diff;
   }
+  // Zero above the diagonal of (rows, T, T) score matrices, on both devices: what a causal
+  // score matrix holds there (softmax's output, its backward's), or where only the entries on
+  // and below the diagonal are defined (see Device::attention_scores).
+  template <class U>
+  void zero_upper(const Pair<U>& p, int64_t t_len) {
+    for (Device* d : {cpu.get(), gpu.get()}) {
+      U* dev = d == cpu.get() ? p.c : p.g;
+      std::vector<U> h = get(*d, dev, p.n);
+      for (std::size_t i = 0; i < p.n; ++i) {
+        const auto k = static_cast<int64_t>(i);
+        if (k % t_len > k / t_len % t_len) h[i] = U{};
+      }
+      d->copy(dev, h.data(), p.n * sizeof(U));
+    }
+  }
   template <class T>
   bool identical(const Pair<T>& p) {
     const std::vector<T> c = get(*cpu, p.c, p.n), g = get(*gpu, p.g, p.n);
@@ -177,6 +192,7 @@ TEST_CASE("cuda attention, three steps forward and backward, equals the cpu back
   auto preatt = b.rand(B * NH * T * T);
   b.cpu->attention_scores(preatt.c, qkv.c, DType::fp32, B, T, C, NH);
   b.gpu->attention_scores(preatt.g, qkv.g, DType::fp32, B, T, C, NH);
+  b.zero_upper(preatt, T);  // defined on and below the diagonal only
   CHECK_CLOSE(b, preatt, kReorder);
   auto att = b.rand(B * NH * T * T);
   b.cpu->attention_softmax(att.c, preatt.c, DType::fp32, B, NH, T);
@@ -191,6 +207,7 @@ TEST_CASE("cuda attention, three steps forward and backward, equals the cpu back
   auto datt = b.rand(B * NH * T * T), dqkv = b.rand(N * 3 * C);
   b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, att.c, qkv.c, DType::fp32, B, T, C, NH);
   b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, att.g, qkv.g, DType::fp32, B, T, C, NH);
+  b.zero_upper(datt, T);
   CHECK_CLOSE(b, datt, kReorder);
   CHECK_CLOSE(b, dqkv, kReorder);
   // In place, as the engine may use it.
@@ -544,6 +561,7 @@ TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the 
     auto preatt = b.half(A, t);
     b.cpu->attention_scores(preatt.c, qkv.c, t, B, T, C, NH);
     b.gpu->attention_scores(preatt.g, qkv.g, t, B, T, C, NH);
+    b.zero_upper(preatt, T);
     CHECK_HALF(b, preatt, t, kOneRounding);
     const auto scores = b.half(A, t, 2.0f);
     auto att = b.half(A, t);
@@ -551,6 +569,7 @@ TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the 
     b.gpu->attention_softmax(att.g, scores.g, t, B, NH, T);
     CHECK_HALF(b, att, t, kOneRounding);
     const auto probs = b.half(A, t, 0.1f);
+    b.zero_upper(probs, T);  // causal, as softmax leaves it
     auto out = b.half(N * C, t);
     b.cpu->attention_values(out.c, probs.c, qkv.c, t, B, T, C, NH);
     b.gpu->attention_values(out.g, probs.g, qkv.g, t, B, T, C, NH);
@@ -560,6 +579,7 @@ TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the 
     auto datt = b.half(A, t), dqkv = b.half(N * 3 * C, t);
     b.cpu->attention_values_backward(datt.c, dqkv.c, dout.c, probs.c, qkv.c, t, B, T, C, NH);
     b.gpu->attention_values_backward(datt.g, dqkv.g, dout.g, probs.g, qkv.g, t, B, T, C, NH);
+    b.zero_upper(datt, T);
     CHECK_HALF(b, datt, t, kOneRounding);
     CHECK_HALF(b, dqkv, t, kOneRounding);
     auto dsm = b.half(A, t);  // in place, as the engine runs it
@@ -567,6 +587,7 @@ TEST_CASE("cuda 16-bit attention steps and the 16-bit logits gradient equal the 
     b.gpu->attention_softmax_backward(dsm.g, dsm.g, probs.g, t, B, NH, T);
     CHECK_HALF(b, dsm, t, kOneRounding);
     const auto dpre = b.half(A, t);
+    b.zero_upper(dpre, T);  // as softmax's backward leaves it
     auto dqkv2 = b.half(N * 3 * C, t);
     b.cpu->attention_scores_backward(dqkv2.c, dpre.c, qkv.c, t, B, T, C, NH);
     b.gpu->attention_scores_backward(dqkv2.g, dpre.g, qkv.g, t, B, T, C, NH);

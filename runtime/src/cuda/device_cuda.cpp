@@ -365,9 +365,7 @@ cudaDataType_t cuda_type(DType t) {
 // compute type rather than the 16-bit output type (cuBLAS documentation, cublasMath_t;
 // PyTorch sets it too unless allow_bf16/fp16_reduced_precision_reduction): one rounding per
 // output element, as the cpu backend's panels.
-void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                      const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
-                      int64_t ldc, DType ab_t, DType c_t, const char* what) {
+void CudaDevice::set_math_mode(DType ab_t) {
   const cublasMath_t mode =
       ab_t == DType::fp32
           ? (tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)
@@ -376,6 +374,12 @@ void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int
     ZP_CUBLAS_CHECK(cublasSetMathMode(blas_, mode));
     math_mode_ = mode;
   }
+}
+
+void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
+                      int64_t ldc, DType ab_t, DType c_t, const char* what) {
+  set_math_mode(ab_t);
   const float alpha = 1.0f;
   ZP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, blas_dim(m, what), blas_dim(n, what), blas_dim(k, what),
                                &alpha, a, cuda_type(ab_t), blas_dim(lda, what), b, cuda_type(ab_t),
@@ -383,6 +387,22 @@ void CudaDevice::gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int
                                ab_t == DType::fp32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                             : CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+}
+
+// `batch` products at once, matrix i of each operand `stride_*` elements after matrix i - 1
+// (cublasGemmStridedBatchedEx): c = alpha a b + beta c, in fp32, one rounding into c's type.
+void CudaDevice::gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                              int64_t k, float alpha, const void* a, int64_t lda, int64_t stride_a,
+                              const void* b, int64_t ldb, int64_t stride_b, float beta, void* c,
+                              int64_t ldc, int64_t stride_c, int64_t batch, DType t,
+                              const char* what) {
+  set_math_mode(t);
+  ZP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      blas_, ta, tb, blas_dim(m, what), blas_dim(n, what), blas_dim(k, what), &alpha, a,
+      cuda_type(t), blas_dim(lda, what), stride_a, b, cuda_type(t), blas_dim(ldb, what), stride_b,
+      &beta, c, cuda_type(t), blas_dim(ldc, what), stride_c, blas_dim(batch, what),
+      t == DType::fp32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
 }
 
 // A row-major (R, K) matrix is a column-major (K, R) one with leading dimension K, so every
@@ -437,9 +457,34 @@ void CudaDevice::layernorm_backward(void* dinp, void* dweight, void* dbias, cons
                                     DType t, int64_t N, int64_t C) {
   cuda::layernorm_backward(compute(), dinp, dweight, dbias, dout, inp, weight, stats, t, N, C);
 }
+// ---- attention's products on cuBLAS: one strided-batched GEMM per sequence over its heads --
+// Row-major (T, HS) head slices of qkv (row stride 3C), of out/dout (row stride C) and the
+// (T, T) score matrices, as column-major operands (see matmul_forward). The score products
+// (attention_scores, datt) fill whole T x T matrices, above the diagonal too (unspecified
+// there: softmax and its backward read only t2 <= t); the products over t2 read att and
+// dpreatt whole, which softmax and its backward leave zero above the diagonal. The summation
+// order is cuBLAS's, not the cpu loops' (kReorder / one rounding in test_cuda_ops).
+namespace {
+int64_t head_size(int64_t C, int64_t NH) {
+  if (NH <= 0 || C % NH != 0)
+    throw Error(fmt::format("cuda attention: C = {} is not a multiple of NH = {}", C, NH),
+                "the model's n_embd must divide evenly into n_head heads");
+  return C / NH;
+}
+}  // namespace
+
 void CudaDevice::attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) {
-  cuda::attention_scores(compute(), preatt, qkv, t, B, T, C, NH);
+  if (B * T * C == 0) return;
+  const int64_t HS = head_size(C, NH), eb = static_cast<int64_t>(dtype_bytes(t));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* q = static_cast<const std::byte*>(qkv) + b * T * 3 * C * eb;
+    // S (T,T) = Q K^T * scale:  S^T = K Q^T  [K: col-major (HS,T), transposed]
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, scale, q + C * eb, 3 * C, HS, q, 3 * C, HS,
+                 0.0f, static_cast<std::byte*>(preatt) + b * NH * T * T * eb, T, T * T, NH, t,
+                 "attention_scores");
+  }
 }
 void CudaDevice::attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
                                    int64_t T) {
@@ -447,12 +492,34 @@ void CudaDevice::attention_softmax(void* att, const void* preatt, DType t, int64
 }
 void CudaDevice::attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
                                   int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_values(compute(), out, att, qkv, t, B, T, C, NH);
+  if (B * T * C == 0) return;
+  const int64_t HS = head_size(C, NH), eb = static_cast<int64_t>(dtype_bytes(t));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* v = static_cast<const std::byte*>(qkv) + (b * T * 3 * C + 2 * C) * eb;
+    // O (T,HS) = A (T,T) V (T,HS):  O^T = V^T A^T
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, 1.0f, v, 3 * C, HS,
+                 static_cast<const std::byte*>(att) + b * NH * T * T * eb, T, T * T, 0.0f,
+                 static_cast<std::byte*>(out) + b * T * C * eb, C, HS, NH, t, "attention_values");
+  }
 }
 void CudaDevice::attention_values_backward(void* datt, void* dqkv, const void* dout,
                                            const void* att, const void* qkv, DType t, int64_t B,
                                            int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_values_backward(compute(), datt, dqkv, dout, att, qkv, t, B, T, C, NH);
+  if (B * T * C == 0) return;
+  const int64_t HS = head_size(C, NH), eb = static_cast<int64_t>(dtype_bytes(t));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* v = static_cast<const std::byte*>(qkv) + (b * T * 3 * C + 2 * C) * eb;
+    auto* dv = static_cast<std::byte*>(dqkv) + (b * T * 3 * C + 2 * C) * eb;
+    const auto* g = static_cast<const std::byte*>(dout) + b * T * C * eb;
+    const auto* a = static_cast<const std::byte*>(att) + b * NH * T * T * eb;
+    // dA (T,T) += dO V^T:  dA^T += V dO^T  [V: col-major (HS,T), transposed]
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, 1.0f, v, 3 * C, HS, g, C, HS, 1.0f,
+                 static_cast<std::byte*>(datt) + b * NH * T * T * eb, T, T * T, NH, t,
+                 "attention_values_backward datt");
+    // dV (T,HS) += A^T dO:  dV^T += dO^T A  [A: col-major (T,T) = A^T, transposed back]
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, 1.0f, g, C, HS, a, T, T * T, 1.0f, dv, 3 * C,
+                 HS, NH, t, "attention_values_backward dv");
+  }
 }
 void CudaDevice::attention_softmax_backward(void* dpreatt, const void* datt, const void* att,
                                             DType t, int64_t B, int64_t NH, int64_t T) {
@@ -460,7 +527,20 @@ void CudaDevice::attention_softmax_backward(void* dpreatt, const void* datt, con
 }
 void CudaDevice::attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
                                            DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_scores_backward(compute(), dqkv, dpreatt, qkv, t, B, T, C, NH);
+  if (B * T * C == 0) return;
+  const int64_t HS = head_size(C, NH), eb = static_cast<int64_t>(dtype_bytes(t));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* q = static_cast<const std::byte*>(qkv) + b * T * 3 * C * eb;
+    auto* dq = static_cast<std::byte*>(dqkv) + b * T * 3 * C * eb;
+    const auto* d = static_cast<const std::byte*>(dpreatt) + b * NH * T * T * eb;
+    // dQ (T,HS) += dS K * scale:  dQ^T += K^T dS^T
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, scale, q + C * eb, 3 * C, HS, d, T, T * T,
+                 1.0f, dq, 3 * C, HS, NH, t, "attention_scores_backward dq");
+    // dK (T,HS) += dS^T Q * scale:  dK^T += Q^T dS  [dS: col-major (T,T) = dS^T, transposed]
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, scale, q, 3 * C, HS, d, T, T * T, 1.0f,
+                 dq + C * eb, 3 * C, HS, NH, t, "attention_scores_backward dk");
+  }
 }
 void CudaDevice::gelu_forward(void* out, const void* inp, DType t, int64_t n) {
   cuda::gelu_forward(compute(), out, inp, t, n);

@@ -143,6 +143,11 @@ class CudaDevice final : public Device {
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
             int64_t ldc, DType ab_t, DType c_t, const char* what);
+  void set_math_mode(DType ab_t);
+  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                    float alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
+                    int64_t ldb, int64_t stride_b, float beta, void* c, int64_t ldc,
+                    int64_t stride_c, int64_t batch, DType t, const char* what);
   void release() noexcept;
 };
 

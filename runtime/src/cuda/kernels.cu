@@ -1,14 +1,14 @@
 // kernels.cu: the CUDA kernels of a GPT-2 step that are not GEMMs (embedding, LayerNorm,
-// attention in three masked steps, GELU, residual, dropout, cross-entropy, 16-bit casts, sums,
-// Adam and SGD), each with its host launcher. The step's kernels are templates over the storage
-// type (fp32, fp16, bf16): they load as fp32, compute in fp32 and store each output element
-// once, every output owned by one thread (no atomics but the bad-target flag's compare-and-swap;
-// sums run in two passes of fixed order). Elementwise math comes from
+// attention's softmax and its backward, GELU, residual, dropout, cross-entropy, 16-bit casts,
+// sums, Adam and SGD), each with its host launcher. The step's kernels are templates over the
+// storage type (fp32, fp16, bf16): they load as fp32, compute in fp32 and store each output
+// element once, every output owned by one thread (no atomics but the bad-target flag's
+// compare-and-swap; sums run in two passes of fixed order). Elementwise math comes from
 // kernel_math.hpp, dtype.hpp and cpu_adam_kernels.hpp (the ZP_HD functions the CPU backend
 // runs), and summation orders follow cpu_kernels.cpp wherever one thread owns a sum. Built with
 // --fmad=false so that no multiply-add is fused behind the code's back (the CPU build fuses none
-// either). Not tuned: attention is direct loops, not tiled or flash; the GEMMs are cuBLAS's
-// (device_cuda.cpp).
+// either). The GEMMs, attention's products among them, are cuBLAS's (device_cuda.cpp);
+// attention materialises its T x T scores (not flash).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -253,30 +253,10 @@ __global__ void broadcast_rows_k(void* out, DType out_t, const void* bias, DType
                    load_as_f32(bias, static_cast<std::size_t>(i % OC), t));
 }
 
-// ---- Attention -------------------------------------------------------------------------------
-// As cpu_kernels.cpp: qkv row of token (b,t) holds q, k, v at [0,C), [C,2C), [2C,3C), head h
-// at [h*HS, (h+1)*HS) of each; preatt/att (B,NH,T,T) rows hold keys 0..t; entries above the
-// diagonal are never read. One thread per output element; where a thread owns a sum it adds
-// in the CPU loop's order.
+// ---- Attention: the softmax steps (the products are cuBLAS's, device_cuda.cpp) -------------
+// preatt/att (B,NH,T,T) rows hold keys 0..t: softmax reads only those and writes zeros above
+// the diagonal, as its backward does; one warp per row.
 
-struct AttnDims {
-  int64_t B, T, C, NH, HS;
-};
-
-// preatt[b,h,t,t2] = q[b,t,h] . k[b,t2,h] * scale for t2 <= t.
-template <DType D>
-__global__ void attention_scores_k(void* preatt, const void* qkv, AttnDims d, float scale) {
-  const int64_t n = d.B * d.NH * d.T * d.T;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t t2 = i % d.T, t = i / d.T % d.T, h = i / (d.T * d.T) % d.NH, b = i / (d.T * d.T * d.NH);
-    if (t2 > t) continue;
-    const int64_t q = (b * d.T + t) * 3 * d.C + h * d.HS;
-    const int64_t k = (b * d.T + t2) * 3 * d.C + d.C + h * d.HS;
-    float s = 0.0f;
-    for (int64_t j = 0; j < d.HS; ++j) s += ld<D>(qkv, q + j) * ld<D>(qkv, k + j);
-    st<D>(preatt, i, s * scale);
-  }
-}
 
 // One warp per row r of (B*NH*T): softmax over keys 0..t, zeros above. softmax_row's
 // arithmetic, each output stored once: expf(x - max) is summed, then written times 1 / sum.
@@ -296,50 +276,8 @@ __global__ void attention_softmax_k(void* att, const void* preatt, int64_t n_row
   for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(att, row + i, 0.0f);
 }
 
-// out[b,t,h*HS+j] = sum_{t2<=t} att[b,h,t,t2] v[b,t2,h*HS+j].
-template <DType D>
-__global__ void attention_values_k(void* out, const void* att, const void* qkv, AttnDims d) {
-  const int64_t n = d.B * d.T * d.C;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t c = i % d.C, bt = i / d.C, t = bt % d.T, b = bt / d.T, h = c / d.HS;
-    const int64_t a = ((b * d.NH + h) * d.T + t) * d.T;
-    const int64_t v = b * d.T * 3 * d.C + 2 * d.C + c;
-    float s = 0.0f;
-    for (int64_t t2 = 0; t2 <= t; ++t2) s += ld<D>(att, a + t2) * ld<D>(qkv, v + t2 * 3 * d.C);
-    st<D>(out, i, s);
-  }
-}
 
-// datt[b,h,t,t2] += dout[b,t,h] . v[b,t2,h] for t2 <= t.
-template <DType D>
-__global__ void attention_values_backward_datt_k(void* datt, const void* dout, const void* qkv,
-                                                 AttnDims d) {
-  const int64_t n = d.B * d.NH * d.T * d.T;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t t2 = i % d.T, t = i / d.T % d.T, h = i / (d.T * d.T) % d.NH, b = i / (d.T * d.T * d.NH);
-    if (t2 > t) continue;
-    const int64_t g = (b * d.T + t) * d.C + h * d.HS;
-    const int64_t v = (b * d.T + t2) * 3 * d.C + 2 * d.C + h * d.HS;
-    float s = 0.0f;
-    for (int64_t j = 0; j < d.HS; ++j) s += ld<D>(dout, g + j) * ld<D>(qkv, v + j);
-    st<D>(datt, i, ld<D>(datt, i) + s);
-  }
-}
 
-// dv[b,t2,h*HS+j] += sum_{t>=t2} att[b,h,t,t2] dout[b,t,h*HS+j], t ascending as the CPU loop.
-template <DType D>
-__global__ void attention_values_backward_dv_k(void* dqkv, const void* dout, const void* att,
-                                               AttnDims d) {
-  const int64_t n = d.B * d.T * d.C;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t c = i % d.C, bt = i / d.C, t2 = bt % d.T, b = bt / d.T, h = c / d.HS;
-    const int64_t dv = bt * 3 * d.C + 2 * d.C + c;
-    Acc<D> acc(dqkv, dv);
-    for (int64_t t = t2; t < d.T; ++t)
-      acc.add(ld<D>(att, ((b * d.NH + h) * d.T + t) * d.T + t2) * ld<D>(dout, (b * d.T + t) * d.C + c));
-    acc.store(dqkv, dv);
-  }
-}
 
 // One warp per row: dx = y (dy - sum y dy) on keys 0..t, zeros above. In place allowed: the
 // dot is complete (warp_sum) before any write, and each lane writes only what it read.
@@ -358,30 +296,6 @@ __global__ void attention_softmax_backward_k(void* dpreatt, const void* datt, co
   for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(dpreatt, row + i, 0.0f);
 }
 
-// dq[t] += sum_{t2<=t} g[t,t2] k[t2] and dk[t2] += sum_{t>=t2} g[t,t2] q[t], g = dpreatt*scale:
-// threads [0, B*T*C) own a q element, [B*T*C, 2*B*T*C) a k element.
-template <DType D>
-__global__ void attention_scores_backward_k(void* dqkv, const void* dpreatt, const void* qkv,
-                                            AttnDims d, float scale) {
-  const int64_t half = d.B * d.T * d.C;
-  for (int64_t i = global_index(); i < 2 * half; i += grid_stride()) {
-    const bool is_k = i >= half;
-    const int64_t e = is_k ? i - half : i;
-    const int64_t c = e % d.C, bt = e / d.C, t0 = bt % d.T, b = bt / d.T, h = c / d.HS;
-    const int64_t row0 = (b * d.NH + h) * d.T * d.T;
-    const int64_t base = b * d.T * 3 * d.C + c;  // q of token 0; k is + C
-    const int64_t out = bt * 3 * d.C + (is_k ? d.C : 0) + c;
-    Acc<D> acc(dqkv, out);
-    if (!is_k) {
-      for (int64_t t2 = 0; t2 <= t0; ++t2)
-        acc.add(ld<D>(dpreatt, row0 + t0 * d.T + t2) * scale * ld<D>(qkv, base + t2 * 3 * d.C + d.C));
-    } else {
-      for (int64_t t = t0; t < d.T; ++t)
-        acc.add(ld<D>(dpreatt, row0 + t * d.T + t0) * scale * ld<D>(qkv, base + t * 3 * d.C));
-    }
-    acc.store(dqkv, out);
-  }
-}
 
 // ---- GELU, residual, dropout -----------------------------------------------------------------
 
@@ -554,13 +468,6 @@ __global__ void sgd_k(float* master, float* momentum_buf, const void* grads, DTy
   }
 }
 
-AttnDims attn_dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  if (NH <= 0 || C % NH != 0)
-    throw Error("cuda attention: C = " + std::to_string(C) + " is not a multiple of NH = " +
-                    std::to_string(NH),
-                "the model's n_embd must divide evenly into n_head heads");
-  return {B, T, C, NH, C / NH};
-}
 
 unsigned rows_blocks(int64_t n_rows) { return blocks_for(n_rows, kWarpsPerBlock); }
 
@@ -633,15 +540,6 @@ void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int
   ZP_LAUNCH_CHECK();
 }
 
-void attention_scores(cudaStream_t s, void* preatt, const void* qkv, DType t, int64_t B,
-                      int64_t T, int64_t C, int64_t NH) {
-  const AttnDims d = attn_dims(B, T, C, NH);
-  const int64_t n = B * NH * T * T;
-  if (n == 0) return;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.HS));
-  ZP_TYPED(t, attention_scores_k<D><<<blocks_for(n), kThreads, 0, s>>>(preatt, qkv, d, scale));
-  ZP_LAUNCH_CHECK();
-}
 
 void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
                        int64_t NH, int64_t T) {
@@ -652,24 +550,7 @@ void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, i
   ZP_LAUNCH_CHECK();
 }
 
-void attention_values(cudaStream_t s, void* out, const void* att, const void* qkv, DType t,
-                      int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const AttnDims d = attn_dims(B, T, C, NH);
-  if (B * T * C == 0) return;
-  ZP_TYPED(t, attention_values_k<D><<<blocks_for(B * T * C), kThreads, 0, s>>>(out, att, qkv, d));
-  ZP_LAUNCH_CHECK();
-}
 
-void attention_values_backward(cudaStream_t s, void* datt, void* dqkv, const void* dout,
-                               const void* att, const void* qkv, DType t, int64_t B, int64_t T,
-                               int64_t C, int64_t NH) {
-  const AttnDims d = attn_dims(B, T, C, NH);
-  if (B * T * C == 0) return;
-  ZP_TYPED(t, attention_values_backward_datt_k<D><<<blocks_for(B * NH * T * T), kThreads, 0, s>>>(datt, dout, qkv, d));
-  ZP_LAUNCH_CHECK();
-  ZP_TYPED(t, attention_values_backward_dv_k<D><<<blocks_for(B * T * C), kThreads, 0, s>>>(dqkv, dout, att, d));
-  ZP_LAUNCH_CHECK();
-}
 
 void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
                                 const void* att, DType t, int64_t B, int64_t NH, int64_t T) {
@@ -680,15 +561,6 @@ void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
   ZP_LAUNCH_CHECK();
 }
 
-void attention_scores_backward(cudaStream_t s, void* dqkv, const void* dpreatt,
-                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
-                               int64_t NH) {
-  const AttnDims d = attn_dims(B, T, C, NH);
-  if (B * T * C == 0) return;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.HS));
-  ZP_TYPED(t, attention_scores_backward_k<D><<<blocks_for(2 * B * T * C), kThreads, 0, s>>>(dqkv, dpreatt, qkv, d, scale));
-  ZP_LAUNCH_CHECK();
-}
 
 void gelu_forward(cudaStream_t s, void* out, const void* inp, DType t, int64_t n) {
   if (n == 0) return;

@@ -31,20 +31,10 @@ void broadcast_rows(cudaStream_t s, void* out, DType out_t, const void* bias, DT
                     int64_t OC);
 // dbias (OC) += column sums of dout (N,OC), one owner per column.
 void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int64_t N, int64_t OC);
-void attention_scores(cudaStream_t s, void* preatt, const void* qkv, DType t, int64_t B,
-                      int64_t T, int64_t C, int64_t NH);
 void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
                        int64_t NH, int64_t T);
-void attention_values(cudaStream_t s, void* out, const void* att, const void* qkv, DType t,
-                      int64_t B, int64_t T, int64_t C, int64_t NH);
-void attention_values_backward(cudaStream_t s, void* datt, void* dqkv, const void* dout,
-                               const void* att, const void* qkv, DType t, int64_t B, int64_t T,
-                               int64_t C, int64_t NH);
 void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
                                 const void* att, DType t, int64_t B, int64_t NH, int64_t T);
-void attention_scores_backward(cudaStream_t s, void* dqkv, const void* dpreatt,
-                               const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
-                               int64_t NH);
 void gelu_forward(cudaStream_t s, void* out, const void* inp, DType t, int64_t n);
 void gelu_backward(cudaStream_t s, void* dinp, const void* inp, const void* dout, DType t,
                    int64_t n);

@@ -128,6 +128,12 @@ class Device {
   virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                const void* inp, const void* weight, DType t, int64_t N,
                                int64_t C, int64_t OC) = 0;
+  // Causal attention in three steps over (B, NH, T, T) score matrices whose row t holds keys
+  // 0..t. attention_scores and the datt of attention_values_backward define only the entries
+  // on and below the diagonal (the cpu backend leaves those above alone, a GPU's batched GEMMs
+  // write them); the softmax and its backward read only those and write zeros above the
+  // diagonal, and the products over keys (attention_values, the dv of its backward,
+  // attention_scores_backward) take att and dpreatt to be zero there, as those write them.
   virtual void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
   virtual void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH,
