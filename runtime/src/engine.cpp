@@ -516,7 +516,11 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
     if (param_nvme_)
       read_shard(group_index_.at(grp), stage);  // from the swap file
     else
-      dev_.copy(stage, src, gr.shard * pbytes_);  // from the host tier
+      // From the host tier. On a GPU this copy waits for the compute stream's queued work, so
+      // a prefetched gather of offloaded parameters does not overlap compute yet (review
+      // finding 10); an asynchronous copy the comm stream waits on would, and is the next
+      // step once a GPU can measure it.
+      dev_.copy(stage, src, gr.shard * pbytes_);
     src = stage;
   }
   gathered_[grp] = p;

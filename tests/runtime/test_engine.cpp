@@ -295,7 +295,7 @@ namespace {
 class CountingComm final : public Comm {
  public:
   explicit CountingComm(Comm& base) : base_(base) {}
-  int reduces = 0, all_reduces = 0, gathers = 0, gathers_in_place = 0, double_sums = 0;
+  int reduces = 0, groups = 0, all_reduces = 0, gathers = 0, gathers_in_place = 0, double_sums = 0;
   int rank() const override { return base_.rank(); }
   int size() const override { return base_.size(); }
   int local_size() const override { return base_.local_size(); }
@@ -311,6 +311,10 @@ class CountingComm final : public Comm {
   CommRequest iall_gather(const void* send, void* recv, uint64_t n, DType t) override {
     ++gathers;
     return base_.iall_gather(send, recv, n, t);
+  }
+  CommRequest ireduce_sum_group(const std::vector<ReduceSegment>& segs, DType t) override {
+    ++groups;
+    return Comm::ireduce_sum_group(segs, t);  // one ireduce_sum per segment, counted above
   }
   void all_gather_in_place(void* buf, const std::vector<uint64_t>& counts, DType t) override {
     ++gathers_in_place;
@@ -376,6 +380,10 @@ TEST_CASE("collectives_at_one_rank: every collective runs at one rank, the same 
       CHECK(off.gathers_in_place == 0);
       CHECK(on.gathers == off.gathers);
       CHECK((on.reduces > 0) == (stage >= 2));        // the bucket segments
+      // ... issued one group per bucket (NCCL: one launch, one event), not one per tensor.
+      CHECK((on.groups > 0) == (stage >= 2));
+      if (stage >= 2) CHECK(on.groups < on.reduces);
+      CHECK(off.groups == 0);
       CHECK(on.all_reduces == (stage <= 1 ? 2 : 0));  // one per step
       CHECK(on.gathers_in_place == (stage == 1 || stage == 2 ? 2 : 0));
       CHECK(on.double_sums > off.double_sums);        // the loss (and the norm from stage 1)

@@ -214,7 +214,10 @@ class NcclComm final : public Comm {
 
  private:
   // One collective's ordering: the comm stream waits for the compute stream's work so far
-  // (which may still write the buffer), and the compute stream's later work waits for it.
+  // (which may still write the buffer), and the compute stream's later work waits for it. The
+  // compute stream so waits for every collective queued before, prefetched all-gathers too,
+  // not only this one; kept (the blocking collectives are the stage 0-2 all-reduce and
+  // all-gather at the step's end, where nothing else is in flight).
   template <class F>
   void ordered(F&& enqueue) {
     dev_.order(Stream::comm, Stream::compute);

@@ -420,6 +420,11 @@ void CudaDevice::matmul_forward(void* out, DType out_t, const void* inp, const v
     beta = 1.0f;
   }
   // out^T (OC,N) = W (OC,C) [col-major (C,OC), transposed] @ inp^T (C,N) [col-major (C,N)]
+  // For the LM head OC is the vocabulary, 50257 for GPT-2: an odd leading dimension, on which
+  // cuBLAS takes its unaligned kernels (cutlass ..._align1: 21 ms of a 562 ms profiled gpt2
+  // step at B=8, ncu 2026-11-27; review finding 11). Padding the vocabulary to a multiple of
+  // 64 (llm.c's 50304) would change the graph, the planner's bytes and the parameter count
+  // together; not done here.
   gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC, t, out_t,
        "matmul_forward");
 }
