@@ -207,6 +207,112 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+
+void rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                     float w_offset, float eps, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* x = inp + r * C;
+    float* y = out + r * C;
+    const float rstd = rmsnorm_row_rstd(x, C, eps);
+    stats[r] = rstd;
+    for (int64_t i = 0; i < C; ++i) y[i] = x[i] * rstd * (weight[i] + w_offset);
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, float w_offset, const float* stats, int64_t N,
+                      int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* g = dout + r * C;
+    const float* x = inp + r * C;
+    float* dx = dinp + r * C;
+    const float rstd = stats[r];
+    const float m = rmsnorm_row_gxhat_mean(g, x, weight, w_offset, rstd, C);
+    for (int64_t i = 0; i < C; ++i) dx[i] += rmsnorm_dinp(g[i], x[i], weight[i] + w_offset, rstd, m);
+  }
+  // dweight += sum_r dout xhat, channel blocks in parallel (a split by row would race).
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = c0; i < c1; ++i) dweight[i] += dout[r * C + i] * inp[r * C + i] * stats[r];
+  }
+}
+
+// ---- Rotary embeddings -----------------------------------------------------------------------
+
+namespace {
+
+void check_rope(int64_t HS, int64_t rot, int64_t row, int64_t n_heads) {
+  if (rot <= 0 || rot % 2 != 0 || rot > HS || n_heads * HS > row)
+    throw Error(fmt::format("rope: rotary dims {} for heads of {} ({} heads in rows of {})", rot, HS,
+                            n_heads, row),
+                "rot must be even, at most the head size, and the heads must fit the row");
+}
+
+// cos and sin of the fp32 angle t inv_freq[i], each rounded once, times mscale.
+template <bool kForward>
+void rope_apply(float* x, const float* inv_freq, float mscale, int64_t B, int64_t T, int64_t row,
+                int64_t n_heads, int64_t HS, int64_t rot) {
+  check_rope(HS, rot, row, n_heads);
+  const int64_t half = rot / 2;
+#pragma omp parallel for if (B * T * n_heads * rot > kParallelElems)
+  for (int64_t r = 0; r < B * T; ++r) {
+    const auto t = static_cast<float>(r % T);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = t * inv_freq[i];
+      const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
+      const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* head = x + r * row + h * HS;
+        rope_pair(head + i, head + i + half, c, kForward ? s : -s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* x, const float* inv_freq, float mscale, int64_t B, int64_t T,
+                  int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  rope_apply<true>(x, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+}
+
+void rope_backward(float* dx, const float* inv_freq, float mscale, int64_t B, int64_t T,
+                   int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  rope_apply<false>(dx, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+}
+
+// transformers' _compute_default_rope_parameters: 1 / base^(arange(0, dim, 2) / dim) in fp32
+// (the int64 arange made float, the power in fp32).
+std::vector<float> rope_default_inv_freq(double theta, int64_t rot) {
+  std::vector<float> f(static_cast<std::size_t>(rot / 2));
+  const auto base = static_cast<float>(theta);
+  for (int64_t i = 0; i < rot / 2; ++i)
+    f[static_cast<std::size_t>(i)] =
+        1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(rot));
+  return f;
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) out[i] = swiglu(gate[i], up[i]);
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n) {
+#pragma omp parallel for if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
+}
+
 // ---- Linear layers (OpenBLAS) ---------------------------------------------------------------
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,

@@ -795,3 +795,142 @@ TEST_CASE("to_f32 / from_f32 / accumulate_to for fp32, fp16, bf16 at awkward siz
     CHECK(n_bad == 0);
   }
 }
+
+// ---- LLaMA-family blocks: RMSNorm, rotary embeddings, SwiGLU ----------------------------------
+
+namespace {
+
+// y = x / sqrt(mean(x^2) + eps) * (w + offset) over each row of C.
+DVec ref_rmsnorm(const DVec& x, const DVec& w, double offset, double eps, DVec* rstd = nullptr) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / C;
+  DVec y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double sq = 0.0;
+    for (int64_t c = 0; c < C; ++c) sq += x[r * C + c] * x[r * C + c];
+    const double s = 1.0 / std::sqrt(sq / static_cast<double>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * C + c] * s * (w[c] + offset);
+    if (rstd) (*rstd)[r] = s;
+  }
+  return y;
+}
+
+// Rotary embedding in float64 from its definition: in rows of `row` holding n_heads heads of
+// HS, pair (i, i + rot/2) of each head is the complex number x_i + j x_{i+rot/2} multiplied by
+// mscale e^{j t theta^(-2i/rot)}.
+DVec ref_rope(const DVec& x, double theta, double mscale, int64_t rows, int64_t t_len,
+              int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  DVec y = x;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < n_heads; ++h)
+      for (int64_t i = 0; i < rot / 2; ++i) {
+        const double a = static_cast<double>(r % t_len) *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
+        const int64_t p = r * row + h * HS + i, q = p + rot / 2;
+        y[p] = mscale * (x[p] * std::cos(a) - x[q] * std::sin(a));
+        y[q] = mscale * (x[q] * std::cos(a) + x[p] * std::sin(a));
+      }
+  return y;
+}
+
+DVec ref_swiglu(const DVec& g, const DVec& u) {
+  DVec y(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) y[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("rmsnorm: forward (out and rstd) and backward against finite differences") {
+  std::mt19937 rng(31);
+  Vec x = randn(N * C, 1.0f, rng);
+  for (int64_t c = 0; c < C; ++c) x[2 * C + c] *= 40.0f;  // a row far from unit scale
+  const Vec w = randn(C, 1.0f, rng);
+  const DVec xd = to_d(x), wd = to_d(w);
+  for (float offset : {0.0f, 1.0f}) {  // LLaMA's w, Gemma's (1 + w)
+    CAPTURE(offset);
+    const float eps = 1e-6f;
+    Vec out(N * C, 1e30f), stats(N, 1e30f);
+    cpu::rmsnorm_forward(out.data(), stats.data(), x.data(), w.data(), offset, eps, N, C);
+    DVec rstd(N);
+    check_close(out, ref_rmsnorm(xd, wd, offset, eps, &rstd), kFwdTol, "rmsnorm out");
+    check_close(stats, rstd, kFwdTol, "rmsnorm rstd");
+
+    const Vec dout = randn(N * C, 1.0f, rng);
+    const Vec dx0 = randn(N * C, 0.1f, rng), dw0 = randn(C, 0.1f, rng);
+    Vec dx = dx0, dw = dw0;
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), offset,
+                          stats.data(), N, C);
+    check_delta(dx, dx0,
+                fd_grad([&](const DVec& v) { return weighted_sum(ref_rmsnorm(v, wd, offset, eps), dout); }, xd),
+                kBwdTol, "rmsnorm dinp");
+    check_delta(dw, dw0,
+                fd_grad([&](const DVec& v) { return weighted_sum(ref_rmsnorm(xd, v, offset, eps), dout); }, wd),
+                kBwdTol, "rmsnorm dweight");
+  }
+}
+
+TEST_CASE("rope: forward against the complex rotation, backward against finite differences") {
+  std::mt19937 rng(32);
+  // A fused q|k|v row of GQA: 4 query heads and 2 key heads of HS = 8 rotate, 2 value heads do
+  // not; full (rot = HS) and partial (rot = 4, Phi's partial_rotary_factor) rotation.
+  const int64_t HS = 8, n_rot_heads = 4 + 2, row = (4 + 2 + 2) * HS, rows = B * T;
+  for (int64_t rot : {HS, int64_t{4}})
+    for (float mscale : {1.0f, 1.25f}) {
+      CAPTURE(rot);
+      CAPTURE(mscale);
+      const double theta = 10000.0;
+      const std::vector<float> inv_freq = cpu::rope_default_inv_freq(theta, rot);
+      REQUIRE(inv_freq.size() == static_cast<std::size_t>(rot / 2));
+      for (int64_t i = 0; i < rot / 2; ++i) {  // fp32 powers, as transformers computes them
+        const double want = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
+        CHECK(std::fabs(inv_freq[static_cast<std::size_t>(i)] - want) <= 2e-7 * want);
+      }
+      const Vec x = randn(rows * row, 1.0f, rng);
+      const DVec xd = to_d(x);
+      Vec y = x;
+      cpu::rope_forward(y.data(), inv_freq.data(), mscale, B, T, row, n_rot_heads, HS, rot);
+      const DVec want = ref_rope(xd, theta, mscale, rows, T, row, n_rot_heads, HS, rot);
+      check_close(y, want, kFwdTol, "rope out");
+      for (int64_t r = 0; r < rows; ++r)  // the value heads and the unrotated dims untouched
+        for (int64_t c = 0; c < row; ++c) {
+          const int64_t in_head = c % HS;
+          if (c >= n_rot_heads * HS || in_head >= rot) CHECK(y[r * row + c] == x[r * row + c]);
+        }
+
+      const Vec dout = randn(rows * row, 1.0f, rng);
+      Vec dx = dout;  // in place
+      cpu::rope_backward(dx.data(), inv_freq.data(), mscale, B, T, row, n_rot_heads, HS, rot);
+      // The rotation is linear: its gradient is the exact derivative of sum(dout * rope(x)).
+      check_close(dx,
+                  fd_grad([&](const DVec& v) {
+                    return weighted_sum(ref_rope(v, theta, mscale, rows, T, row, n_rot_heads, HS, rot), dout);
+                  }, xd),
+                  kBwdTol, "rope dx");
+    }
+  // Bad geometry is an error, not a silent partial rotation.
+  Vec x(64);
+  const std::vector<float> f = cpu::rope_default_inv_freq(10000.0, 8);
+  CHECK_THROWS_AS(cpu::rope_forward(x.data(), f.data(), 1.0f, 1, 1, 64, 1, 8, 7), zp::Error);
+  CHECK_THROWS_AS(cpu::rope_forward(x.data(), f.data(), 1.0f, 1, 1, 64, 1, 8, 10), zp::Error);
+  CHECK_THROWS_AS(cpu::rope_forward(x.data(), f.data(), 1.0f, 1, 1, 64, 9, 8, 8), zp::Error);
+}
+
+TEST_CASE("swiglu: forward and backward against finite differences") {
+  std::mt19937 rng(33);
+  const int64_t n = N * OC;
+  Vec g = randn(n, 2.0f, rng);
+  g[0] = 30.0f;   // saturated: silu(g) -> g
+  g[1] = -30.0f;  // silu(g) -> 0
+  const Vec u = randn(n, 1.0f, rng);
+  const DVec gd = to_d(g), ud = to_d(u);
+  Vec out(n, 1e30f);
+  cpu::swiglu_forward(out.data(), g.data(), u.data(), n);
+  check_close(out, ref_swiglu(gd, ud), kFwdTol, "swiglu out");
+  const Vec dout = randn(n, 1.0f, rng);
+  Vec dg(n, 1e30f), du(n, 1e30f);  // overwritten
+  cpu::swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
+  check_close(dg, fd_grad([&](const DVec& v) { return weighted_sum(ref_swiglu(v, ud), dout); }, gd),
+              kBwdTol, "swiglu dgate");
+  check_close(du, fd_grad([&](const DVec& v) { return weighted_sum(ref_swiglu(gd, v), dout); }, ud),
+              kBwdTol, "swiglu dup");
+}

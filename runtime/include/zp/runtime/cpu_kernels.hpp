@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "zp/runtime/dtype.hpp"
 
@@ -39,6 +40,34 @@ void layernorm_forward(float* out, float* stats, const float* inp, const float* 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* stats, int64_t N,
                         int64_t C);
+
+// RMSNorm over C (LLaMA-family blocks): out = inp rstd (weight + w_offset), rstd =
+// 1/sqrt(mean(inp^2) + eps); stats (N) holds rstd per row. w_offset: 1 for Gemma's (1 + w).
+void rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight,
+                     float w_offset, float eps, int64_t N, int64_t C);
+// dinp += the input gradient; dweight += sum_r dout xhat.
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, float w_offset, const float* stats, int64_t N,
+                      int64_t C);
+
+// Rotary embeddings, in place: each of the B*T rows (row elements apart) holds n_heads heads
+// of HS values from its start (q's heads then k's in a fused q|k|v row); in each head the
+// first `rot` dims turn in pairs (i, i + rot/2) by t inv_freq[i] (t = row index mod T) and
+// are scaled by mscale (1, or YaRN's attention factor). The angle is the fp32 product, as
+// transformers computes it; cos and sin of it are rounded once. rot even, rot <= HS.
+void rope_forward(float* x, const float* inv_freq, float mscale, int64_t B, int64_t T,
+                  int64_t row, int64_t n_heads, int64_t HS, int64_t rot);
+// The gradient through the rotation, in place (its transpose, times mscale).
+void rope_backward(float* dx, const float* inv_freq, float mscale, int64_t B, int64_t T,
+                   int64_t row, int64_t n_heads, int64_t HS, int64_t rot);
+// inv_freq[i] = 1 / theta^(2i/rot) for i < rot/2 (RoPE's default; the scaled variants adjust
+// these values before the kernels use them).
+std::vector<float> rope_default_inv_freq(double theta, int64_t rot);
+
+// SwiGLU: out = silu(gate) * up over n elements; the backward overwrites dgate and dup.
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n);
 
 // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (bias may be null). OpenBLAS SGEMM.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,

@@ -94,6 +94,45 @@ ZP_HD inline float layernorm_dinp(float dout, float x, float w, float mean, floa
   return rstd * (w * dout - g_mean - xhat * gxhat_mean);
 }
 
+// ---- RMSNorm over one row of C values (Zhang & Sennrich 2019; LLaMA's norm, transformers'
+// LlamaRMSNorm): y = x rstd (w + offset), rstd = 1/sqrt(mean(x^2) + eps); offset 1 is Gemma's
+// (1 + weight), 0 everyone else's.
+ZP_HD inline float rmsnorm_row_rstd(const float* x, int64_t C, float eps) {
+  float sq = 0.0f;
+  for (int64_t i = 0; i < C; ++i) sq += x[i] * x[i];
+  return 1.0f / sqrtf(sq / static_cast<float>(C) + eps);
+}
+// Backward of one row, with xhat = x rstd and g = (w + offset) dout:
+//   dx_i = rstd (g_i - xhat_i mean_j(g_j xhat_j)).
+ZP_HD inline float rmsnorm_row_gxhat_mean(const float* dout, const float* x, const float* w,
+                                          float w_offset, float rstd, int64_t C) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < C; ++i) s += (w[i] + w_offset) * dout[i] * x[i] * rstd;
+  return s / static_cast<float>(C);
+}
+ZP_HD inline float rmsnorm_dinp(float dout, float x, float w_eff, float rstd, float gxhat_mean) {
+  return rstd * (w_eff * dout - x * rstd * gxhat_mean);
+}
+
+// ---- SwiGLU (Shazeer 2020; LLaMA's MLP): out = silu(g) u, silu(g) = g sigmoid(g).
+ZP_HD inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ZP_HD inline float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+// d out/d g = u sigmoid(g) (1 + g (1 - sigmoid(g))), d out/d u = silu(g).
+ZP_HD inline void swiglu_grad(float g, float u, float dout, float* dg, float* du) {
+  const float s = sigmoid(g);
+  *dg = dout * u * s * (1.0f + g * (1.0f - s));
+  *du = dout * g * s;
+}
+
+// ---- Rotary position embedding (Su et al. 2021) in transformers' rotate_half layout: the pair
+// (x_i, x_{i+rot/2}) of a head turns by the angle t inv_freq_i, both scaled by mscale (YaRN's
+// attention factor; 1 otherwise). The backward turns by the opposite angle (the transpose).
+ZP_HD inline void rope_pair(float* a, float* b, float c, float s) {
+  const float x1 = *a, x2 = *b;
+  *a = x1 * c - x2 * s;
+  *b = x2 * c + x1 * s;
+}
+
 // ---- Softmax over one row of n values, max-subtracted. out may equal in. Returns the
 // log-sum-exp log(sum_j exp(in_j)), from which cross-entropy takes -log p_k = lse - in_k.
 ZP_HD inline float softmax_row(float* out, const float* in, int64_t n) {
