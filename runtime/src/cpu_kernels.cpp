@@ -92,12 +92,22 @@ inline float dot_t(const void* a, int64_t ia, const void* b, int64_t ib, int64_t
   }
 }
 
+AttnShape gpt2_shape(int64_t B, int64_t T, int64_t C, int64_t NH, std::string_view what) {
+  return {B, T, NH, NH, head_size(C, NH, what)};
+}
+
+void check_shape(const AttnShape& s, std::string_view what) {
+  if (s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0)
+    throw Error(fmt::format("cpu::{}: {} query heads, {} key/value heads of {}", what, s.NH, s.KVH, s.HS),
+                "the query heads must be a positive multiple of the key/value heads");
+}
+
 // preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query, stored as D.
 template <DType D>
-void attention_scores_t(void* preatt, const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_scores");
+void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
+  check_shape(s, "attention_scores");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t C3 = 3 * C;
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -105,7 +115,8 @@ void attention_scores_t(void* preatt, const void* qkv, int64_t B, int64_t T, int
         const int64_t row = ((b * NH + h) * T + t) * T;
         for (int64_t t2 = 0; t2 <= t; ++t2)
           st<D>(preatt, row + t2,
-                dot_t<D>(qkv, (b * T + t) * C3 + h * HS, qkv, (b * T + t2) * C3 + C + h * HS, HS) * scale);
+                dot_t<D>(qkv, (b * T + t) * R + h * HS, qkv, (b * T + t2) * R + s.k_off() + h / G * HS,
+                         HS) * scale);
       }
 }
 
@@ -359,9 +370,12 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // each. preatt/att (B,NH,T,T): row t holds keys 0..t. Every (b,h) pair touches only its own
 // slices of every buffer, so the loops split over (b,h) without races.
 
+void attention_scores(float* preatt, const float* qkv, const AttnShape& s) {
+  attention_scores_t<DType::fp32>(preatt, qkv, s);
+}
 void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
-  attention_scores_t<DType::fp32>(preatt, qkv, B, T, C, NH);
+  attention_scores(preatt, qkv, gpt2_shape(B, T, C, NH, "attention_scores"));
 }
 
 void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
@@ -375,39 +389,49 @@ void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, i
   }
 }
 
-void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
-                      int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_values");
-  const int64_t C3 = 3 * C;
+void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s) {
+  check_shape(s, "attention_values");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        float* o = out + (b * T + t) * C + h * HS;
+        float* o = out + (b * T + t) * O + h * HS;
         const float* a = att + ((b * NH + h) * T + t) * T;
         std::fill(o, o + HS, 0.0f);
         for (int64_t t2 = 0; t2 <= t; ++t2)
-          axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * HS, HS);
+          axpy(o, a[t2], qkv + (b * T + t2) * R + s.v_off() + h / G * HS, HS);
       }
 }
+void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
+  attention_values(out, att, qkv, gpt2_shape(B, T, C, NH, "attention_values"));
+}
 
+// Over (b, key/value head): the group's query heads add into the shared dv in head order.
 void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
-                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_values_backward");
-  const int64_t C3 = 3 * C;
+                               const float* qkv, const AttnShape& s) {
+  check_shape(s, "attention_values_backward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* g = dout + (b * T + t) * C + h * HS;
-        const float* a = att + ((b * NH + h) * T + t) * T;
-        float* da = datt + ((b * NH + h) * T + t) * T;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const int64_t v_off = (b * T + t2) * C3 + 2 * C + h * HS;
-          da[t2] += dot(g, qkv + v_off, HS);  // datt[t,t2] += dout[t] . v[t2]
-          axpy(dqkv + v_off, a[t2], g, HS);   // dv[t2] += att[t,t2] dout[t]
+    for (int64_t kv = 0; kv < s.KVH; ++kv)
+      for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const float* g = dout + (b * T + t) * O + h * HS;
+          const float* a = att + ((b * NH + h) * T + t) * T;
+          float* da = datt + ((b * NH + h) * T + t) * T;
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            const int64_t v_off = (b * T + t2) * R + s.v_off() + kv * HS;
+            da[t2] += dot(g, qkv + v_off, HS);  // datt[t,t2] += dout[t] . v[t2]
+            axpy(dqkv + v_off, a[t2], g, HS);   // dv[t2] += att[t,t2] dout[t]
+          }
         }
-      }
+}
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  attention_values_backward(datt, dqkv, dout, att, qkv,
+                            gpt2_shape(B, T, C, NH, "attention_values_backward"));
 }
 
 void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
@@ -422,24 +446,31 @@ void attention_softmax_backward(float* dpreatt, const float* datt, const float* 
   }
 }
 
-void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_scores_backward");
+// Over (b, key/value head), as attention_values_backward: dq of each query head is its own,
+// dk is the group's.
+void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
+                               const AttnShape& s) {
+  check_shape(s, "attention_scores_backward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t C3 = 3 * C;
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t q_off = (b * T + t) * C3 + h * HS;
-        const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const int64_t k_off = (b * T + t2) * C3 + C + h * HS;
-          const float g = dp[t2] * scale;
-          axpy(dqkv + q_off, g, qkv + k_off, HS);  // dq[t] += g k[t2]
-          axpy(dqkv + k_off, g, qkv + q_off, HS);  // dk[t2] += g q[t]
+    for (int64_t kv = 0; kv < s.KVH; ++kv)
+      for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t q_off = (b * T + t) * R + h * HS;
+          const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            const int64_t k_off = (b * T + t2) * R + s.k_off() + kv * HS;
+            const float g = dp[t2] * scale;
+            axpy(dqkv + q_off, g, qkv + k_off, HS);  // dq[t] += g k[t2]
+            axpy(dqkv + k_off, g, qkv + q_off, HS);  // dk[t2] += g q[t]
+          }
         }
-      }
+}
+void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH) {
+  attention_scores_backward(dqkv, dpreatt, qkv, gpt2_shape(B, T, C, NH, "attention_scores_backward"));
 }
 
 // ---- GELU, residual ------------------------------------------------------------------------
@@ -967,7 +998,8 @@ void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, c
 
 void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
-  dispatch_dtype(t, [&](auto d) { attention_scores_t<decltype(d)::value>(preatt, qkv, B, T, C, NH); });
+  const AttnShape shape = gpt2_shape(B, T, C, NH, "attention_scores");
+  dispatch_dtype(t, [&](auto d) { attention_scores_t<decltype(d)::value>(preatt, qkv, shape); });
 }
 
 void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T) {

@@ -934,3 +934,102 @@ TEST_CASE("swiglu: forward and backward against finite differences") {
   check_close(du, fd_grad([&](const DVec& v) { return weighted_sum(ref_swiglu(gd, v), dout); }, ud),
               kBwdTol, "swiglu dup");
 }
+
+namespace {
+
+// Grouped-query attention in float64: fused rows (NH + 2 KVH) * HS wide, query head h reading
+// key/value head h / (NH / KVH).
+struct Gqa {
+  int64_t B, T, NH, KVH, HS;
+  int64_t row() const { return (NH + 2 * KVH) * HS; }
+  int64_t q(int64_t b, int64_t t, int64_t h, int64_t i) const { return (b * T + t) * row() + h * HS + i; }
+  int64_t k(int64_t b, int64_t t, int64_t h, int64_t i) const {
+    return (b * T + t) * row() + NH * HS + h / (NH / KVH) * HS + i;
+  }
+  int64_t v(int64_t b, int64_t t, int64_t h, int64_t i) const { return k(b, t, h, i) + KVH * HS; }
+  int64_t a(int64_t b, int64_t h, int64_t t, int64_t t2) const { return ((b * NH + h) * T + t) * T + t2; }
+};
+
+DVec ref_gqa_scores(const DVec& qkv, const Gqa& g) {
+  DVec out(g.B * g.NH * g.T * g.T, 0.0);
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t h = 0; h < g.NH; ++h)
+      for (int64_t t = 0; t < g.T; ++t)
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          double s = 0.0;
+          for (int64_t i = 0; i < g.HS; ++i) s += qkv[g.q(b, t, h, i)] * qkv[g.k(b, t2, h, i)];
+          out[g.a(b, h, t, t2)] = s / std::sqrt(static_cast<double>(g.HS));
+        }
+  return out;
+}
+
+DVec ref_gqa_values(const DVec& att, const DVec& qkv, const Gqa& g) {
+  DVec out(g.B * g.T * g.NH * g.HS, 0.0);
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t h = 0; h < g.NH; ++h)
+      for (int64_t t = 0; t < g.T; ++t)
+        for (int64_t i = 0; i < g.HS; ++i) {
+          double s = 0.0;
+          for (int64_t t2 = 0; t2 <= t; ++t2) s += att[g.a(b, h, t, t2)] * qkv[g.v(b, t2, h, i)];
+          out[(b * g.T + t) * g.NH * g.HS + h * g.HS + i] = s;
+        }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("grouped-query attention: scores and values against float64, backwards by finite differences") {
+  std::mt19937 rng(34);
+  // 6 query heads over 2 key/value heads (groups of 3), HS = 3 (NH * HS != any C of GPT-2's
+  // layout), and the multi-query extreme (KVH = 1); B = 2, T = 5.
+  for (int64_t kvh : {int64_t{2}, int64_t{1}}) {
+    CAPTURE(kvh);
+    const Gqa g{2, 5, 6, kvh, 3};
+    const cpu::AttnShape s{g.B, g.T, g.NH, g.KVH, g.HS};
+    REQUIRE(s.row() == g.row());
+    const int64_t rows = g.B * g.T, A = g.B * g.NH * g.T * g.T;
+    const Vec qkv = randn(rows * g.row(), 1.0f, rng);
+    const DVec qd = to_d(qkv);
+    Vec pre(A, 0.0f);
+    cpu::attention_scores(pre.data(), qkv.data(), s);
+    check_close(pre, ref_gqa_scores(qd, g), kFwdTol, "gqa scores");
+    Vec att(A, 0.0f);
+    cpu::attention_softmax(att.data(), pre.data(), g.B, g.NH, g.T);
+    const DVec ad = to_d(att);
+    Vec out(rows * g.NH * g.HS, 1e30f);
+    cpu::attention_values(out.data(), att.data(), qkv.data(), s);
+    check_close(out, ref_gqa_values(ad, qd, g), kFwdTol, "gqa values");
+
+    // Backward of the values step: datt and dv (accumulated), against the linear map's FD.
+    const Vec dout = randn(rows * g.NH * g.HS, 1.0f, rng);
+    const Vec datt0 = randn(A, 0.1f, rng), dqkv0 = randn(rows * g.row(), 0.1f, rng);
+    Vec datt = datt0, dqkv = dqkv0;
+    cpu::attention_values_backward(datt.data(), dqkv.data(), dout.data(), att.data(), qkv.data(), s);
+    DVec want_datt = fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_values(v, qd, g), dout); }, ad);
+    for (int64_t b = 0; b < g.B; ++b)  // entries above the diagonal are not touched
+      for (int64_t h = 0; h < g.NH; ++h)
+        for (int64_t t = 0; t < g.T; ++t)
+          for (int64_t t2 = t + 1; t2 < g.T; ++t2) want_datt[g.a(b, h, t, t2)] = 0.0;
+    check_delta(datt, datt0, want_datt, kBwdTol, "gqa datt");
+    check_delta(dqkv, dqkv0,
+                fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_values(ad, v, g), dout); }, qd),
+                kBwdTol, "gqa dv");
+
+    // Backward of the scores: dq and the group's shared dk.
+    const Vec dpre = randn(A, 1.0f, rng);
+    Vec dqkv2 = dqkv0;
+    cpu::attention_scores_backward(dqkv2.data(), dpre.data(), qkv.data(), s);
+    DVec dpre_causal = to_d(dpre);
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t h = 0; h < g.NH; ++h)
+        for (int64_t t = 0; t < g.T; ++t)
+          for (int64_t t2 = t + 1; t2 < g.T; ++t2) dpre_causal[g.a(b, h, t, t2)] = 0.0;
+    Vec dpre_c(dpre_causal.begin(), dpre_causal.end());
+    check_delta(dqkv2, dqkv0,
+                fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_scores(v, g), dpre_c); }, qd),
+                kBwdTol, "gqa dq dk");
+  }
+  const cpu::AttnShape bad{1, 2, 4, 3, 2};  // 3 does not divide 4
+  Vec x(64), y(64);
+  CHECK_THROWS_AS(cpu::attention_scores(x.data(), y.data(), bad), zp::Error);
+}

@@ -76,6 +76,28 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
 
+// The heads of a fused q|k|v row, one row per token (B*T rows): NH query heads, then KVH key
+// heads, then KVH value heads, each HS wide; query head h reads key and value head
+// h / (NH / KVH) (grouped-query attention, Ainslie et al. 2023: KVH = NH is multi-head, 1
+// multi-query). Output rows hold the NH heads side by side. GPT-2's: {B, T, NH, NH, C / NH}.
+struct AttnShape {
+  int64_t B = 0, T = 0, NH = 0, KVH = 0, HS = 0;
+  int64_t row() const { return (NH + 2 * KVH) * HS; }
+  int64_t k_off() const { return NH * HS; }
+  int64_t v_off() const { return (NH + KVH) * HS; }
+  int64_t out_row() const { return NH * HS; }
+  int64_t group() const { return NH / KVH; }
+};
+// The fp32 attention steps on any AttnShape (zp::Error unless NH, KVH, HS > 0 and KVH divides
+// NH). preatt/att (B,NH,T,T) as below. Backward passes parallelise over the key/value heads,
+// so the query heads of a group add into its shared key and value gradient in head order.
+void attention_scores(float* preatt, const float* qkv, const AttnShape& s);
+void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s);
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const float* qkv, const AttnShape& s);
+void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
+                               const AttnShape& s);
+
 // Causal self-attention in three steps, as the training graph has them. qkv (B,T,3C) holds
 // q, k, v side by side per token; heads are HS-wide slices of each.
 // preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query (entries above the diagonal unused).
