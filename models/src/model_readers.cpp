@@ -135,11 +135,44 @@ void read_rotary_fraction(Cfg& c, ModelSpec& m, std::string_view key, double fal
   m.rotary_dim = static_cast<int64_t>(static_cast<double>(m.head_dim) * frac);
 }
 
-// A rope_scaling object is read for its shape only: no variant adds parameters.
-void read_rope(Cfg& c) {
-  (void)c.raw("rope_scaling");
-  (void)c.raw("rope_parameters");
-  (void)c.number("rope_theta", 10000.0);
+// rope_theta and the rope_scaling object (transformers v5's rope_parameters, which may carry
+// rope_theta too): the frequencies the runtime computes (runtime/rope.hpp). No variant adds
+// parameters, so the planner reads none of it.
+void read_rope(Cfg& c, ModelSpec& m) {
+  RopeSpec& r = m.rope;
+  r.theta = c.number("rope_theta", 10000.0);
+  const json* params = c.raw("rope_parameters");
+  const json* scaling = c.raw("rope_scaling");
+  const bool use_params = params != nullptr && !params->is_null();
+  const json* s = use_params ? params : scaling;
+  const std::string field = use_params ? "rope_parameters" : "rope_scaling";
+  if (s != nullptr && !s->is_null()) {
+    if (!s->is_object()) c.fail(fmt::format("field '{}' must be an object or null", field));
+    auto num = [&](const char* k, double d) {
+      const auto it = s->find(k);
+      if (it == s->end() || it->is_null()) return d;
+      if (!it->is_number()) c.fail(fmt::format("field '{}.{}' must be a number", field, k));
+      return it->get<double>();
+    };
+    for (const char* k : {"rope_type", "type"}) {
+      const auto it = s->find(k);
+      if (it == s->end()) continue;
+      if (!it->is_string()) c.fail(fmt::format("field '{}.{}' must be a string", field, k));
+      r.type = it->get<std::string>();
+      break;
+    }
+    r.theta = num("rope_theta", r.theta);
+    r.factor = num("factor", 1.0);
+    r.low_freq_factor = num("low_freq_factor", 1.0);
+    r.high_freq_factor = num("high_freq_factor", 4.0);
+    r.original_max_positions = static_cast<int64_t>(num("original_max_position_embeddings", 0.0));
+    r.attention_factor = num("attention_factor", 0.0);
+    r.beta_fast = num("beta_fast", 32.0);
+    r.beta_slow = num("beta_slow", 1.0);
+    if (!(r.factor > 0))
+      c.fail(fmt::format("field '{}.factor' must be positive, got {}", field, r.factor));
+  }
+  if (!(r.theta > 0)) c.fail(fmt::format("field 'rope_theta' must be positive, got {}", r.theta));
 }
 
 // transformers' LLaMA-style decoder fields (llama, mistral, mixtral, qwen*, olmo2, gemma*,
@@ -158,8 +191,8 @@ void read_llama_core(Cfg& c, ModelSpec& m, int64_t default_positions, int64_t de
   const bool bias = c.flag("attention_bias", false);
   m.qkv_bias = m.out_bias = bias;
   m.mlp_bias = c.flag("mlp_bias", false);
-  (void)c.number("rms_norm_eps", 1e-6);
-  read_rope(c);
+  m.norm_eps = c.number("rms_norm_eps", 1e-6);
+  read_rope(c, m);
 }
 
 // sliding_window with the ways configs say where it applies.
@@ -215,6 +248,7 @@ ModelSpec read_gpt2(Cfg& c) {
     c.fail(fmt::format("n_embd {} is not divisible by n_head {}", m.n_embd, m.n_head),
            "the hidden size must split evenly into attention heads");
   m.head_dim = m.n_embd / m.n_head;
+  m.norm_eps = c.number("layer_norm_epsilon", 1e-5);
   m.n_inner = c.opt("n_inner").value_or(checked_mul(int64_t{4}, m.n_embd, "n_inner = 4 * n_embd"));
   m.tied_embeddings = c.flag("tie_word_embeddings", true);
   m.activation = c.str("activation_function", "gelu_new");
@@ -332,8 +366,8 @@ ModelSpec read_phi(Cfg& c) {
   m.attn_dropout = c.prob("attention_dropout", 0.0);
   m.resid_dropout = c.prob("resid_pdrop", 0.0);
   m.embd_dropout = c.prob("embd_pdrop", 0.0);
-  (void)c.number("layer_norm_eps", 1e-5);
-  read_rope(c);
+  m.norm_eps = c.number("layer_norm_eps", 1e-5);
+  read_rope(c, m);
   return m;
 }
 
@@ -356,7 +390,7 @@ ModelSpec read_gpt_neox(Cfg& c) {
   read_sizes(c, m, SizeKeys{.kv = "", .vocab = 50432});
   read_rotary_fraction(c, m, c.has("rotary_pct") ? "rotary_pct" : "partial_rotary_factor", 0.25);
   (void)c.number("rotary_emb_base", 10000);
-  read_rope(c);
+  read_rope(c, m);
   if (c.flag("use_parallel_residual", true)) {
     m.residual = Residual::parallel;
     m.parallel_norms = 2;
@@ -367,7 +401,7 @@ ModelSpec read_gpt_neox(Cfg& c) {
   m.tied_embeddings = c.flag("tie_word_embeddings", false);
   m.attn_dropout = c.prob("attention_dropout", 0.0);
   m.resid_dropout = c.prob("hidden_dropout", 0.0);
-  (void)c.number("layer_norm_eps", 1e-5);
+  m.norm_eps = c.number("layer_norm_eps", 1e-5);
   return m;
 }
 
@@ -428,7 +462,7 @@ ModelSpec read_falcon(Cfg& c) {
   m.qkv_bias = m.out_bias = m.mlp_bias = bias;
   m.positions = c.flag("alibi", false) ? Positions::alibi : Positions::rotary;
   if (m.positions == Positions::rotary) m.rotary_dim = m.head_dim;
-  read_rope(c);
+  read_rope(c, m);
   const bool parallel = c.flag("parallel_attn", true);
   if (new_arch || parallel) {
     m.residual = Residual::parallel;
@@ -440,7 +474,7 @@ ModelSpec read_falcon(Cfg& c) {
   m.tied_embeddings = c.flag("tie_word_embeddings", true);
   m.attn_dropout = c.prob("attention_dropout", 0.0);
   m.resid_dropout = c.prob("hidden_dropout", 0.0);
-  (void)c.number("layer_norm_epsilon", 1e-5);
+  m.norm_eps = c.number("layer_norm_epsilon", 1e-5);
   return m;
 }
 
@@ -465,7 +499,7 @@ ModelSpec read_bloom(Cfg& c) {
   m.resid_dropout = c.prob("hidden_dropout", 0.0);
   (void)c.flag("apply_residual_connection_post_layernorm", false);  // which tensor is added
   (void)c.pos("pretraining_tp", 1);
-  (void)c.number("layer_norm_epsilon", 1e-5);
+  m.norm_eps = c.number("layer_norm_epsilon", 1e-5);
   return m;
 }
 
@@ -497,8 +531,8 @@ ModelSpec read_deepseek(Cfg& c, bool v3) {
   m.tied_embeddings = c.flag("tie_word_embeddings", false);
   m.attn_dropout = c.prob("attention_dropout", 0.0);
   (void)c.opt("head_dim");
-  read_rope(c);
-  (void)c.number("rms_norm_eps", 1e-6);
+  read_rope(c, m);
+  m.norm_eps = c.number("rms_norm_eps", 1e-6);
   const json* routed = c.raw("n_routed_experts");
   if (routed != nullptr) {
     m.moe.n_experts = c.pos("n_routed_experts");
@@ -569,7 +603,7 @@ ModelSpec read_t5(Cfg& c) {
   (void)c.str("dense_act_fn", "");
   m.tied_embeddings = c.flag("tie_word_embeddings", true);
   m.attn_dropout = m.resid_dropout = m.embd_dropout = c.prob("dropout_rate", 0.1);
-  (void)c.number("layer_norm_epsilon", 1e-6);
+  m.norm_eps = c.number("layer_norm_epsilon", 1e-6);
   (void)c.number("initializer_factor", 1.0);
   return m;
 }
@@ -620,7 +654,7 @@ ModelSpec read_bert(Cfg& c) {
   m.resid_dropout = c.prob("hidden_dropout_prob", 0.1);
   m.embd_dropout = m.resid_dropout;  // BertEmbeddings.dropout is hidden_dropout_prob
   m.attn_dropout = c.prob("attention_probs_dropout_prob", 0.1);
-  (void)c.number("layer_norm_eps", 1e-12);
+  m.norm_eps = c.number("layer_norm_eps", 1e-12);
   (void)c.number("initializer_range", 0.02);
   (void)c.flag("use_cache", true);
   (void)c.raw("pad_token_id");

@@ -87,6 +87,20 @@ struct WindowSpec {
 
 // Dimension letters used across zeroplan: L layers, C hidden (channels), NH heads,
 // KVH key/value heads, HS head size, F MLP width, P max positions, V vocab.
+// Rotary embeddings' frequencies, as transformers' rope_scaling (or rope_parameters) object
+// and rope_theta give them; the runtime computes the table (runtime/rope.hpp). Not a shape:
+// the planner reads none of it.
+struct RopeSpec {
+  double theta = 10000.0;
+  std::string type = "default";     // rope_type (or type): default, linear, dynamic, yarn, llama3, ...
+  double factor = 1.0;              // linear, dynamic, yarn, llama3
+  double low_freq_factor = 1.0;     // llama3
+  double high_freq_factor = 4.0;    // llama3
+  int64_t original_max_positions = 0;  // llama3: original_max_position_embeddings
+  double attention_factor = 0.0;    // yarn: given, or 0 (derived: 0.1 ln(factor) + 1)
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+};
+
 struct ModelSpec {
   std::string name;                // catalog name, or the path of the config it came from
   std::string model_type = "gpt2"; // the Hugging Face model_type that named the recipe
@@ -136,6 +150,8 @@ struct ModelSpec {
   double final_softcap = 0;        // Gemma 2: the same on the logits
   int64_t mtp_layers = 0;          // DeepSeek-V3's multi-token-prediction modules: counted
                                    // apart (ParamInventory::mtp), not trained in the graph
+  double norm_eps = 1e-5;          // LayerNorm / RMSNorm epsilon (layer_norm_epsilon, rms_norm_eps)
+  RopeSpec rope;                   // with Positions::rotary: the frequencies
   double attn_dropout = 0.0;       // attention-probability dropout
   double resid_dropout = 0.0;      // dropout after the attention and MLP output projections
   double embd_dropout = 0.0;       // dropout after the embedding
