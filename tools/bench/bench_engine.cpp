@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
 #include "zp/runtime/comm.hpp"
@@ -39,7 +40,19 @@ std::string env_or(const char* name, const std::string& fallback) {
 bool smoke = false;
 double cpu_graph_step_s = 0;  // engine_step's mean step, for engine_step_gpu_graph's ratio
 
+void engine_step_or_throw(benchmark::State& state, planner::Backend graph);
+
+// A setting the planner or the engine refuses (a --seq longer than the model's positions, say)
+// is reported as this benchmark's error, not an abort.
 void engine_step(benchmark::State& state, planner::Backend graph) {
+  try {
+    engine_step_or_throw(state, graph);
+  } catch (const Error& e) {
+    state.SkipWithError((std::string(e.what()) + (e.hint().empty() ? "" : "; hint: " + e.hint())).c_str());
+  }
+}
+
+void engine_step_or_throw(benchmark::State& state, planner::Backend graph) {
   static runtime::MpiSession session(nullptr, nullptr);
   auto comm = runtime::make_mpi_comm();
   planner::Strategy s;

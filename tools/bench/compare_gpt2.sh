@@ -28,7 +28,7 @@ done
 build=${ZP_BUILD_DIR:-build}
 target=bench_gpt2_cpu torch_opt=none filter=.
 # bench_engine's engine_step (the fp32 graph), not its engine_step_gpu_graph.
-if [ "$train" = 1 ]; then target=bench_engine torch_opt=adamw filter='^engine_step$'; fi
+if [ "$train" = 1 ]; then target=bench_engine torch_opt=adamw filter='^engine_step/'; fi  # the name carries /real_time
 bin="$build/bin/$target"
 [ -x "$bin" ] || cmake --build "$build" --target "$target" >/dev/null
 
