@@ -1,0 +1,140 @@
+// A whole tiny LLaMA and a tiny Qwen2 (grouped-query attention, rotary embeddings with the
+// llama3 and the default table, RMSNorm, SwiGLU, an untied head; Qwen2's q/k/v biases) run
+// forward and backward through the CPU kernels in transformers' order
+// (tests/support/llama_step.hpp) and compared with the PyTorch fixtures written by
+// tools/fixtures/llama_fixture.py (float64 forward and backward of the same fp32 parameters):
+// the rotary table, logits, loss and every parameter tensor's gradient. Not the engine.
+// Tolerances as test_gpt2_reference's, and for the same reasons: logits and loss 1e-5 of the
+// tensor's largest value, gradients 1e-4.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "llama_step.hpp"
+#include "zp/runtime/rope.hpp"
+
+namespace {
+
+constexpr double kLogitTol = 1e-5;
+constexpr double kGradTol = 1e-4;
+constexpr int32_t kMagic = 20261127;
+
+struct Fixture {
+  zp::testing::LlamaDims d{};
+  std::vector<float> inv_freq, params, logits, grads;
+  std::vector<int32_t> tokens, targets;
+  float loss = 0.0f;
+};
+
+template <typename X>
+void read(std::ifstream& f, std::vector<X>& v, int64_t n) {
+  v.resize(static_cast<std::size_t>(n));
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(X)));
+}
+
+// Layout: see tools/fixtures/llama_fixture.py.
+Fixture load(const std::string& variant) {
+  const std::string path = std::string(ZP_TEST_DATA) + "/" + variant + "_tiny_fixture.bin";
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "cannot open " << path);
+  std::vector<int32_t> h;
+  read(f, h, 64);
+  REQUIRE(h[0] == kMagic);
+  REQUIRE(h[1] == 1);
+  std::vector<double> hf;
+  read(f, hf, 8);
+  Fixture x;
+  x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0])};
+  const int64_t n_params = h[12], N = x.d.B * x.d.T;
+  read(f, x.inv_freq, h[13]);
+  read(f, x.params, n_params);
+  read(f, x.tokens, N);
+  read(f, x.targets, N);
+  read(f, x.logits, N * x.d.V);
+  f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
+  read(f, x.grads, n_params);
+  REQUIRE_MESSAGE(f.good(), path << " is truncated");
+  f.peek();
+  REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
+  return x;
+}
+
+void check_tensor(const float* got, const float* want, int64_t n, double tol, const std::string& what) {
+  double scale = 0.0, worst = 0.0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  REQUIRE_MESSAGE(scale > 0.0, what << ": reference is all zero");
+  int n_bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    worst = std::max(worst, err / scale);
+    if (!(err <= tol * scale) && ++n_bad <= 3)
+      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale " << scale << ")");
+  }
+  CHECK_MESSAGE(n_bad == 0, what << ": " << n_bad << " of " << n << " elements off (worst " << worst << ")");
+  MESSAGE(what << ": worst error " << worst << " of the largest value");
+}
+
+void run(const std::string& variant, const zp::models::RopeSpec& rope) {
+  const Fixture x = load(variant);
+  const zp::testing::LlamaDims& d = x.d;
+  // The rotary table is computed here, from the config's numbers, and must be transformers'.
+  const zp::runtime::RopeTable tab = zp::runtime::rope_table(rope, d.HS, 128);
+  REQUIRE(tab.inv_freq.size() == x.inv_freq.size());
+  for (std::size_t i = 0; i < x.inv_freq.size(); ++i) {
+    int32_t a = 0, b = 0;
+    std::memcpy(&a, &tab.inv_freq[i], 4);
+    std::memcpy(&b, &x.inv_freq[i], 4);
+    CHECK(std::abs(a - b) <= 1);
+  }
+  zp::testing::LlamaStep step(d, tab.inv_freq, tab.attention_factor);
+  REQUIRE(step.n_params() == static_cast<int64_t>(x.params.size()));
+  const float loss = step.forward(x.params.data(), x.tokens, x.targets);
+  check_tensor(step.logits().data(), x.logits.data(), static_cast<int64_t>(x.logits.size()), kLogitTol,
+               variant + " logits");
+  CHECK(std::abs(loss - x.loss) <= kLogitTol * x.loss);
+  std::vector<float> grads(x.params.size(), 0.0f);
+  step.backward(x.params.data(), grads.data());
+  // Tensor by tensor, in the fixture's order.
+  const zp::testing::LlamaTensors t(d);
+  auto tensor = [&](int64_t off, int64_t n, const std::string& name) {
+    check_tensor(grads.data() + off, x.grads.data() + off, n, kGradTol, variant + " d" + name);
+  };
+  tensor(t.embed, d.V * d.C, "embed");
+  for (int64_t l = 0; l < d.L; ++l) {
+    const auto& y = t.layers[static_cast<std::size_t>(l)];
+    const std::string p = std::to_string(l) + ".";
+    tensor(y.attn_norm, d.C, p + "attn_norm");
+    tensor(y.wqkv, d.R() * d.C, p + "wqkv");
+    if (d.qkv_bias) tensor(y.bqkv, d.R(), p + "bqkv");
+    tensor(y.wo, d.C * d.A(), p + "wo");
+    tensor(y.mlp_norm, d.C, p + "mlp_norm");
+    tensor(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
+    tensor(y.w_down, d.C * d.F, p + "w_down");
+  }
+  tensor(t.final_norm, d.C, "final_norm");
+  tensor(t.lm_head, d.V * d.C, "lm_head");
+}
+
+}  // namespace
+
+TEST_CASE("a tiny LLaMA (GQA, llama3 rotary table, RMSNorm, SwiGLU, untied head) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.type = "llama3";
+  r.theta = 500000.0;
+  r.factor = 8.0;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  r.original_max_positions = 32;
+  run("llama", r);
+}
+
+TEST_CASE("a tiny Qwen2 (q/k/v biases, default rotary table) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("qwen2", r);
+}
