@@ -318,10 +318,14 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = swiglu(gate[i], up[i]);
 }
 
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                     const float* up, int64_t n) {
-#pragma omp parallel for if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
+void swiglu_backward(float* dgate_up, const float* dout, const float* gate, const float* up,
+                     int64_t N, int64_t F) {
+#pragma omp parallel for if (N * F > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < F; ++i) {
+      const int64_t k = r * F + i;
+      swiglu_grad(gate[k], up[k], dout[k], dgate_up + r * 2 * F + i, dgate_up + r * 2 * F + F + i);
+    }
 }
 
 // ---- Linear layers (OpenBLAS) ---------------------------------------------------------------

@@ -269,6 +269,58 @@ class CpuDevice final : public Device {
                                  int64_t B, int64_t T, int64_t C, int64_t NH) override {
     cpu::attention_scores_backward(dqkv, dpreatt, qkv, t, B, T, C, NH);
   }
+  // LLaMA-family blocks: fp32 (the planner's cpu graph) only, for now.
+  void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight, float eps,
+                       DType t, int64_t N, int64_t C) override {
+    fp32_only(t, "rmsnorm");
+    cpu::rmsnorm_forward(f(out), stats, cf(inp), cf(weight), 0.0f, eps, N, C);
+  }
+  void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const float* stats, DType t, int64_t N,
+                        int64_t C) override {
+    fp32_only(t, "rmsnorm");
+    cpu::rmsnorm_backward(f(dinp), f(dweight), cf(dout), cf(inp), cf(weight), 0.0f, stats, N, C);
+  }
+  void rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                    int64_t row, int64_t n_heads, int64_t HS, int64_t rot) override {
+    fp32_only(t, "rope");
+    cpu::rope_forward(f(x), inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  }
+  void rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                     int64_t row, int64_t n_heads, int64_t HS, int64_t rot) override {
+    fp32_only(t, "rope");
+    cpu::rope_backward(f(dx), inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) override {
+    fp32_only(t, "swiglu");
+    cpu::swiglu_forward(f(out), cf(gate), cf(up), n);
+  }
+  void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up, DType t,
+                       int64_t N, int64_t F) override {
+    fp32_only(t, "swiglu");
+    cpu::swiglu_backward(f(dgate_up), cf(dout), cf(gate), cf(up), N, F);
+  }
+  void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
+                  const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_scores(f(preatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+  }
+  void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
+                  const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_values(f(out), cf(att), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+  }
+  void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                           const void* qkv, DType t, int64_t B, int64_t T, const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), cf(qkv),
+                                   {B, T, h.NH, h.KVH, h.HS});
+  }
+  void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t, int64_t B,
+                           int64_t T, const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+  }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);
   }
@@ -336,6 +388,13 @@ class CpuDevice final : public Device {
   // scratch of fixed size outside the arenas, as OpenBLAS's packing buffers are, not a tensor.
   std::vector<float> gemm_panels_ = std::vector<float>(cpu::kGemmWorkspaceFloats);
   double loss_acc_ = 0.0;  // loss_accumulate's running total
+  static float* f(void* p) { return static_cast<float*>(p); }
+  static const float* cf(const void* p) { return static_cast<const float*>(p); }
+  static void fp32_only(DType t, const char* what) {
+    if (t != DType::fp32)
+      throw Error(fmt::format("the cpu backend runs {} in fp32 only so far, not {}", what, to_string(t)),
+                  "plan LLaMA-family models for --device cpu (fp32 activations)");
+  }
   CopyStream copies_;  // declared last: its destructor finishes copies into the regions
 };
 

@@ -48,6 +48,34 @@ std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
   return static_cast<std::byte*>(base) + elem * elem_bytes;
 }
 
+// Why a non-GPT-2 model is not one of the dense LLaMA-family decoders this engine runs
+// (pre-RMSNorm blocks of rotary grouped-query attention and a SwiGLU MLP, no biases but
+// Qwen2's on q, k and v, an untied or tied head); "" when it is.
+std::string llama_refusal(const models::ModelSpec& m) {
+  using namespace models;
+  const std::string& t = m.model_type;
+  if (t != "llama" && t != "mistral" && t != "qwen2") return "not a dense llama, mistral or qwen2";
+  if (m.norm != Norm::rmsnorm || m.norm_place != NormPlace::pre) return "not pre-RMSNorm blocks";
+  if (m.residual != Residual::sequential) return "a parallel residual";
+  if (m.mlp != Mlp::swiglu) return "not a SwiGLU MLP";
+  if (m.positions != Positions::rotary) return "not rotary positions";
+  if (m.attention != Attention::standard || m.qk_norm != QkNorm::none || m.attn_sinks)
+    return "an attention variant (MLA, q/k norms or sinks)";
+  if (m.window.size > 0) return "sliding-window attention";
+  if (m.moe.n_experts > 0) return "Mixture-of-Experts layers";
+  if (m.out_bias || m.mlp_bias || m.head_bias) return "biases beyond q, k and v";
+  if (m.attn_softcap > 0 || m.final_softcap > 0) return "logit softcapping";
+  if (m.head != Head::lm || !m.final_norm || m.embed_norm || m.embed_proj_dim > 0)
+    return "a head or embedding variant";
+  if (m.attn_dropout > 0) return "attention dropout";
+  try {
+    (void)rope_table(m.rope, m.rotary_dim, m.n_positions);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // What this engine cannot run is refused before anything is allocated.
 void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) {
   const auto& s = plan.strategy;
@@ -57,9 +85,17 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
     throw Error(fmt::format("the plan is for --dp {}, but {} rank{} running", s.dp, dp_,
                             dp_ == 1 ? " is" : "s are"),
                 fmt::format("run it with mpirun -np {}, or make a plan with --dp {}", s.dp, dp_));
-  if (!m.is_gpt2_block())
-    throw Error(fmt::format("zero-run trains GPT-2-family models; {} is {}", m.name, m.family_name()),
-                "plan other architectures with zero-plan; run a GPT-2 config (e.g. gpt2-tiny) here");
+  if (!m.is_gpt2_block()) {
+    const std::string why = llama_refusal(m);
+    if (!why.empty())
+      throw Error(fmt::format("zero-run trains GPT-2 and dense LLaMA-family models (llama, mistral, "
+                              "qwen2); {} is {}: {}", m.name, m.family_name(), why),
+                  "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
+    if (plan.options.backend != planner::Backend::cpu || dev.name() != "cpu")
+      throw Error(fmt::format("{}: zero-run runs LLaMA-family blocks on the cpu backend in fp32 only "
+                              "so far", m.name),
+                  "run with --device cpu (zero-plan plan --device cpu)");
+  }
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
@@ -127,6 +163,13 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   T_ = g_.options.seq;
   C_ = plan.model.n_embd;
   NH_ = plan.model.n_head;
+  llama_ = !plan.model.is_gpt2_block();
+  norm_eps_ = static_cast<float>(plan.model.norm_eps);
+  if (llama_) {
+    heads_ = {plan.model.n_head, plan.model.n_kv_head, plan.model.head_dim};
+    rot_ = plan.model.rotary_dim;
+    rope_ = rope_table(plan.model.rope, rot_, plan.model.n_positions);
+  }
   n_pos_ = static_cast<int32_t>(g_.order.size());
   for (int32_t i = 0; i < n_pos_; ++i) {
     const Op& op = g_.op(g_.order[static_cast<std::size_t>(i)]);
@@ -279,11 +322,16 @@ void Engine::init_range(uint64_t lo, uint64_t hi, float* out) const {
     };
     const bool norm = ends("norm1") || ends("norm2") || ends("norm_f");
     const bool proj = ends(".attn.proj") || ends(".mlp.proj");
-    const double sd = proj ? 0.02 / std::sqrt(2.0 * static_cast<double>(plan_.model.n_layer)) : 0.02;
-    // A linear module is weight (OC, in) then bias (OC); embeddings are all weight.
+    // LLaMA-family (transformers' LlamaPreTrainedModel._init_weights): every linear and
+    // embedding weight N(0, 0.02), biases 0, RMSNorm weights 1; no residual scaling.
+    const double sd = proj && !llama_ ? 0.02 / std::sqrt(2.0 * static_cast<double>(plan_.model.n_layer)) : 0.02;
+    // A linear module is weight (OC, in) then bias (OC); embeddings are all weight. LLaMA-family:
+    // only Qwen2's q|k|v projection has a bias.
     const uint64_t in = ends(".mlp.proj") ? static_cast<uint64_t>(plan_.model.n_inner) : C;
     const bool embedding = n == "wte" || n == "wpe";
-    const uint64_t weight_elems = embedding ? numel : (numel % (in + 1) == 0 ? numel / (in + 1) * in : numel);
+    uint64_t weight_elems = embedding ? numel : (numel % (in + 1) == 0 ? numel / (in + 1) * in : numel);
+    if (llama_)
+      weight_elems = ends(".attn.qkv") && plan_.model.qkv_bias ? numel / (C + 1) * C : numel;
     const auto n_here = static_cast<int64_t>(b - a);
 #pragma omp parallel for schedule(static) if (n_here > 65536)
     for (int64_t j = 0; j < n_here; ++j) {
@@ -707,16 +755,34 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                              t, N, C_);
       break;
     }
+    case OpKind::rmsnorm:
+      dev_.rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), weight(0), norm_eps_, t,
+                           N, C_);
+      break;
+    case OpKind::rope:
+      dev_.rope_forward(v(op.outputs[0]), rope_.inv_freq.data(), rope_.attention_factor, t, B_, T_,
+                        last_dim(op.outputs[0]), heads_.NH + heads_.KVH, heads_.HS, rot_);
+      break;
+    case OpKind::swiglu:
+      dev_.swiglu_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
+      break;
     case OpKind::matmul: {
       const int64_t in = last_dim(op.inputs[0]), out = last_dim(op.outputs[0]);
       void* w = weight(0);
+      if (op.outputs.size() == 2) {  // a fused gate|up weight (2F, in): its halves, one GEMM each
+        dev_.matmul_forward(v(op.outputs[0]), dtype(op.outputs[0]), v(op.inputs[0]), w, nullptr, t, N, in, out);
+        dev_.matmul_forward(v(op.outputs[1]), dtype(op.outputs[1]), v(op.inputs[0]), after(w, in * out),
+                            nullptr, t, N, in, out);
+        break;
+      }
       const bool bias = numel(op.params[0]) == in * out + out;
       dev_.matmul_forward(v(op.outputs[0]), dtype(op.outputs[0]), v(op.inputs[0]), w,
                           bias ? after(w, in * out) : nullptr, t, N, in, out);
       break;
     }
     case OpKind::attn_scores:
-      dev_.attention_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, C_, NH_);
+      if (llama_) dev_.gqa_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, heads_);
+      else dev_.attention_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax:
       dev_.attention_softmax(v(op.outputs[0]), v(op.inputs[0]), t, B_, NH_, T_);
@@ -731,7 +797,8 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::attn_values:
-      dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
+      if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads_);
+      else dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::residual:
       dev_.residual_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
@@ -775,14 +842,33 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                             static_cast<float>(op.dropout_p), numel(op.outputs[0]));
       break;
     case OpKind::attn_values_bwd:
-      dev_.attention_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]),
-                                     v(op.inputs[1]), v(op.inputs[2]), t, B_, T_, C_, NH_);
+      if (llama_)
+        dev_.gqa_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
+                                 v(op.inputs[2]), t, B_, T_, heads_);
+      else
+        dev_.attention_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]),
+                                       v(op.inputs[1]), v(op.inputs[2]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax_bwd:
       dev_.attention_softmax_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, NH_, T_);
       break;
     case OpKind::attn_scores_bwd:
-      dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
+      if (llama_)
+        dev_.gqa_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads_);
+      else
+        dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
+      break;
+    case OpKind::rmsnorm_bwd:
+      dev_.rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[0]), v(op.inputs[1]), weight(0),
+                            f(op.inputs[2]), t, N, C_);
+      break;
+    case OpKind::rope_bwd:
+      dev_.rope_backward(v(op.outputs[0]), rope_.inv_freq.data(), rope_.attention_factor, t, B_, T_,
+                         last_dim(op.outputs[0]), heads_.NH + heads_.KVH, heads_.HS, rot_);
+      break;
+    case OpKind::swiglu_bwd:
+      dev_.swiglu_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), v(op.inputs[2]), t, N,
+                           last_dim(op.inputs[1]));
       break;
     case OpKind::embedding_bwd:
       dev_.embedding_backward(dweight(0), op.grads.size() > 1 ? dweight(1) : nullptr,

@@ -927,8 +927,14 @@ TEST_CASE("swiglu: forward and backward against finite differences") {
   cpu::swiglu_forward(out.data(), g.data(), u.data(), n);
   check_close(out, ref_swiglu(gd, ud), kFwdTol, "swiglu out");
   const Vec dout = randn(n, 1.0f, rng);
-  Vec dg(n, 1e30f), du(n, 1e30f);  // overwritten
-  cpu::swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
+  Vec dgu(2 * n, 1e30f);  // overwritten: rows of (d gate | d up), N rows of OC each
+  cpu::swiglu_backward(dgu.data(), dout.data(), g.data(), u.data(), N, OC);
+  Vec dg(n), du(n);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < OC; ++i) {
+      dg[r * OC + i] = dgu[r * 2 * OC + i];
+      du[r * OC + i] = dgu[r * 2 * OC + OC + i];
+    }
   check_close(dg, fd_grad([&](const DVec& v) { return weighted_sum(ref_swiglu(v, ud), dout); }, gd),
               kBwdTol, "swiglu dgate");
   check_close(du, fd_grad([&](const DVec& v) { return weighted_sum(ref_swiglu(gd, v), dout); }, ud),

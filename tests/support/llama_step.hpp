@@ -130,14 +130,13 @@ class LlamaStep {
       const auto& w = t_.layers[static_cast<std::size_t>(l)];
       const Acts& a = acts_[static_cast<std::size_t>(l)];
       // The MLP: dx is the gradient of x_{l+1} = h + down(swiglu(gate, up)).
-      std::vector<float> dact(N * d.F, 0.0f), dgate(N * d.F), dup(N * d.F), dln2(N * d.C, 0.0f);
+      std::vector<float> dact(N * d.F, 0.0f), dgu(N * 2 * d.F), dln2(N * d.C, 0.0f);
       cpu::matmul_backward(dact.data(), g + w.w_down, nullptr, dx.data(), a.act.data(), p + w.w_down, N,
                            d.F, d.C);
-      cpu::swiglu_backward(dgate.data(), dup.data(), dact.data(), a.gate.data(), a.up.data(), N * d.F);
-      cpu::matmul_backward(dln2.data(), g + w.w_gate_up, nullptr, dgate.data(), a.ln2.data(),
-                           p + w.w_gate_up, N, d.C, d.F);
-      cpu::matmul_backward(dln2.data(), g + w.w_gate_up + d.F * d.C, nullptr, dup.data(), a.ln2.data(),
-                           p + w.w_gate_up + d.F * d.C, N, d.C, d.F);
+      cpu::swiglu_backward(dgu.data(), dact.data(), a.gate.data(), a.up.data(), N, d.F);
+      // The fused gate|up weight (2F, C) takes back rows of (d gate | d up) in one GEMM.
+      cpu::matmul_backward(dln2.data(), g + w.w_gate_up, nullptr, dgu.data(), a.ln2.data(),
+                           p + w.w_gate_up, N, d.C, 2 * d.F);
       std::vector<float> dh = dx;  // the residual
       cpu::rmsnorm_backward(dh.data(), g + w.mlp_norm, dln2.data(), a.h.data(), p + w.mlp_norm, 0.0f,
                             a.s2.data(), N, d.C);

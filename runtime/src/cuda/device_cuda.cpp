@@ -596,6 +596,41 @@ void CudaDevice::add_f32(float* dst, const void* src, DType t, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
 }
 
+// ---- LLaMA-family blocks: not on the GPU yet -----------------------------------------------
+
+namespace {
+[[noreturn]] void not_on_gpu(const char* op) {
+  throw Error(fmt::format("the CUDA backend does not run {} yet (LLaMA-family blocks)", op),
+              "run LLaMA-family plans with --device cpu for now");
+}
+}  // namespace
+
+void CudaDevice::rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+                                 int64_t) { not_on_gpu("rmsnorm"); }
+void CudaDevice::rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*,
+                                  DType, int64_t, int64_t) { not_on_gpu("rmsnorm"); }
+void CudaDevice::rope_forward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t,
+                              int64_t, int64_t) { not_on_gpu("rope"); }
+void CudaDevice::rope_backward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t,
+                               int64_t, int64_t) { not_on_gpu("rope"); }
+void CudaDevice::swiglu_forward(void*, const void*, const void*, DType, int64_t) { not_on_gpu("swiglu"); }
+void CudaDevice::swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t,
+                                 int64_t) { not_on_gpu("swiglu"); }
+void CudaDevice::gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
+void CudaDevice::gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
+void CudaDevice::gqa_values_backward(void*, void*, const void*, const void*, const void*, DType,
+                                     int64_t, int64_t, const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
+void CudaDevice::gqa_scores_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+                                     const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
+
 // ---- the optimizer ---------------------------------------------------------------------------
 
 GradSumSquares CudaDevice::grad_sum_squares(const void* grads, DType t, uint64_t n) {

@@ -73,6 +73,22 @@ class CudaDevice final : public Device {
                                   int64_t B, int64_t NH, int64_t T) override;
   void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
                                  int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  // LLaMA-family blocks: not on the GPU yet; each throws zp::Error naming the op.
+  void rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t, int64_t) override;
+  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, DType,
+                        int64_t, int64_t) override;
+  void rope_forward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t, int64_t,
+                    int64_t) override;
+  void rope_backward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t, int64_t,
+                     int64_t) override;
+  void swiglu_forward(void*, const void*, const void*, DType, int64_t) override;
+  void swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t, int64_t) override;
+  void gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_values_backward(void*, void*, const void*, const void*, const void*, DType, int64_t,
+                           int64_t, const Heads&) override;
+  void gqa_scores_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+                           const Heads&) override;
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override;
   void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override;
   void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) override;

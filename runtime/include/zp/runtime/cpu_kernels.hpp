@@ -64,10 +64,12 @@ void rope_backward(float* dx, const float* inv_freq, float mscale, int64_t B, in
 // these values before the kernels use them).
 std::vector<float> rope_default_inv_freq(double theta, int64_t rot);
 
-// SwiGLU: out = silu(gate) * up over n elements; the backward overwrites dgate and dup.
+// SwiGLU: out = silu(gate) * up over n elements. The backward writes (overwrites) the gradient
+// of the fused gate|up projection's output: row r of dgate_up (N, 2F) holds d gate then d up,
+// what one GEMM of the fused (2F, C) weight takes back.
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                     const float* up, int64_t n);
+void swiglu_backward(float* dgate_up, const float* dout, const float* gate, const float* up,
+                     int64_t N, int64_t F);
 
 // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (bias may be null). OpenBLAS SGEMM.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,

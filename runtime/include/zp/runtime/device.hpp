@@ -148,6 +148,35 @@ class Device {
   virtual void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
                                          DType t, int64_t B, int64_t T, int64_t C,
                                          int64_t NH) = 0;
+  // LLaMA-family blocks, as cpu_kernels.hpp states them (the fused q|k|v rows of grouped-query
+  // attention: NH query heads, then KVH key and KVH value heads, each HS wide). For now the cpu
+  // backend runs them in fp32 only and the CUDA backend not at all: both throw zp::Error naming
+  // the op otherwise (zero-run refuses such plans before anything runs).
+  struct Heads {
+    int64_t NH = 0, KVH = 0, HS = 0;
+  };
+  virtual void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                               float eps, DType t, int64_t N, int64_t C) = 0;
+  virtual void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                const void* weight, const float* stats, DType t, int64_t N,
+                                int64_t C) = 0;
+  // inv_freq: rot / 2 values in host memory (the cpu backend's).
+  virtual void rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B,
+                            int64_t T, int64_t row, int64_t n_heads, int64_t HS, int64_t rot) = 0;
+  virtual void rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B,
+                             int64_t T, int64_t row, int64_t n_heads, int64_t HS, int64_t rot) = 0;
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) = 0;
+  virtual void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up,
+                               DType t, int64_t N, int64_t F) = 0;
+  virtual void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
+                          const Heads& h) = 0;
+  virtual void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
+                          int64_t T, const Heads& h) = 0;
+  virtual void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                                   const void* qkv, DType t, int64_t B, int64_t T,
+                                   const Heads& h) = 0;
+  virtual void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+                                   int64_t B, int64_t T, const Heads& h) = 0;
   virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,
                              int64_t n) = 0;

@@ -34,6 +34,7 @@
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
+#include "zp/runtime/rope.hpp"
 #include "zp/runtime/swapper.hpp"
 
 namespace zp::runtime {
@@ -151,6 +152,13 @@ class Engine {
   DType adt_ = DType::fp32;   // what the kernels store activations (and read weights) as
   int stage_ = 0, rank_ = 0, dp_ = 1;
   int64_t B_ = 1, T_ = 1, C_ = 0, NH_ = 0;
+  // LLaMA-family blocks (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU): the
+  // heads, the rotated dims, the frequency table and the norm epsilon.
+  bool llama_ = false;
+  Device::Heads heads_;
+  int64_t rot_ = 0;
+  RopeTable rope_;
+  float norm_eps_ = 1e-5f;
   uint64_t n_params_ = 0, part_ = 0;
   int32_t n_pos_ = 0, opt_pos_ = -1, last_bwd_ = -1;
   std::vector<Group> groups_;
