@@ -54,7 +54,7 @@ std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
 std::string llama_refusal(const models::ModelSpec& m) {
   using namespace models;
   const std::string& t = m.model_type;
-  if (t != "llama" && t != "mistral" && t != "qwen2") return "not a dense llama, mistral or qwen2";
+  if (m.moe.n_experts > 0) return "Mixture-of-Experts layers (planned, not run yet)";
   if (m.norm != Norm::rmsnorm || m.norm_place != NormPlace::pre) return "not pre-RMSNorm blocks";
   if (m.residual != Residual::sequential) return "a parallel residual";
   if (m.mlp != Mlp::swiglu) return "not a SwiGLU MLP";
@@ -62,12 +62,15 @@ std::string llama_refusal(const models::ModelSpec& m) {
   if (m.attention != Attention::standard || m.qk_norm != QkNorm::none || m.attn_sinks)
     return "an attention variant (MLA, q/k norms or sinks)";
   if (m.window.size > 0) return "sliding-window attention";
-  if (m.moe.n_experts > 0) return "Mixture-of-Experts layers";
+  if (m.activation != "silu") return "a gated MLP with " + m.activation + ", not SiLU";
   if (m.out_bias || m.mlp_bias || m.head_bias) return "biases beyond q, k and v";
   if (m.attn_softcap > 0 || m.final_softcap > 0) return "logit softcapping";
   if (m.head != Head::lm || !m.final_norm || m.embed_norm || m.embed_proj_dim > 0)
     return "a head or embedding variant";
   if (m.attn_dropout > 0) return "attention dropout";
+  // Families with the same recipe but their own details (Gemma's scaled embeddings and 1 + w
+  // norms, OLMo2's norm placement, ...) are checked model_type by model_type.
+  if (t != "llama" && t != "mistral" && t != "qwen2") return "not a dense llama, mistral or qwen2";
   try {
     (void)rope_table(m.rope, m.rotary_dim, m.n_positions);
   } catch (const Error& e) {

@@ -32,6 +32,19 @@
 
 namespace {
 
+// MemAvailable of /proc/meminfo, in bytes; 0 where it cannot be read (then nothing is checked).
+uint64_t available_host_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %lu kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
+
 using namespace zp;
 
 struct Args {
@@ -193,6 +206,19 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
       throw Error(fmt::format("the plan needs {} on the host, --host-memory gives {}",
                               format_bytes(cpu_pred), format_bytes(s.cpu_bytes)),
                   "give more host memory");
+  }
+  // The cpu backend holds the device tier in host memory too: a plan larger than the memory
+  // this machine has available would be killed part-way (the arenas are reserved lazily), so
+  // it is refused here, per rank.
+  if (a.device == "cpu") {
+    const uint64_t avail = available_host_bytes();
+    if (avail > 0 && gpu_pred + cpu_pred > avail)
+      throw Error(fmt::format("the cpu backend needs {} of host memory for this rank ({} device tier "
+                              "+ {} host tier), the machine has {} available",
+                              format_bytes(gpu_pred + cpu_pred), format_bytes(gpu_pred),
+                              format_bytes(cpu_pred), format_bytes(avail)),
+                  "run a smaller config on the cpu backend (e.g. gpt2-tiny), fewer ranks per "
+                  "machine, or the plan on GPUs (--device cuda)");
   }
   return s;
 }
