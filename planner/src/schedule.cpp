@@ -1864,6 +1864,10 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
         if (use_caching) caching.free(block[e.buffer]);
         else arena.free(block[e.buffer]);
       }
+    } else if (!use_caching) {
+      // zeroplan's runtime keeps the host tier (and the nvme tier's address space) in arenas
+      // of the same alignment: each block takes whole units of it (0 bytes one unit).
+      bytes = round_up(std::max<uint64_t>(bytes, 1), kArenaAlignment);
     }
     if (e.alloc) {
       cur[t][c] += bytes;

@@ -237,7 +237,8 @@ TEST_CASE("--model DIR reads DIR/config.json, as save_pretrained writes it") {
   fs::create_directories(dir);
   {
     std::ofstream f(dir / "config.json");
-    f << catalog()[1].config;  // gpt2
+    for (const auto& e : catalog())
+      if (e.name == "gpt2") f << e.config;
   }
   CHECK(count_params(load_model(dir.string())).total == 124'439'808);
   fs::remove(dir / "config.json");
