@@ -6,7 +6,9 @@
 #   tools/bench/compare_gpt2.sh [--model gpt2] [--B 1] [--T 256] [--threads N] [--min-time 5]
 #                               [--torch-blas same|system] [--train]
 # --train: whole training steps instead (bench_engine: the ZeRO engine's fp32 step with AdamW,
-# against PyTorch's forward + backward + torch.optim.AdamW).
+# against PyTorch's forward + backward + torch.optim.AdamW). --model also takes a config.json;
+# a LLaMA-family one (tools/bench/llama-125m.json: 12 x 768, 12 heads over 4 KV heads) needs
+# --train, as only the engine runs those blocks.
 # The C++ binary comes from ${ZP_BUILD_DIR:-build}/bin (built here if missing). PyTorch loads
 # the same OpenBLAS build as that binary (Debian's torch takes libblas.so.3 from the system
 # alternatives, usually the pthread build) unless --torch-blas system.
@@ -25,6 +27,11 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 
+if [ "$train" = 0 ] && [ -f "$model" ] && ! grep -q '"model_type": *"gpt2"' "$model"; then
+  echo "error: --model $model: the kernel-only benchmark runs GPT-2; LLaMA-family configs need --train" >&2
+  echo "hint: tools/bench/compare_gpt2.sh --train --model $model --T 512" >&2
+  exit 2
+fi
 build=${ZP_BUILD_DIR:-build}
 target=bench_gpt2_cpu torch_opt=none filter=.
 # bench_engine's engine_step (the fp32 graph), not its engine_step_gpu_graph.
