@@ -113,7 +113,7 @@ void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < T; ++t) {
         const int64_t row = ((b * NH + h) * T + t) * T;
-        for (int64_t t2 = 0; t2 <= t; ++t2)
+        for (int64_t t2 = s.first_key(t); t2 <= t; ++t2)
           st<D>(preatt, row + t2,
                 dot_t<D>(qkv, (b * T + t) * R + h * HS, qkv, (b * T + t2) * R + s.k_off() + h / G * HS,
                          HS) * scale);
@@ -382,15 +382,19 @@ void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int
   attention_scores(preatt, qkv, gpt2_shape(B, T, C, NH, "attention_scores"));
 }
 
-void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
-  const int64_t n_rows = B * NH * T;
+void attention_softmax(float* att, const float* preatt, const AttnShape& s) {
+  const int64_t T = s.T, n_rows = s.B * s.NH * T;
 #pragma omp parallel for if (n_rows * T > kParallelElems)
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t t = r % T;
+    const int64_t t = r % T, lo = s.first_key(t);
     float* out = att + r * T;
-    softmax_row(out, preatt + r * T, t + 1);
+    softmax_row(out + lo, preatt + r * T + lo, t - lo + 1);
+    std::fill(out, out + lo, 0.0f);
     std::fill(out + t + 1, out + T, 0.0f);
   }
+}
+void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, int64_t T) {
+  attention_softmax(att, preatt, AttnShape{B, T, NH, NH, 1});
 }
 
 void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s) {
@@ -403,7 +407,7 @@ void attention_values(float* out, const float* att, const float* qkv, const Attn
         float* o = out + (b * T + t) * O + h * HS;
         const float* a = att + ((b * NH + h) * T + t) * T;
         std::fill(o, o + HS, 0.0f);
-        for (int64_t t2 = 0; t2 <= t; ++t2)
+        for (int64_t t2 = s.first_key(t); t2 <= t; ++t2)
           axpy(o, a[t2], qkv + (b * T + t2) * R + s.v_off() + h / G * HS, HS);
       }
 }
@@ -425,7 +429,7 @@ void attention_values_backward(float* datt, float* dqkv, const float* dout, cons
           const float* g = dout + (b * T + t) * O + h * HS;
           const float* a = att + ((b * NH + h) * T + t) * T;
           float* da = datt + ((b * NH + h) * T + t) * T;
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
+          for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
             const int64_t v_off = (b * T + t2) * R + s.v_off() + kv * HS;
             da[t2] += dot(g, qkv + v_off, HS);  // datt[t,t2] += dout[t] . v[t2]
             axpy(dqkv + v_off, a[t2], g, HS);   // dv[t2] += att[t,t2] dout[t]
@@ -438,16 +442,21 @@ void attention_values_backward(float* datt, float* dqkv, const float* dout, cons
                             gpt2_shape(B, T, C, NH, "attention_values_backward"));
 }
 
-void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
-                                int64_t NH, int64_t T) {
-  const int64_t n_rows = B * NH * T;
+void attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
+                                const AttnShape& s) {
+  const int64_t T = s.T, n_rows = s.B * s.NH * T;
 #pragma omp parallel for if (n_rows * T > kParallelElems)
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t t = r % T;
+    const int64_t t = r % T, lo = s.first_key(t);
     float* dx = dpreatt + r * T;
-    softmax_row_backward(dx, datt + r * T, att + r * T, t + 1);
-    std::fill(dx + t + 1, dx + T, 0.0f);  // masked keys have no gradient
+    softmax_row_backward(dx + lo, datt + r * T + lo, att + r * T + lo, t - lo + 1);
+    std::fill(dx, dx + lo, 0.0f);  // masked keys have no gradient
+    std::fill(dx + t + 1, dx + T, 0.0f);
   }
+}
+void attention_softmax_backward(float* dpreatt, const float* datt, const float* att, int64_t B,
+                                int64_t NH, int64_t T) {
+  attention_softmax_backward(dpreatt, datt, att, AttnShape{B, T, NH, NH, 1});
 }
 
 // Over (b, key/value head), as attention_values_backward: dq of each query head is its own,
@@ -464,7 +473,7 @@ void attention_scores_backward(float* dqkv, const float* dpreatt, const float* q
         for (int64_t t = 0; t < T; ++t) {
           const int64_t q_off = (b * T + t) * R + h * HS;
           const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
+          for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
             const int64_t k_off = (b * T + t2) * R + s.k_off() + kv * HS;
             const float g = dp[t2] * scale;
             axpy(dqkv + q_off, g, qkv + k_off, HS);  // dq[t] += g k[t2]

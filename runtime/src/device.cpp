@@ -303,23 +303,33 @@ class CpuDevice final : public Device {
   void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores(f(preatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+    cpu::attention_scores(f(preatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
+  }
+  void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
+                   const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_softmax(f(att), cf(preatt), {B, T, h.NH, h.KVH, h.HS, h.window});
+  }
+  void gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t, int64_t B,
+                            int64_t T, const Heads& h) override {
+    fp32_only(t, "grouped-query attention");
+    cpu::attention_softmax_backward(f(dpreatt), cf(datt), cf(att), {B, T, h.NH, h.KVH, h.HS, h.window});
   }
   void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_values(f(out), cf(att), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+    cpu::attention_values(f(out), cf(att), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
   }
   void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
                            const void* qkv, DType t, int64_t B, int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
     cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), cf(qkv),
-                                   {B, T, h.NH, h.KVH, h.HS});
+                                   {B, T, h.NH, h.KVH, h.HS, h.window});
   }
   void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t, int64_t B,
                            int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS});
+    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
   }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);

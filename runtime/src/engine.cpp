@@ -61,7 +61,6 @@ std::string llama_refusal(const models::ModelSpec& m) {
   if (m.positions != Positions::rotary) return "not rotary positions";
   if (m.attention != Attention::standard || m.qk_norm != QkNorm::none || m.attn_sinks)
     return "an attention variant (MLA, q/k norms or sinks)";
-  if (m.window.size > 0) return "sliding-window attention";
   if (m.activation != "silu") return "a gated MLP with " + m.activation + ", not SiLU";
   if (m.out_bias || m.mlp_bias || m.head_bias) return "biases beyond q, k and v";
   if (m.attn_softcap > 0 || m.final_softcap > 0) return "logit softcapping";
@@ -740,6 +739,12 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     return p == nullptr ? nullptr : at(p, static_cast<uint64_t>(elems), dtype_bytes(t));
   };
   auto last_dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
+  // The attention heads of this op's layer: its sliding window, if it has one.
+  auto heads = [&](const Op& o) {
+    Device::Heads h = heads_;
+    h.window = plan_.model.window.window_of(o.layer);
+    return h;
+  };
   auto numel = [&](TensorId x) {
     const Tensor& tx = g_.tensor(x);
     return static_cast<int64_t>(tx.bytes / tx.elem_bytes);
@@ -784,11 +789,12 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::attn_scores:
-      if (llama_) dev_.gqa_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, heads_);
+      if (llama_) dev_.gqa_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, heads(op));
       else dev_.attention_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax:
-      dev_.attention_softmax(v(op.outputs[0]), v(op.inputs[0]), t, B_, NH_, T_);
+      if (llama_) dev_.gqa_softmax(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, heads(op));
+      else dev_.attention_softmax(v(op.outputs[0]), v(op.inputs[0]), t, B_, NH_, T_);
       break;
     case OpKind::dropout: {
       // Element offset rank * n (see dropout_key): the key advanced by that much.
@@ -800,7 +806,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::attn_values:
-      if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads_);
+      if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
       else dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::residual:
@@ -847,17 +853,20 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     case OpKind::attn_values_bwd:
       if (llama_)
         dev_.gqa_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
-                                 v(op.inputs[2]), t, B_, T_, heads_);
+                                 v(op.inputs[2]), t, B_, T_, heads(op));
       else
         dev_.attention_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]),
                                        v(op.inputs[1]), v(op.inputs[2]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax_bwd:
-      dev_.attention_softmax_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, NH_, T_);
+      if (llama_)
+        dev_.gqa_softmax_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
+      else
+        dev_.attention_softmax_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, NH_, T_);
       break;
     case OpKind::attn_scores_bwd:
       if (llama_)
-        dev_.gqa_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads_);
+        dev_.gqa_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
       else
         dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;

@@ -946,7 +946,8 @@ namespace {
 // Grouped-query attention in float64: fused rows (NH + 2 KVH) * HS wide, query head h reading
 // key/value head h / (NH / KVH).
 struct Gqa {
-  int64_t B, T, NH, KVH, HS;
+  int64_t B, T, NH, KVH, HS, window = 0;
+  bool sees(int64_t t, int64_t t2) const { return t2 <= t && (window == 0 || t - t2 < window); }
   int64_t row() const { return (NH + 2 * KVH) * HS; }
   int64_t q(int64_t b, int64_t t, int64_t h, int64_t i) const { return (b * T + t) * row() + h * HS + i; }
   int64_t k(int64_t b, int64_t t, int64_t h, int64_t i) const {
@@ -962,6 +963,7 @@ DVec ref_gqa_scores(const DVec& qkv, const Gqa& g) {
     for (int64_t h = 0; h < g.NH; ++h)
       for (int64_t t = 0; t < g.T; ++t)
         for (int64_t t2 = 0; t2 <= t; ++t2) {
+          if (!g.sees(t, t2)) continue;
           double s = 0.0;
           for (int64_t i = 0; i < g.HS; ++i) s += qkv[g.q(b, t, h, i)] * qkv[g.k(b, t2, h, i)];
           out[g.a(b, h, t, t2)] = s / std::sqrt(static_cast<double>(g.HS));
@@ -976,7 +978,8 @@ DVec ref_gqa_values(const DVec& att, const DVec& qkv, const Gqa& g) {
       for (int64_t t = 0; t < g.T; ++t)
         for (int64_t i = 0; i < g.HS; ++i) {
           double s = 0.0;
-          for (int64_t t2 = 0; t2 <= t; ++t2) s += att[g.a(b, h, t, t2)] * qkv[g.v(b, t2, h, i)];
+          for (int64_t t2 = 0; t2 <= t; ++t2)
+            if (g.sees(t, t2)) s += att[g.a(b, h, t, t2)] * qkv[g.v(b, t2, h, i)];
           out[(b * g.T + t) * g.NH * g.HS + h * g.HS + i] = s;
         }
   return out;
@@ -988,10 +991,13 @@ TEST_CASE("grouped-query attention: scores and values against float64, backwards
   std::mt19937 rng(34);
   // 6 query heads over 2 key/value heads (groups of 3), HS = 3 (NH * HS != any C of GPT-2's
   // layout), and the multi-query extreme (KVH = 1); B = 2, T = 5.
+  // With a sliding window of 3 (Mistral's): each query sees itself and the 2 keys before it.
+  for (int64_t window : {int64_t{0}, int64_t{3}})
   for (int64_t kvh : {int64_t{2}, int64_t{1}}) {
     CAPTURE(kvh);
-    const Gqa g{2, 5, 6, kvh, 3};
-    const cpu::AttnShape s{g.B, g.T, g.NH, g.KVH, g.HS};
+    CAPTURE(window);
+    const Gqa g{2, 5, 6, kvh, 3, window};
+    const cpu::AttnShape s{g.B, g.T, g.NH, g.KVH, g.HS, window};
     REQUIRE(s.row() == g.row());
     const int64_t rows = g.B * g.T, A = g.B * g.NH * g.T * g.T;
     const Vec qkv = randn(rows * g.row(), 1.0f, rng);
@@ -1000,7 +1006,18 @@ TEST_CASE("grouped-query attention: scores and values against float64, backwards
     cpu::attention_scores(pre.data(), qkv.data(), s);
     check_close(pre, ref_gqa_scores(qd, g), kFwdTol, "gqa scores");
     Vec att(A, 0.0f);
-    cpu::attention_softmax(att.data(), pre.data(), g.B, g.NH, g.T);
+    cpu::attention_softmax(att.data(), pre.data(), s);
+    for (int64_t b = 0; b < g.B; ++b)  // a probability distribution over exactly the keys seen
+      for (int64_t h = 0; h < g.NH; ++h)
+        for (int64_t t = 0; t < g.T; ++t) {
+          double sum = 0;
+          for (int64_t t2 = 0; t2 < g.T; ++t2) {
+            const float p = att[static_cast<std::size_t>(g.a(b, h, t, t2))];
+            if (!g.sees(t, t2)) CHECK(p == 0.0f);
+            sum += p;
+          }
+          CHECK(std::fabs(sum - 1.0) < 1e-6);
+        }
     const DVec ad = to_d(att);
     Vec out(rows * g.NH * g.HS, 1e30f);
     cpu::attention_values(out.data(), att.data(), qkv.data(), s);
@@ -1012,10 +1029,11 @@ TEST_CASE("grouped-query attention: scores and values against float64, backwards
     Vec datt = datt0, dqkv = dqkv0;
     cpu::attention_values_backward(datt.data(), dqkv.data(), dout.data(), att.data(), qkv.data(), s);
     DVec want_datt = fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_values(v, qd, g), dout); }, ad);
-    for (int64_t b = 0; b < g.B; ++b)  // entries above the diagonal are not touched
+    for (int64_t b = 0; b < g.B; ++b)  // entries of keys not seen are not touched
       for (int64_t h = 0; h < g.NH; ++h)
         for (int64_t t = 0; t < g.T; ++t)
-          for (int64_t t2 = t + 1; t2 < g.T; ++t2) want_datt[g.a(b, h, t, t2)] = 0.0;
+          for (int64_t t2 = 0; t2 < g.T; ++t2)
+            if (!g.sees(t, t2)) want_datt[g.a(b, h, t, t2)] = 0.0;
     check_delta(datt, datt0, want_datt, kBwdTol, "gqa datt");
     check_delta(dqkv, dqkv0,
                 fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_values(ad, v, g), dout); }, qd),
@@ -1029,7 +1047,8 @@ TEST_CASE("grouped-query attention: scores and values against float64, backwards
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.NH; ++h)
         for (int64_t t = 0; t < g.T; ++t)
-          for (int64_t t2 = t + 1; t2 < g.T; ++t2) dpre_causal[g.a(b, h, t, t2)] = 0.0;
+          for (int64_t t2 = 0; t2 < g.T; ++t2)
+            if (!g.sees(t, t2)) dpre_causal[g.a(b, h, t, t2)] = 0.0;
     Vec dpre_c(dpre_causal.begin(), dpre_causal.end());
     check_delta(dqkv2, dqkv0,
                 fd_grad([&](const DVec& v) { return weighted_sum(ref_gqa_scores(v, g), dpre_c); }, qd),

@@ -27,7 +27,15 @@ using zp::test::device_for;
 
 namespace {
 
-// V = 256: zero-run's data is byte-level.
+// V = 256: zero-run's data is byte-level. A Mistral: the LLaMA's shape with a sliding window
+// of 5 keys and the default rotary table.
+std::string tiny_mistral() {
+  return R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": 5, "tie_word_embeddings": false})";
+}
+
 std::string tiny_config(bool qkv_bias) {
   return std::string(R"({"model_type": ")") + (qkv_bias ? "qwen2" : "llama") +
          R"(", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
@@ -76,8 +84,9 @@ Run train(const planner::Plan& plan, int steps, float lr) {
   return r;
 }
 
-void check_against_reference(bool qkv_bias) {
-  const models::ModelSpec m = models::parse_hf_config(tiny_config(qkv_bias), "tiny.json");
+void check_against_reference(const std::string& config) {
+  const models::ModelSpec m = models::parse_hf_config(config, "tiny.json");
+  const bool qkv_bias = m.qkv_bias;
   const planner::Plan plan = plan_for(m, 0, planner::Checkpointing::none);
   // One SGD step from a zero momentum buffer: w1 = w0 - lr g. lr = 1024, a power of two, so
   // lr g is exact and g = (w0 - w1) / lr carries only w1's rounding divided by lr (with lr = 1
@@ -85,7 +94,8 @@ void check_against_reference(bool qkv_bias) {
   constexpr float kLr = 1024.0f;
   const Run r = train(plan, 1, kLr);
   zp::testing::LlamaDims d{2, 16, m.n_embd, m.n_head, m.n_kv_head, m.head_dim, m.n_inner,
-                           m.n_layer, m.vocab_size, m.qkv_bias, static_cast<float>(m.norm_eps)};
+                           m.n_layer, m.vocab_size, m.qkv_bias, static_cast<float>(m.norm_eps),
+                           m.window.size};
   const RopeTable tab = rope_table(m.rope, m.rotary_dim, m.n_positions);
   zp::testing::LlamaStep step(d, tab.inv_freq, tab.attention_factor);
   REQUIRE(step.n_params() == static_cast<int64_t>(r.w0.size()));
@@ -124,11 +134,17 @@ void check_against_reference(bool qkv_bias) {
 }  // namespace
 
 TEST_CASE("engine on a tiny LLaMA: the first step's gradient equals the kernel reference") {
-  check_against_reference(false);
+  check_against_reference(tiny_config(false));
+}
+
+TEST_CASE("engine on a tiny Mistral (a sliding window): the first step's gradient equals the reference") {
+  const models::ModelSpec m = models::parse_hf_config(tiny_mistral(), "tiny.json");
+  REQUIRE(m.window.size == 5);
+  check_against_reference(tiny_mistral());
 }
 
 TEST_CASE("engine on a tiny Qwen2 (q/k/v biases): the first step's gradient equals the reference") {
-  check_against_reference(true);
+  check_against_reference(tiny_config(true));
 }
 
 TEST_CASE("engine on a tiny LLaMA: stages 0-3, full recomputation and offload train the same weights") {
@@ -178,10 +194,9 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
   };
   const std::string base = tiny_config(false);
   refuses(base, planner::Backend::cuda, "cpu backend in fp32 only");
-  std::string windowed = base;
-  windowed.replace(windowed.find("\"llama\""), 7, "\"mistral\"");
-  windowed.insert(windowed.size() - 1, R"(, "sliding_window": 8)");
-  refuses(windowed, planner::Backend::cpu, "sliding-window attention");
+  std::string dropout = base;
+  dropout.insert(dropout.size() - 1, R"(, "attention_dropout": 0.1)");
+  refuses(dropout, planner::Backend::cpu, "attention dropout");
   std::string longrope = base;
   longrope.replace(longrope.find("\"llama3\""), 8, "\"longrope\"");
   refuses(longrope, planner::Backend::cpu, "longrope");

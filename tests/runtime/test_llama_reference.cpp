@@ -1,5 +1,6 @@
-// A whole tiny LLaMA and a tiny Qwen2 (grouped-query attention, rotary embeddings with the
-// llama3 and the default table, RMSNorm, SwiGLU, an untied head; Qwen2's q/k/v biases) run
+// A whole tiny LLaMA, a tiny Qwen2 and a tiny Mistral (grouped-query attention, rotary
+// embeddings with the llama3 and the default table, RMSNorm, SwiGLU, an untied head; Qwen2's
+// q/k/v biases; Mistral's sliding window) run
 // forward and backward through the CPU kernels in transformers' order
 // (tests/support/llama_step.hpp) and compared with the PyTorch fixtures written by
 // tools/fixtures/llama_fixture.py (float64 forward and backward of the same fp32 parameters):
@@ -49,7 +50,8 @@ Fixture load(const std::string& variant) {
   std::vector<double> hf;
   read(f, hf, 8);
   Fixture x;
-  x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0])};
+  x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0]),
+         h[14]};
   const int64_t n_params = h[12], N = x.d.B * x.d.T;
   read(f, x.inv_freq, h[13]);
   read(f, x.params, n_params);
@@ -131,6 +133,12 @@ TEST_CASE("a tiny LLaMA (GQA, llama3 rotary table, RMSNorm, SwiGLU, untied head)
   r.high_freq_factor = 4.0;
   r.original_max_positions = 32;
   run("llama", r);
+}
+
+TEST_CASE("a tiny Mistral (a sliding window of 5 keys) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("mistral", r);
 }
 
 TEST_CASE("a tiny Qwen2 (q/k/v biases, default rotary table) matches PyTorch") {

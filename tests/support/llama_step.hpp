@@ -25,6 +25,7 @@ struct LlamaDims {
   int64_t B, T, C, NH, KVH, HS, F, L, V;
   bool qkv_bias = false;
   float eps = 1e-5f;
+  int64_t window = 0;  // Mistral's sliding window (every layer); 0: none
   int64_t R() const { return (NH + 2 * KVH) * HS; }  // fused q|k|v row
   int64_t A() const { return NH * HS; }              // attention output row
 };
@@ -79,7 +80,7 @@ class LlamaStep {
     namespace cpu = zp::runtime::cpu;
     const LlamaDims& d = d_;
     const int64_t N = d.B * d.T;
-    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS};
+    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS, d.window};
     tokens_ = tokens;
     targets_ = targets;
     cpu::embedding_forward(x_[0].data(), tokens.data(), p + t_.embed, nullptr, d.B, d.T, d.C);
@@ -92,7 +93,7 @@ class LlamaStep {
       cpu::rope_forward(a.qkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS,
                         2 * static_cast<int64_t>(inv_freq_.size()));
       cpu::attention_scores(a.pre.data(), a.qkv.data(), shape);
-      cpu::attention_softmax(a.att.data(), a.pre.data(), d.B, d.NH, d.T);
+      cpu::attention_softmax(a.att.data(), a.pre.data(), shape);
       cpu::attention_values(a.o.data(), a.att.data(), a.qkv.data(), shape);
       std::vector<float> proj(N * d.C);
       cpu::matmul_forward(proj.data(), a.o.data(), p + w.wo, nullptr, N, d.A(), d.C);
@@ -117,7 +118,7 @@ class LlamaStep {
     namespace cpu = zp::runtime::cpu;
     const LlamaDims& d = d_;
     const int64_t N = d.B * d.T;
-    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS};
+    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS, d.window};
     const int64_t rot = 2 * static_cast<int64_t>(inv_freq_.size());
     std::vector<float> dlogits = probs_;
     cpu::crossentropy_backward(dlogits.data(), targets_.data(), 1.0f / static_cast<float>(N), N, d.V);
@@ -144,7 +145,7 @@ class LlamaStep {
       std::vector<float> d_o(N * d.A(), 0.0f), datt(a.att.size(), 0.0f), dqkv(N * d.R(), 0.0f);
       cpu::matmul_backward(d_o.data(), g + w.wo, nullptr, dh.data(), a.o.data(), p + w.wo, N, d.A(), d.C);
       cpu::attention_values_backward(datt.data(), dqkv.data(), d_o.data(), a.att.data(), a.qkv.data(), shape);
-      cpu::attention_softmax_backward(datt.data(), datt.data(), a.att.data(), d.B, d.NH, d.T);
+      cpu::attention_softmax_backward(datt.data(), datt.data(), a.att.data(), shape);
       cpu::attention_scores_backward(dqkv.data(), datt.data(), a.qkv.data(), shape);
       cpu::rope_backward(dqkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS, rot);
       std::vector<float> dln1(N * d.C, 0.0f);

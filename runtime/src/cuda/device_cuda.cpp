@@ -619,6 +619,13 @@ void CudaDevice::swiglu_backward(void*, const void*, const void*, const void*, D
 void CudaDevice::gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) {
   not_on_gpu("grouped-query attention");
 }
+void CudaDevice::gqa_softmax(void*, const void*, DType, int64_t, int64_t, const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
+void CudaDevice::gqa_softmax_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+                                      const Heads&) {
+  not_on_gpu("grouped-query attention");
+}
 void CudaDevice::gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) {
   not_on_gpu("grouped-query attention");
 }

@@ -84,6 +84,9 @@ class CudaDevice final : public Device {
   void swiglu_forward(void*, const void*, const void*, DType, int64_t) override;
   void swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t, int64_t) override;
   void gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_softmax(void*, const void*, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_softmax_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+                            const Heads&) override;
   void gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) override;
   void gqa_values_backward(void*, void*, const void*, const void*, const void*, DType, int64_t,
                            int64_t, const Heads&) override;

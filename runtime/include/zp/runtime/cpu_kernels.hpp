@@ -84,6 +84,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // multi-query). Output rows hold the NH heads side by side. GPT-2's: {B, T, NH, NH, C / NH}.
 struct AttnShape {
   int64_t B = 0, T = 0, NH = 0, KVH = 0, HS = 0;
+  // Sliding-window attention (Mistral; transformers' sliding_window): query t sees keys
+  // t - window < t2 <= t; 0 sees every earlier key.
+  int64_t window = 0;
+  int64_t first_key(int64_t t) const { return window > 0 && t >= window ? t - window + 1 : 0; }
   int64_t row() const { return (NH + 2 * KVH) * HS; }
   int64_t k_off() const { return NH * HS; }
   int64_t v_off() const { return (NH + KVH) * HS; }
@@ -94,6 +98,11 @@ struct AttnShape {
 // NH). preatt/att (B,NH,T,T) as below. Backward passes parallelise over the key/value heads,
 // so the query heads of a group add into its shared key and value gradient in head order.
 void attention_scores(float* preatt, const float* qkv, const AttnShape& s);
+// Softmax over each row's keys first_key(t)..t; zeros elsewhere (B*NH*T rows of T).
+void attention_softmax(float* att, const float* preatt, const AttnShape& s);
+// Its backward, in place allowed; zeros outside the row's keys.
+void attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
+                                const AttnShape& s);
 void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s);
 void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
                                const float* qkv, const AttnShape& s);

@@ -154,6 +154,7 @@ class Device {
   // the op otherwise (zero-run refuses such plans before anything runs).
   struct Heads {
     int64_t NH = 0, KVH = 0, HS = 0;
+    int64_t window = 0;  // a sliding window's keys (cpu::AttnShape::window); 0: none
   };
   virtual void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight,
                                float eps, DType t, int64_t N, int64_t C) = 0;
@@ -170,6 +171,10 @@ class Device {
                                DType t, int64_t N, int64_t F) = 0;
   virtual void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                           const Heads& h) = 0;
+  virtual void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
+                           const Heads& h) = 0;
+  virtual void gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                    int64_t B, int64_t T, const Heads& h) = 0;
   virtual void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
                           int64_t T, const Heads& h) = 0;
   virtual void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
