@@ -105,8 +105,7 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
     throw Error(fmt::format("--flash-attention: the {} backend computes attention in three steps",
                             dev.name()),
                 "drop --flash-attention");
-  if (s.checkpointing == planner::Checkpointing::selective ||
-      s.checkpointing == planner::Checkpointing::selective_op)
+  if (s.checkpointing == planner::Checkpointing::selective_op)
     throw Error(fmt::format("--checkpointing {} is planned but not executed by zero-run",
                             planner::to_string(s.checkpointing)),
                 "use --checkpointing none or full");

@@ -151,7 +151,8 @@ TEST_CASE("engine on a tiny LLaMA: stages 0-3, full recomputation and offload tr
   const models::ModelSpec m = models::parse_hf_config(tiny_config(false), "tiny.json");
   const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 4, 0.1f);
   for (int stage = 0; stage <= 3; ++stage)
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
+    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
+                    planner::Checkpointing::selective}) {
       CAPTURE(stage);
       CAPTURE(planner::to_string(ck));
       const Run r = train(plan_for(m, stage, ck), 4, 0.1f);

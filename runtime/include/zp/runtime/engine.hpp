@@ -94,7 +94,7 @@ struct StepStats {
 class Engine {
  public:
   // zp::Error when the plan asks for what this engine cannot run (another family, model
-  // parallelism, flash attention, selective recomputation) or its data-parallel degree differs
+  // parallelism, flash attention, torchtitan's per-op recomputation) or its data-parallel degree differs
   // from the ranks. Either of the planner's graphs runs on any device: its cpu graph in fp32
   // without dropout, its cuda graph in the training precision with dropout.
   Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
