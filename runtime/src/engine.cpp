@@ -108,7 +108,7 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.checkpointing == planner::Checkpointing::selective_op)
     throw Error(fmt::format("--checkpointing {} is planned but not executed by zero-run",
                             planner::to_string(s.checkpointing)),
-                "use --checkpointing none or full");
+                "use --checkpointing none, full or selective");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
   if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&
