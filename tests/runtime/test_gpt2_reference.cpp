@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "gpt2_step.hpp"
+#include "reference_check.hpp"
 
 namespace {
 
@@ -36,11 +37,6 @@ struct Fixture {
   float loss = 0.0f;
 };
 
-template <typename X>
-void read(std::ifstream& f, std::vector<X>& v, int64_t n) {
-  v.resize(static_cast<std::size_t>(n));
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(X)));
-}
 
 // Layout: see tools/fixtures/gpt2_fixture.py.
 Fixture load_fixture() {
@@ -48,41 +44,24 @@ Fixture load_fixture() {
   std::ifstream f(path, std::ios::binary);
   REQUIRE_MESSAGE(f.good(), "cannot open " << path);
   std::vector<int32_t> h;
-  read(f, h, 256);
+  zp::test::read_array(f, h, 256);
   REQUIRE(h[0] == kMagic);
   REQUIRE(h[1] == 1);
   Fixture x;
   x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8]};
   const int64_t n_params = h[9], N = x.d.B * x.d.T;
-  read(f, x.params, n_params);
-  read(f, x.tokens, N);
-  read(f, x.targets, N);
-  read(f, x.logits, N * x.d.V);
+  zp::test::read_array(f, x.params, n_params);
+  zp::test::read_array(f, x.tokens, N);
+  zp::test::read_array(f, x.targets, N);
+  zp::test::read_array(f, x.logits, N * x.d.V);
   f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
-  read(f, x.grads, n_params);
+  zp::test::read_array(f, x.grads, n_params);
   REQUIRE_MESSAGE(f.good(), path << " is truncated");
   f.peek();
   REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
   return x;
 }
 
-// Every element within tol * (the tensor's largest |want|); returns the worst error / scale.
-double check_tensor(const float* got, const float* want, int64_t n, double tol,
-                    const std::string& what) {
-  double scale = 0.0, worst = 0.0;
-  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-  REQUIRE_MESSAGE(scale > 0.0, what << ": reference is all zero");
-  int n_bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    worst = std::max(worst, err / scale);
-    if (!(err <= tol * scale) && ++n_bad <= 3)
-      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale "
-                      << scale << ")");
-  }
-  CHECK_MESSAGE(n_bad == 0, what << ": " << n_bad << " of " << n << " elements off");
-  return worst;
-}
 
 }  // namespace
 
@@ -100,7 +79,7 @@ TEST_CASE("gpt2-tiny forward and backward through the CPU kernels match PyTorch"
 
   const float loss = step.forward(fx.params.data(), fx.tokens.data(), fx.targets.data(), true);
   double worst =
-      check_tensor(step.logits().data(), fx.logits.data(), d.B * d.T * d.V, kLogitTol, "logits");
+      zp::test::check_tensor(step.logits().data(), fx.logits.data(), d.B * d.T * d.V, kLogitTol, "logits");
   CHECK(std::abs(loss - fx.loss) <= kLogitTol * std::abs(fx.loss));
   MESSAGE("loss " << loss << " (PyTorch " << fx.loss << "), logits worst error/scale " << worst);
 
@@ -111,7 +90,7 @@ TEST_CASE("gpt2-tiny forward and backward through the CPU kernels match PyTorch"
   const zp::testing::Gpt2Tensors<const float> want(fx.grads.data(), d), got(grads.data(), d);
   const int64_t C = d.C;
   auto cmp = [&](const float* g, const float* w, int64_t n, const std::string& name) {
-    worst = std::max(worst, check_tensor(g, w, n, kGradTol, fmt::format("d{}", name)));
+    worst = std::max(worst, zp::test::check_tensor(g, w, n, kGradTol, fmt::format("d{}", name)));
   };
   worst = 0.0;
   cmp(got.wte, want.wte, d.V * C, "wte");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llama_step.hpp"
+#include "reference_check.hpp"
 #include "zp/runtime/rope.hpp"
 
 namespace {
@@ -32,11 +33,6 @@ struct Fixture {
   float loss = 0.0f;
 };
 
-template <typename X>
-void read(std::ifstream& f, std::vector<X>& v, int64_t n) {
-  v.resize(static_cast<std::size_t>(n));
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(X)));
-}
 
 // Layout: see tools/fixtures/llama_fixture.py.
 Fixture load(const std::string& variant) {
@@ -44,22 +40,22 @@ Fixture load(const std::string& variant) {
   std::ifstream f(path, std::ios::binary);
   REQUIRE_MESSAGE(f.good(), "cannot open " << path);
   std::vector<int32_t> h;
-  read(f, h, 64);
+  zp::test::read_array(f, h, 64);
   REQUIRE(h[0] == kMagic);
   REQUIRE(h[1] == 1);
   std::vector<double> hf;
-  read(f, hf, 8);
+  zp::test::read_array(f, hf, 8);
   Fixture x;
   x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0]),
          h[14]};
   const int64_t n_params = h[12], N = x.d.B * x.d.T;
-  read(f, x.inv_freq, h[13]);
-  read(f, x.params, n_params);
-  read(f, x.tokens, N);
-  read(f, x.targets, N);
-  read(f, x.logits, N * x.d.V);
+  zp::test::read_array(f, x.inv_freq, h[13]);
+  zp::test::read_array(f, x.params, n_params);
+  zp::test::read_array(f, x.tokens, N);
+  zp::test::read_array(f, x.targets, N);
+  zp::test::read_array(f, x.logits, N * x.d.V);
   f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
-  read(f, x.grads, n_params);
+  zp::test::read_array(f, x.grads, n_params);
   REQUIRE_MESSAGE(f.good(), path << " is truncated");
   f.peek();
   REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
@@ -67,17 +63,7 @@ Fixture load(const std::string& variant) {
 }
 
 void check_tensor(const float* got, const float* want, int64_t n, double tol, const std::string& what) {
-  double scale = 0.0, worst = 0.0;
-  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-  REQUIRE_MESSAGE(scale > 0.0, what << ": reference is all zero");
-  int n_bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    worst = std::max(worst, err / scale);
-    if (!(err <= tol * scale) && ++n_bad <= 3)
-      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale " << scale << ")");
-  }
-  CHECK_MESSAGE(n_bad == 0, what << ": " << n_bad << " of " << n << " elements off (worst " << worst << ")");
+  const double worst = zp::test::check_tensor(got, want, n, tol, what);
   MESSAGE(what << ": worst error " << worst << " of the largest value");
 }
 

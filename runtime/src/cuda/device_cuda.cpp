@@ -170,30 +170,31 @@ void CudaDevice::release() noexcept {
   cudaGetLastError();
 }
 
-void CudaDevice::host_wait(cudaStream_t s) {
-  if (watch_ == nullptr) {
-    ZP_CUDA_CHECK(cudaStreamSynchronize(s));
+namespace {
+// Waits for a stream's or an event's work: a plain synchronize without a watch, else polls
+// (query(x) answers cudaErrorNotReady until done), asking the watch between polls.
+template <class X>
+void wait_for(X x, AsyncWatch* watch, cudaError_t (*sync)(X), cudaError_t (*query)(X),
+              const char* sync_name) {
+  if (watch == nullptr) {
+    if (const cudaError_t rc = sync(x); rc != cudaSuccess) throw_cuda_error(rc, sync_name, __FILE__, __LINE__);
     return;
   }
   wait_until([&] {
-    const cudaError_t rc = cudaStreamQuery(s);
+    const cudaError_t rc = query(x);
     if (rc == cudaErrorNotReady) return false;
-    ZP_CUDA_CHECK(rc);
+    if (rc != cudaSuccess) throw_cuda_error(rc, "query while waiting", __FILE__, __LINE__);
     return true;
-  }, watch_);
+  }, watch);
+}
+}  // namespace
+
+void CudaDevice::host_wait(cudaStream_t s) {
+  wait_for<cudaStream_t>(s, watch_, cudaStreamSynchronize, cudaStreamQuery, "cudaStreamSynchronize");
 }
 
 void CudaDevice::host_wait(cudaEvent_t e) {
-  if (watch_ == nullptr) {
-    ZP_CUDA_CHECK(cudaEventSynchronize(e));
-    return;
-  }
-  wait_until([&] {
-    const cudaError_t rc = cudaEventQuery(e);
-    if (rc == cudaErrorNotReady) return false;
-    ZP_CUDA_CHECK(rc);
-    return true;
-  }, watch_);
+  wait_for<cudaEvent_t>(e, watch_, cudaEventSynchronize, cudaEventQuery, "cudaEventSynchronize");
 }
 
 void CudaDevice::order(Stream waiter, Stream signaller) {
