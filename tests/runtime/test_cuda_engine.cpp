@@ -164,6 +164,24 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+// Trains `plan` on a GPU of its own with NCCL at one rank; with check_memory, its measured
+// memory must equal the plan's afterwards.
+Trained train_on_gpu(const planner::Plan& plan, const test::TempDir& dir, const EngineOptions& opt,
+                     bool check_memory) {
+  auto gpu = make_cuda_device(config_for(plan));
+  auto nccl = make_nccl_comm(*gpu, mpi());
+  Trained t = train(plan, *gpu, *nccl, dir, opt);
+  nccl.reset();  // the communicator goes before its device
+  if (check_memory) check_measured_equals_plan(plan, *gpu);
+  return t;
+}
+
+// Every loss and every weight bit the same.
+void check_same_training(const Trained& got, const Trained& want) {
+  CHECK(got.losses == want.losses);
+  CHECK(same_bits(got.w1, want.w1));
+}
+
 TEST_CASE("NCCL's collectives run at one rank (collectives_at_one_rank): the same bits as without") {
   // At one rank the engine skips its reductions and gathers; this test mode runs them through
   // NCCL anyway (ncclReduce per bucket segment, ncclAllReduce at stages 0-1, the in-place
@@ -189,17 +207,10 @@ TEST_CASE("NCCL's collectives run at one rank (collectives_at_one_rank): the sam
       plan.strategy.overlap_comm = true;
       plan = planner::make_plan(plan.model, plan.strategy, plan.options, 1234);
     }
-    auto gpu = make_cuda_device(config_for(plan));
-    auto nccl = make_nccl_comm(*gpu, mpi());
-    const Trained plain = train(plan, *gpu, *nccl, dir);
+    const Trained plain = train_on_gpu(plan, dir, {}, false);
     EngineOptions forced;
     forced.collectives_at_one_rank = true;
-    auto gpu2 = make_cuda_device(config_for(plan));
-    auto nccl2 = make_nccl_comm(*gpu2, mpi());
-    const Trained got = train(plan, *gpu2, *nccl2, dir, forced);
-    CHECK(got.losses == plain.losses);
-    CHECK(same_bits(got.w1, plain.w1));
-    check_measured_equals_plan(plan, *gpu2);
+    check_same_training(train_on_gpu(plan, dir, forced, true), plain);
   }
 }
 
@@ -211,38 +222,24 @@ TEST_CASE("ZeRO-Offload on the GPU: the same weights as on the device, bytes as 
   test::TempDir dir;
   EngineOptions forced;
   forced.collectives_at_one_rank = true;
-  auto plan_for = [](int stage, planner::Offload opt, planner::Offload param, bool dpu) {
+  auto plan_for = [](int stage, planner::Offload opt, planner::Offload param) {
     planner::Plan p = tiny_plan(stage, planner::Precision::fp32, planner::Backend::cuda);
     p.strategy.optimizer = planner::OptimizerKind::adam;
     p.strategy.offload_optimizer = opt;
     p.strategy.offload_param = param;
-    p.strategy.dpu = dpu;
     return planner::make_plan(p.model, p.strategy, p.options, 1234);
   };
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
-    const planner::Plan on_device = plan_for(stage, planner::Offload::none, planner::Offload::none, false);
-    auto g0 = make_cuda_device(config_for(on_device));
-    auto n0 = make_nccl_comm(*g0, mpi());
-    const Trained want = train(on_device, *g0, *n0, dir, forced);
-
-    const planner::Plan offloaded = plan_for(stage, planner::Offload::cpu, planner::Offload::none, false);
-    auto g1 = make_cuda_device(config_for(offloaded));
-    auto n1 = make_nccl_comm(*g1, mpi());
-    const Trained got = train(offloaded, *g1, *n1, dir, forced);
-    CHECK(got.losses == want.losses);
-    CHECK(same_bits(got.w1, want.w1));
-    check_measured_equals_plan(offloaded, *g1);
-
-    if (stage == 3) {  // the parameters in the host tier too (offload_param cpu)
-      const planner::Plan both = plan_for(3, planner::Offload::cpu, planner::Offload::cpu, false);
-      auto g2 = make_cuda_device(config_for(both));
-      auto n2 = make_nccl_comm(*g2, mpi());
-      const Trained got2 = train(both, *g2, *n2, dir, forced);
-      CHECK(got2.losses == want.losses);
-      CHECK(same_bits(got2.w1, want.w1));
-      check_measured_equals_plan(both, *g2);
-    }
+    const Trained want = train_on_gpu(plan_for(stage, planner::Offload::none, planner::Offload::none),
+                                      dir, forced, false);
+    check_same_training(train_on_gpu(plan_for(stage, planner::Offload::cpu, planner::Offload::none),
+                                     dir, forced, true),
+                        want);
+    if (stage == 3)  // the parameters in the host tier too (offload_param cpu)
+      check_same_training(train_on_gpu(plan_for(3, planner::Offload::cpu, planner::Offload::cpu),
+                                       dir, forced, true),
+                          want);
   }
 }
 
@@ -260,14 +257,7 @@ TEST_CASE("the delayed parameter update on the GPU: the threaded CPU step equals
     EngineOptions threaded, inline_;
     threaded.dpu_warmup_steps = inline_.dpu_warmup_steps = 1;
     inline_.dpu_threaded = false;
-    auto g0 = make_cuda_device(config_for(plan));
-    auto n0 = make_nccl_comm(*g0, mpi());
-    const Trained want = train(plan, *g0, *n0, dir, inline_);
-    auto g1 = make_cuda_device(config_for(plan));
-    auto n1 = make_nccl_comm(*g1, mpi());
-    const Trained got = train(plan, *g1, *n1, dir, threaded);
-    CHECK(got.losses == want.losses);
-    CHECK(same_bits(got.w1, want.w1));
-    check_measured_equals_plan(plan, *g1);
+    check_same_training(train_on_gpu(plan, dir, threaded, true),
+                        train_on_gpu(plan, dir, inline_, false));
   }
 }
