@@ -30,11 +30,8 @@ constexpr double kLogitTol = 1e-5;
 constexpr double kGradTol = 1e-4;
 constexpr int32_t kMagic = 20261122;
 
-struct Fixture {
+struct Fixture : zp::test::StepArrays {
   zp::testing::Gpt2Dims d{};
-  std::vector<float> params, logits, grads;
-  std::vector<int32_t> tokens, targets;
-  float loss = 0.0f;
 };
 
 
@@ -50,15 +47,7 @@ Fixture load_fixture() {
   Fixture x;
   x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8]};
   const int64_t n_params = h[9], N = x.d.B * x.d.T;
-  zp::test::read_array(f, x.params, n_params);
-  zp::test::read_array(f, x.tokens, N);
-  zp::test::read_array(f, x.targets, N);
-  zp::test::read_array(f, x.logits, N * x.d.V);
-  f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
-  zp::test::read_array(f, x.grads, n_params);
-  REQUIRE_MESSAGE(f.good(), path << " is truncated");
-  f.peek();
-  REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
+  zp::test::read_step_arrays(f, path, n_params, N, x.d.V, x);
   return x;
 }
 

@@ -26,11 +26,9 @@ constexpr double kLogitTol = 1e-5;
 constexpr double kGradTol = 1e-4;
 constexpr int32_t kMagic = 20261127;
 
-struct Fixture {
+struct Fixture : zp::test::StepArrays {
   zp::testing::LlamaDims d{};
-  std::vector<float> inv_freq, params, logits, grads;
-  std::vector<int32_t> tokens, targets;
-  float loss = 0.0f;
+  std::vector<float> inv_freq;
 };
 
 
@@ -50,15 +48,7 @@ Fixture load(const std::string& variant) {
          h[14]};
   const int64_t n_params = h[12], N = x.d.B * x.d.T;
   zp::test::read_array(f, x.inv_freq, h[13]);
-  zp::test::read_array(f, x.params, n_params);
-  zp::test::read_array(f, x.tokens, N);
-  zp::test::read_array(f, x.targets, N);
-  zp::test::read_array(f, x.logits, N * x.d.V);
-  f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
-  zp::test::read_array(f, x.grads, n_params);
-  REQUIRE_MESSAGE(f.good(), path << " is truncated");
-  f.peek();
-  REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
+  zp::test::read_step_arrays(f, path, n_params, N, x.d.V, x);
   return x;
 }
 

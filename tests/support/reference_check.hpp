@@ -20,6 +20,27 @@ void read_array(std::ifstream& f, std::vector<X>& v, int64_t n) {
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(X)));
 }
 
+// The arrays every step fixture ends with (tools/fixtures/gpt2_fixture.py, llama_fixture.py):
+// float32 params[n_params], int32 tokens[N], targets[N], float32 logits[N*V], loss,
+// grads[n_params], and then the end of the file.
+struct StepArrays {
+  std::vector<float> params, logits, grads;
+  std::vector<int32_t> tokens, targets;
+  float loss = 0.0f;
+};
+inline void read_step_arrays(std::ifstream& f, const std::string& path, int64_t n_params, int64_t N,
+                             int64_t V, StepArrays& x) {
+  read_array(f, x.params, n_params);
+  read_array(f, x.tokens, N);
+  read_array(f, x.targets, N);
+  read_array(f, x.logits, N * V);
+  f.read(reinterpret_cast<char*>(&x.loss), sizeof(float));
+  read_array(f, x.grads, n_params);
+  REQUIRE_MESSAGE(f.good(), path << " is truncated");
+  f.peek();
+  REQUIRE_MESSAGE(f.eof(), path << " is longer than its header says");
+}
+
 // Every element within tol * (the tensor's largest |want|), the first three misses reported;
 // returns the worst error / scale.
 inline double check_tensor(const float* got, const float* want, int64_t n, double tol,
