@@ -331,6 +331,19 @@ class CpuDevice final : public Device {
     fp32_only(t, "grouped-query attention");
     cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
   }
+  void flash_attention_forward(void* out, float* lse, const void* qkv, DType t, int64_t B,
+                               int64_t T, const Heads& h, float p, uint64_t key) override {
+    fp32_only(t, "flash attention");
+    cpu::flash_attention_forward(f(out), lse, cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window}, p, key);
+  }
+  void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
+                                const void* qkv, const void* out, const float* lse, DType t,
+                                int64_t B, int64_t T, const Heads& h, float p,
+                                uint64_t key) override {
+    fp32_only(t, "flash attention");
+    cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), cf(qkv), cf(out), lse,
+                                  {B, T, h.NH, h.KVH, h.HS, h.window}, p, key);
+  }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);
   }

@@ -101,10 +101,14 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
-  if (s.flash_attention)
-    throw Error(fmt::format("--flash-attention: the {} backend computes attention in three steps",
+  // Flash attention: the cpu device's fp32 kernels (cpu_flash.cpp), so fp32 activations: the
+  // planner's cpu graph, or its cuda graph in fp32.
+  if (s.flash_attention && (dev.name() != "cpu" || (plan.options.backend != planner::Backend::cpu &&
+                                                    s.precision != Precision::fp32)))
+    throw Error(fmt::format("--flash-attention: zero-run's {} backend computes attention in three "
+                            "steps; flash attention runs on the cpu backend (fp32 activations) so far",
                             dev.name()),
-                "drop --flash-attention");
+                "drop --flash-attention, or plan and run with --device cpu");
   if (s.checkpointing == planner::Checkpointing::selective_op)
     throw Error(fmt::format("--checkpointing {} is planned but not executed by zero-run",
                             planner::to_string(s.checkpointing)),
@@ -166,6 +170,7 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   NH_ = plan.model.n_head;
   llama_ = !plan.model.is_gpt2_block();
   norm_eps_ = static_cast<float>(plan.model.norm_eps);
+  heads_ = {NH_, NH_, C_ / NH_};
   if (llama_) {
     heads_ = {plan.model.n_head, plan.model.n_kv_head, plan.model.head_dim};
     rot_ = plan.model.rotary_dim;
@@ -719,6 +724,20 @@ uint64_t Engine::dropout_key(uint64_t seed, std::string_view site, int64_t step,
   return mix64(k ^ static_cast<uint64_t>(micro));
 }
 
+// Attention dropout inside a flash op (forward, its recomputation and its backward): the
+// probability, and the key of the mask the three-step attention's dropout op of the same
+// layer would draw (its site h.L.attn.drop.mask), so both paths drop the same entries.
+std::pair<float, uint64_t> Engine::flash_dropout(const Op& op) const {
+  const double p = g_.options.dropout ? plan_.model.attn_dropout : 0.0;
+  if (p <= 0) return {0.0f, 0};
+  const std::size_t at = op.name.rfind(".attn.flash");
+  const std::string site = op.name.substr(0, at) + ".attn.drop.mask";
+  const uint64_t n = static_cast<uint64_t>(B_) * static_cast<uint64_t>(NH_) *
+                     static_cast<uint64_t>(T_) * static_cast<uint64_t>(T_);
+  return {static_cast<float>(p),
+          dropout_key(plan_.seed, site, step_, micro_) + static_cast<uint64_t>(rank_) * n};
+}
+
 void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
   auto v = [&](TensorId t) { return ptr(t); };
   auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
@@ -808,6 +827,20 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
       else dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
+    case OpKind::flash_attention: {
+      const auto [p, key] = flash_dropout(op);
+      dev_.flash_attention_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), t, B_, T_,
+                                   heads(op), p, key);
+      break;
+    }
+    case OpKind::flash_attention_bwd: {
+      // inputs {d_out, qkv, out, lse}, outputs {d_qkv}, scratch {dq_accum, dsum}.
+      const auto [p, key] = flash_dropout(op);
+      dev_.flash_attention_backward(v(op.outputs[0]), f(op.scratch[0]), f(op.scratch[1]),
+                                    v(op.inputs[0]), v(op.inputs[1]), v(op.inputs[2]),
+                                    f(op.inputs[3]), t, B_, T_, heads(op), p, key);
+      break;
+    }
     case OpKind::residual:
       dev_.residual_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
       break;

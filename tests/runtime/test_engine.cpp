@@ -181,6 +181,42 @@ TEST_CASE("engine with dropout: gradients equal float64 finite differences under
     }
 }
 
+TEST_CASE("engine with flash attention and dropout: gradients equal float64 finite differences") {
+  // The same check as above through the fused attention (cpu_flash.cpp), which draws the
+  // attention dropout inside the kernel: the float64 GPT-2 applies the three-step attention's
+  // masks (site h.L.attn.drop.mask), so a flash kernel drawing other masks, or a backward
+  // that does not redraw the forward's, fails here.
+  const double p_embd = 0.1, p_attn = 0.2, p_resid = 0.15;
+  const models::ModelSpec m = test::tiny_model_with_dropout(p_embd, p_attn, p_resid);
+  const uint64_t seed = 1234;
+  const test::DropoutFactor factor = [&](const std::string& site, int64_t i) {
+    const double p = site.starts_with("embed") ? p_embd
+                     : site.ends_with(".attn.drop.mask") ? p_attn
+                                                         : p_resid;
+    const uint64_t key = Engine::dropout_key(seed, site, 0, 0);
+    return dropout_keep(key, i, dropout_threshold(static_cast<float>(p))) ? 1.0 / (1.0 - p) : 0.0;
+  };
+  for (int stage : {0, 3})
+    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(ck));
+      planner::Strategy s = fd_strategy(stage);
+      s.checkpointing = ck;
+      s.flash_attention = true;
+      // The cuda graph in fp32, as above: the cpu graph has no dropout.
+      const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, seed);
+      const auto g = models::build_training_graph(plan.model, planner::graph_options(plan.model, s, plan.options));
+      int n_flash = 0, n_dropout = 0;
+      for (const models::Op& op : g.ops) {
+        n_flash += op.kind == models::OpKind::flash_attention ? 1 : 0;
+        n_dropout += op.kind == models::OpKind::dropout ? 1 : 0;
+      }
+      REQUIRE(n_flash == (ck == planner::Checkpointing::full ? 4 : 2));
+      REQUIRE(n_dropout == (ck == planner::Checkpointing::full ? 1 + 2 * 2 * 2 : 1 + 2 * 2));
+      check_gradients_against_f64(plan, factor, static_cast<unsigned>(30 + stage));
+    }
+}
+
 TEST_CASE("engine with 16-bit activations: gradients within 16-bit rounding of float64 differences") {
   // The planner's cuda graph: every activation, weight and gradient stored in the training
   // precision, each kernel rounding its outputs once. A rounding to nearest has relative
@@ -208,8 +244,12 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
   // scratch copies of 16-bit weights) and its cuda graph (activations in the training
   // precision, dropout masks, the LM head's 16-bit logits gradient), here with dropout on.
   const models::ModelSpec dropout_model = test::tiny_model_with_dropout(0.1, 0.1, 0.1);
+  // Flash attention (the cpu graph only: the cuda graph's 16-bit activations have no flash
+  // kernel yet): its output and log-sum-exp saved, its backward's fp32 workspaces, no T x T.
   for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
+  for (bool flash : {false, true})
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp32, planner::Precision::fp16}) {
+    if (flash && backend != planner::Backend::cpu) continue;
     for (int stage : {0, 1, 2, 3}) {
       for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
                       planner::Checkpointing::selective}) {
@@ -217,6 +257,7 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
         s.stage = stage;
         s.precision = prec;
         s.checkpointing = ck;
+        s.flash_attention = flash;
         s.micro_batch = 2;
         s.seq = 32;
         s.grad_accum = 2;
@@ -227,6 +268,7 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
         auto dev = device_for(plan);
         std::vector<planner::TimelineSample> timeline;
         CAPTURE(planner::to_string(backend));
+        CAPTURE(flash);
         CAPTURE(stage);
         CAPTURE(static_cast<int>(prec));
         CAPTURE(static_cast<int>(ck));

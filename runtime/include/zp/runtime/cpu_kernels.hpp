@@ -109,6 +109,22 @@ void attention_values_backward(float* datt, float* dqkv, const float* dout, cons
 void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
                                const AttnShape& s);
 
+// Flash attention (FlashAttention-2, Dao 2023): the same attention as the three steps above,
+// computed in blocks with an online softmax, never holding a T x T tensor (cpu_flash.cpp).
+// out (B,T,NH*HS) as attention_values writes it; lse (B,NH,T) the log-sum-exp of each query's
+// scaled scores over its keys. Attention dropout p (0 <= p < 1) drops the normalised
+// probabilities with the three steps' mask: element ((b NH + h) T + t) T + t2 of
+// dropout_forward's counter-based mask under `key`, so both paths drop the same entries.
+void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
+                             float p, uint64_t key);
+// dqkv += the gradient of every q, k and v element from dout (B,T,NH*HS), recomputing the
+// probabilities from lse. Workspaces, overwritten: dq_acc (B,T,NH*HS), the fp32 dQ
+// accumulator, and dsum (B,NH,T), rowsum(dout * out). Parallel over (b, key/value head):
+// B * KVH units of work.
+void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
+                              const float* qkv, const float* out, const float* lse,
+                              const AttnShape& s, float p, uint64_t key);
+
 // Causal self-attention in three steps, as the training graph has them. qkv (B,T,3C) holds
 // q, k, v side by side per token; heads are HS-wide slices of each.
 // preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query (entries above the diagonal unused).

@@ -182,6 +182,17 @@ class Device {
                                    const Heads& h) = 0;
   virtual void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
                                    int64_t B, int64_t T, const Heads& h) = 0;
+  // Flash attention over the same q|k|v rows (cpu_kernels.hpp flash_attention_forward and
+  // _backward; GPT-2's heads are {NH, NH, C / NH}): out and lse (fp32, (B,NH,T)); the backward
+  // adds into dqkv and overwrites its two fp32 workspaces, dq_acc (B,T,NH*HS) and dsum
+  // (B,NH,T). Attention dropout p with the three steps' mask under `key`. The cpu backend
+  // runs it in fp32; the CUDA backend throws zp::Error (not yet).
+  virtual void flash_attention_forward(void* out, float* lse, const void* qkv, DType t, int64_t B,
+                                       int64_t T, const Heads& h, float p, uint64_t key) = 0;
+  virtual void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
+                                        const void* qkv, const void* out, const float* lse,
+                                        DType t, int64_t B, int64_t T, const Heads& h, float p,
+                                        uint64_t key) = 0;
   virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,
                              int64_t n) = 0;

@@ -270,6 +270,7 @@ class Engine {
   void micro_step();
   void sample(int32_t pos);
   void run_op(const models::Op& op, const std::vector<float*>& w32);
+  std::pair<float, uint64_t> flash_dropout(const models::Op& op) const;
   StepStats optimizer_step();
   // Pieces of the optimizer step. The owned gradient of a group: (pointer, count, dtype).
   struct OwnedGrads {

@@ -1,0 +1,210 @@
+// cpu_flash.cpp: flash attention on the CPU backend (cpu_kernels.hpp states the contract).
+// FlashAttention-2 (Dao 2023, algorithms 1 and 2) as blocked loops: a block of kBq queries of
+// one head against the key blocks it can see, with an online softmax (Milakov & Gimelshein
+// 2018), so nothing T x T is ever held; the backward recomputes each block's probabilities
+// from the saved log-sum-exp. The blocks' scores live in two small stack tiles per thread:
+// the only memory beyond the tensors the planner gives the op (out, lse; dq_acc and dsum).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_kernels.hpp"
+#include "zp/runtime/kernel_math.hpp"
+
+namespace zp::runtime::cpu {
+
+namespace {
+
+// Queries and keys per block: a key block's k and v rows (64 x HS floats each, 16 KiB at
+// HS = 64) stay in L1/L2 while the query block's 64 rows pass over them.
+constexpr int64_t kBq = 64;
+constexpr int64_t kBk = 64;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+inline void axpy(float* y, float alpha, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void check(const AttnShape& s, float p, std::string_view what) {
+  if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0 ||
+      s.window < 0)
+    throw Error(fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}",
+                            what, s.B, s.T, s.NH, s.KVH, s.HS, s.window),
+                "the query heads must be a positive multiple of the key/value heads");
+  if (!(p >= 0.0f && p < 1.0f))
+    throw Error(fmt::format("cpu::{}: dropout probability {} is outside [0, 1)", what, p),
+                "attention dropout is a probability below 1");
+}
+
+// The keys query t sees: [first_key(t), t]. A key block [j0, j1) meets the query block
+// [i0, i1) when some query t there sees some key here: t >= j0 and first_key(t) < j1, and
+// first_key never decreases, so the first candidate, t = max(i0, j0), decides.
+bool meets(const AttnShape& s, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t t = std::max(i0, j0);
+  return t < i1 && s.first_key(t) < j1;
+}
+
+// The dropout factor of probability (b, h, t, t2): the three-step attention's mask element
+// ((b NH + h) T + t) T + t2 (dropout_forward over the (B, NH, T, T) probabilities).
+struct Drop {
+  float p = 0.0f;
+  uint64_t key = 0;
+  uint32_t threshold = 0;
+  float scale = 1.0f;
+  Drop(float p_, uint64_t key_) : p(p_), key(key_) {
+    if (p > 0.0f) {
+      threshold = dropout_threshold(p);
+      scale = dropout_scale(p);
+    }
+  }
+  float factor(int64_t row, int64_t t2) const {
+    return p == 0.0f ? 1.0f : dropout_keep(key, row + t2, threshold) ? scale : 0.0f;
+  }
+};
+
+}  // namespace
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
+                             float p, uint64_t key) {
+  check(s, p, "flash_attention_forward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
+  const int64_t nq = (T + kBq - 1) / kBq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const Drop drop(p, key);
+#pragma omp parallel for collapse(3) schedule(dynamic) if (B * NH * T * T * HS > (1 << 15))
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t qb = 0; qb < nq; ++qb) {
+        const int64_t i0 = qb * kBq, i1 = std::min(T, i0 + kBq), kv = h / G;
+        float S[kBq * kBk];
+        float m[kBq], l[kBq];
+        std::fill(m, m + kBq, ninf);
+        std::fill(l, l + kBq, 0.0f);
+        for (int64_t t = i0; t < i1; ++t) std::fill_n(out + (b * T + t) * O + h * HS, HS, 0.0f);
+        for (int64_t j0 = s.first_key(i0) / kBk * kBk; j0 < i1; j0 += kBk) {
+          const int64_t j1 = std::min(T, j0 + kBk);
+          if (!meets(s, i0, i1, j0, j1)) continue;
+          for (int64_t t = i0; t < i1; ++t) {
+            float* st = S + (t - i0) * kBk;
+            const float* q = qkv + (b * T + t) * R + h * HS;
+            const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
+            if (lo >= hi) continue;
+            // Scores, the row's new running max, and the rescaling of what came before.
+            float mx = m[t - i0];
+            for (int64_t t2 = lo; t2 < hi; ++t2) {
+              st[t2 - j0] = dot(q, qkv + (b * T + t2) * R + s.k_off() + kv * HS, HS) * scale;
+              mx = std::max(mx, st[t2 - j0]);
+            }
+            const float corr = std::exp(m[t - i0] - mx);  // 0 on the row's first block
+            float* o = out + (b * T + t) * O + h * HS;
+            if (corr != 1.0f)
+              for (int64_t d = 0; d < HS; ++d) o[d] *= corr;
+            float sum = 0.0f;
+            const int64_t row = ((b * NH + h) * T + t) * T;
+            for (int64_t t2 = lo; t2 < hi; ++t2) {
+              const float e = std::exp(st[t2 - j0] - mx);
+              sum += e;
+              const float pe = e * drop.factor(row, t2);
+              if (pe != 0.0f) axpy(o, pe, qkv + (b * T + t2) * R + s.v_off() + kv * HS, HS);
+            }
+            l[t - i0] = l[t - i0] * corr + sum;
+            m[t - i0] = mx;
+          }
+        }
+        for (int64_t t = i0; t < i1; ++t) {
+          float* o = out + (b * T + t) * O + h * HS;
+          const float inv = 1.0f / l[t - i0];
+          for (int64_t d = 0; d < HS; ++d) o[d] *= inv;
+          lse[(b * NH + h) * T + t] = m[t - i0] + std::log(l[t - i0]);
+        }
+      }
+}
+
+// Over (b, key/value head): the thread owns its key and value heads' gradients and its query
+// heads' dq_acc rows, so nothing is shared and the sums' order is fixed (key blocks in
+// order, the group's query heads in order, query blocks in order).
+void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
+                              const float* qkv, const float* out, const float* lse,
+                              const AttnShape& s, float p, uint64_t key) {
+  check(s, p, "flash_attention_backward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const Drop drop(p, key);
+  // D = rowsum(dO o O) per query (FlashAttention-2 alg. 2 line 4) and dq_acc = 0.
+#pragma omp parallel for collapse(2) if (B * T * NH * HS > (1 << 15))
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < NH; ++h) {
+        const int64_t r = (b * T + t) * O + h * HS;
+        dsum[(b * NH + h) * T + t] = dot(dout + r, out + r, HS);
+        std::fill_n(dq_acc + r, HS, 0.0f);
+      }
+#pragma omp parallel for collapse(2) schedule(dynamic) if (B * NH * T * T * HS > (1 << 15))
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kv = 0; kv < s.KVH; ++kv) {
+      float P[kBq * kBk], dS[kBq * kBk];
+      for (int64_t j0 = 0; j0 < T; j0 += kBk) {
+        const int64_t j1 = std::min(T, j0 + kBk);
+        for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
+          for (int64_t i0 = j0 / kBq * kBq; i0 < T; i0 += kBq) {
+            const int64_t i1 = std::min(T, i0 + kBq);
+            if (!meets(s, i0, i1, j0, j1)) {
+              if (s.first_key(i0) > j1 - 1) break;  // later query blocks see even later keys
+              continue;
+            }
+            for (int64_t t = i0; t < i1; ++t) {
+              const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
+              if (lo >= hi) continue;
+              const float* q = qkv + (b * T + t) * R + h * HS;
+              const float* go = dout + (b * T + t) * O + h * HS;
+              const float L = lse[(b * NH + h) * T + t], Dt = dsum[(b * NH + h) * T + t];
+              const int64_t row = ((b * NH + h) * T + t) * T;
+              float* pt = P + (t - i0) * kBk;
+              float* ds = dS + (t - i0) * kBk;
+              for (int64_t t2 = lo; t2 < hi; ++t2) {
+                const float* k = qkv + (b * T + t2) * R + s.k_off() + kv * HS;
+                const float* v = qkv + (b * T + t2) * R + s.v_off() + kv * HS;
+                const float pr = std::exp(dot(q, k, HS) * scale - L);
+                const float z = drop.factor(row, t2);
+                pt[t2 - j0] = pr * z;                                   // dV's weight
+                ds[t2 - j0] = pr * (dot(go, v, HS) * z - Dt) * scale;   // dS, scaled
+              }
+              float* dq = dq_acc + (b * T + t) * O + h * HS;
+              for (int64_t t2 = lo; t2 < hi; ++t2)
+                axpy(dq, ds[t2 - j0], qkv + (b * T + t2) * R + s.k_off() + kv * HS, HS);
+            }
+            // dV_j += P^T dO and dK_j += dS^T Q, key by key over the block's queries in order.
+            for (int64_t t2 = j0; t2 < j1; ++t2) {
+              float* dk = dqkv + (b * T + t2) * R + s.k_off() + kv * HS;
+              float* dv = dqkv + (b * T + t2) * R + s.v_off() + kv * HS;
+              for (int64_t t = std::max(i0, t2); t < i1; ++t) {
+                if (s.first_key(t) > t2) break;
+                const float pr = P[(t - i0) * kBk + (t2 - j0)];
+                const float d = dS[(t - i0) * kBk + (t2 - j0)];
+                if (pr != 0.0f) axpy(dv, pr, dout + (b * T + t) * O + h * HS, HS);
+                if (d != 0.0f) axpy(dk, d, qkv + (b * T + t) * R + h * HS, HS);
+              }
+            }
+          }
+      }
+    }
+  // dq (the q part of dqkv) += dq_acc.
+#pragma omp parallel for collapse(2) if (B * T * NH * HS > (1 << 15))
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      axpy(dqkv + (b * T + t) * R, 1.0f, dq_acc + (b * T + t) * O, NH * HS);
+}
+
+}  // namespace zp::runtime::cpu
