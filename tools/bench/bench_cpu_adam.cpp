@@ -23,13 +23,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "ratio_reporter.hpp"
 #include "zp/checked.hpp"
 #include "zp/runtime/cpu_adam.hpp"
 
@@ -473,60 +473,37 @@ void BM_GradSumSquares(benchmark::State& state) {
 
 // ---- ratios from this run -----------------------------------------------------------------
 
-// The console display plus, at the end, the ratios the issue asks for (from the mean real
-// time per iteration of each benchmark in this run).
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs)
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred && r.iterations > 0) {
-        Acc& a = seconds_[r.run_name.function_name];
-        a.seconds += r.real_accumulated_time / static_cast<double>(r.iterations);
-        a.count += 1;
-      }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  void Finalize() override {
-    ConsoleReporter::Finalize();
-    auto time = [&](const std::string& name) {
-      const auto it = seconds_.find(name);
-      return it == seconds_.end() ? NAN : it->second.seconds / it->second.count;
-    };
-    struct Line {
-      std::string what;
-      double value;
-      std::string unit;
-      double goal;
-    };
-    // Both variants of a pair move the same bytes, so the bandwidth ratio is a time ratio.
-    const Line lines[] = {
-        {"(1) fused offload step bandwidth / Adam-shaped stream (fp16 grads, fp16 out)",
-         100 * time("stream_offload_fp16") / time("fused_offload_fp16"), "%", 90},
-        {"(1) fused step bandwidth / Adam-shaped stream (fp32 grads, no 16-bit out)",
-         100 * time("stream_fp32") / time("fused_fp32"), "%", 90},
-        {"(2) separate passes time / fused offload step time",
-         time("separate_offload_fp16") / time("fused_offload_fp16"), "x", 1.8},
-        {"    fused offload step: vector / scalar speed-up",
-         time("fused_offload_fp16_scalar") / time("fused_offload_fp16"), "x", 1.0}};
-    bool header = false;
-    for (const Line& l : lines) {
-      if (std::isnan(l.value)) continue;  // a benchmark of the pair was filtered out or failed
-      if (!header)
-        fmt::print("\nratios from this run ({} params, {} threads, cpu_adam isa {}):\n",
-                   n_params(), omp_get_max_threads(), to_string(cpu_adam_isa()));
-      header = true;
-      fmt::print("  {}: {:.2f}{} (goal >= {}{}: {})\n", l.what, l.value, l.unit, l.goal, l.unit,
-                 l.value >= l.goal ? "met" : "NOT met");
-    }
-  }
-
- private:
-  struct Acc {
-    double seconds = 0;
-    int count = 0;
+// The ratios the issue asks for (from the mean real time per iteration of each benchmark in
+// this run).
+void print_ratios(const zp::bench::RatioReporter& r) {
+  auto time = [&](const std::string& name) { return r.time(name); };
+  struct Line {
+    std::string what;
+    double value;
+    std::string unit;
+    double goal;
   };
-  std::map<std::string, Acc> seconds_;
-};
+  // Both variants of a pair move the same bytes, so the bandwidth ratio is a time ratio.
+  const Line lines[] = {
+      {"(1) fused offload step bandwidth / Adam-shaped stream (fp16 grads, fp16 out)",
+       100 * time("stream_offload_fp16") / time("fused_offload_fp16"), "%", 90},
+      {"(1) fused step bandwidth / Adam-shaped stream (fp32 grads, no 16-bit out)",
+       100 * time("stream_fp32") / time("fused_fp32"), "%", 90},
+      {"(2) separate passes time / fused offload step time",
+       time("separate_offload_fp16") / time("fused_offload_fp16"), "x", 1.8},
+      {"    fused offload step: vector / scalar speed-up",
+       time("fused_offload_fp16_scalar") / time("fused_offload_fp16"), "x", 1.0}};
+  bool header = false;
+  for (const Line& l : lines) {
+    if (std::isnan(l.value)) continue;  // a benchmark of the pair was filtered out or failed
+    if (!header)
+      fmt::print("\nratios from this run ({} params, {} threads, cpu_adam isa {}):\n",
+                 n_params(), omp_get_max_threads(), to_string(cpu_adam_isa()));
+    header = true;
+    fmt::print("  {}: {:.2f}{} (goal >= {}{}: {})\n", l.what, l.value, l.unit, l.goal, l.unit,
+               l.value >= l.goal ? "met" : "NOT met");
+  }
+}
 
 }  // namespace
 
@@ -544,7 +521,7 @@ int main(int argc, char** argv) {
   reg("fused_bf16_moments", [](benchmark::State& s) { BM_Fused(s, kBf16Moments, std::nullopt); });
   reg("fused_offload_fp16_scalar", [](benchmark::State& s) { BM_Fused(s, kOffloadFp16, CpuIsa::scalar); });
   reg("grad_sum_squares_fp16", BM_GradSumSquares);
-  RatioReporter reporter;
+  zp::bench::RatioReporter reporter(print_ratios);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;
