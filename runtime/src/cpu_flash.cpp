@@ -36,12 +36,14 @@ inline void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-void check(const AttnShape& s, float p, std::string_view what) {
+void check(const AttnShape& s, float p, const float* qk, std::string_view what) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0 ||
-      s.window < 0)
-    throw Error(fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}",
-                            what, s.B, s.T, s.NH, s.KVH, s.HS, s.window),
-                "the query heads must be a positive multiple of the key/value heads");
+      s.window < 0 || s.qk_row < 0 || (s.qk_row > 0 && (qk == nullptr || s.qk_row < s.k_off() + s.KVH * s.HS)))
+    throw Error(fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}, "
+                            "q|k rows of {}{}", what, s.B, s.T, s.NH, s.KVH, s.HS, s.window, s.qk_row,
+                            s.qk_row > 0 && qk == nullptr ? " without the q|k tensor" : ""),
+                "the query heads must be a positive multiple of the key/value heads, and a separate "
+                "q|k tensor must hold all of their heads");
   if (!(p >= 0.0f && p < 1.0f))
     throw Error(fmt::format("cpu::{}: dropout probability {} is outside [0, 1)", what, p),
                 "attention dropout is a probability below 1");
@@ -76,9 +78,12 @@ struct Drop {
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
-                             float p, uint64_t key) {
-  check(s, p, "flash_attention_forward");
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
+                             float p, uint64_t key, const float* qk) {
+  check(s, p, qk, "flash_attention_forward");
+  // q and k in rows of QR from qks, v in rows of R from qkv.
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(),
+                O = s.out_row(), G = s.group();
+  const float* qks = s.qk_row > 0 ? qk : qkv;
   const int64_t nq = (T + kBq - 1) / kBq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -98,13 +103,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const Att
           if (!meets(s, i0, i1, j0, j1)) continue;
           for (int64_t t = i0; t < i1; ++t) {
             float* st = S + (t - i0) * kBk;
-            const float* q = qkv + (b * T + t) * R + h * HS;
+            const float* q = qks + (b * T + t) * QR + h * HS;
             const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
             if (lo >= hi) continue;
             // Scores, the row's new running max, and the rescaling of what came before.
             float mx = m[t - i0];
             for (int64_t t2 = lo; t2 < hi; ++t2) {
-              st[t2 - j0] = dot(q, qkv + (b * T + t2) * R + s.k_off() + kv * HS, HS) * scale;
+              st[t2 - j0] = dot(q, qks + (b * T + t2) * QR + s.k_off() + kv * HS, HS) * scale;
               mx = std::max(mx, st[t2 - j0]);
             }
             const float corr = std::exp(m[t - i0] - mx);  // 0 on the row's first block
@@ -137,9 +142,12 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const Att
 // order, the group's query heads in order, query blocks in order).
 void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
                               const float* qkv, const float* out, const float* lse,
-                              const AttnShape& s, float p, uint64_t key) {
-  check(s, p, "flash_attention_backward");
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
+                              const AttnShape& s, float p, uint64_t key, const float* qk) {
+  check(s, p, qk, "flash_attention_backward");
+  // q and k read in rows of QR from qks; v read, and dq, dk, dv written, in rows of R.
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(),
+                O = s.out_row(), G = s.group();
+  const float* qks = s.qk_row > 0 ? qk : qkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const Drop drop(p, key);
   // D = rowsum(dO o O) per query (FlashAttention-2 alg. 2 line 4) and dq_acc = 0.
@@ -167,14 +175,14 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
             for (int64_t t = i0; t < i1; ++t) {
               const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
               if (lo >= hi) continue;
-              const float* q = qkv + (b * T + t) * R + h * HS;
+              const float* q = qks + (b * T + t) * QR + h * HS;
               const float* go = dout + (b * T + t) * O + h * HS;
               const float L = lse[(b * NH + h) * T + t], Dt = dsum[(b * NH + h) * T + t];
               const int64_t row = ((b * NH + h) * T + t) * T;
               float* pt = P + (t - i0) * kBk;
               float* ds = dS + (t - i0) * kBk;
               for (int64_t t2 = lo; t2 < hi; ++t2) {
-                const float* k = qkv + (b * T + t2) * R + s.k_off() + kv * HS;
+                const float* k = qks + (b * T + t2) * QR + s.k_off() + kv * HS;
                 const float* v = qkv + (b * T + t2) * R + s.v_off() + kv * HS;
                 const float pr = std::exp(dot(q, k, HS) * scale - L);
                 const float z = drop.factor(row, t2);
@@ -183,7 +191,7 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
               }
               float* dq = dq_acc + (b * T + t) * O + h * HS;
               for (int64_t t2 = lo; t2 < hi; ++t2)
-                axpy(dq, ds[t2 - j0], qkv + (b * T + t2) * R + s.k_off() + kv * HS, HS);
+                axpy(dq, ds[t2 - j0], qks + (b * T + t2) * QR + s.k_off() + kv * HS, HS);
             }
             // dV_j += P^T dO and dK_j += dS^T Q, key by key over the block's queries in order.
             for (int64_t t2 = j0; t2 < j1; ++t2) {
@@ -194,7 +202,7 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
                 const float pr = P[(t - i0) * kBk + (t2 - j0)];
                 const float d = dS[(t - i0) * kBk + (t2 - j0)];
                 if (pr != 0.0f) axpy(dv, pr, dout + (b * T + t) * O + h * HS, HS);
-                if (d != 0.0f) axpy(dk, d, qkv + (b * T + t) * R + h * HS, HS);
+                if (d != 0.0f) axpy(dk, d, qks + (b * T + t) * QR + h * HS, HS);
               }
             }
           }

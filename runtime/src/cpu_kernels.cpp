@@ -34,6 +34,13 @@ int blas_dim(int64_t n, std::string_view what) {
   return static_cast<int>(n);
 }
 
+void check_head_norm(int64_t in_row, int64_t NH, int64_t KVH, int64_t HS, std::string_view what) {
+  if (NH <= 0 || KVH <= 0 || HS <= 0 || (NH + KVH) * HS > in_row)
+    throw Error(fmt::format("cpu::{}: {} query and {} key heads of {} in rows of {}", what, NH, KVH,
+                            HS, in_row),
+                "the q and k heads must fit the fused q|k|v row");
+}
+
 int64_t head_size(int64_t C, int64_t NH, std::string_view what) {
   if (NH <= 0 || C % NH != 0)
     throw Error(fmt::format("cpu::{}: C = {} is not a multiple of NH = {}", what, C, NH),
@@ -106,7 +113,8 @@ void check_shape(const AttnShape& s, std::string_view what) {
 template <DType D>
 void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
   check_shape(s, "attention_scores");
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
+  // q and k rows: the fused row, or their own tensor's (AttnShape::qk_row).
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.qk_stride(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
@@ -254,6 +262,51 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     for (int64_t r = 0; r < N; ++r)
       for (int64_t i = c0; i < c1; ++i) dweight[i] += dout[r * C + i] * inp[r * C + i] * stats[r];
   }
+}
+
+void head_rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight, float eps,
+                          int64_t N, int64_t in_row, int64_t NH, int64_t KVH, int64_t HS) {
+  check_head_norm(in_row, NH, KVH, HS, "head_rmsnorm_forward");
+  const int64_t H = NH + KVH;
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      const float* x = inp + r * in_row + j * HS;
+      const float* w = weight + (j < NH ? 0 : HS);
+      float* y = out + (r * H + j) * HS;
+      const float rstd = rmsnorm_row_rstd(x, HS, eps);
+      stats[r * H + j] = rstd;
+      for (int64_t i = 0; i < HS; ++i) y[i] = x[i] * rstd * w[i];
+    }
+}
+
+void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const float* weight,
+                           const float* stats, int64_t N, int64_t in_row, int64_t NH, int64_t KVH,
+                           int64_t HS) {
+  check_head_norm(in_row, NH, KVH, HS, "head_rmsnorm_backward");
+  const int64_t H = NH + KVH;
+  // dweight first (it reads the output's gradient, which the next loop overwrites): each of
+  // the 2 HS channels sums over rows and its heads in order, so the bits do not depend on the
+  // threads.
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t c = 0; c < 2 * HS; ++c) {
+    const int64_t i = c % HS, j0 = c < HS ? 0 : NH, j1 = c < HS ? NH : H;
+    float acc = 0.0f;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = j0; j < j1; ++j)
+        acc += dqkv[r * in_row + j * HS + i] * inp[r * in_row + j * HS + i] * stats[r * H + j];
+    dweight[c] += acc;
+  }
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      float* g = dqkv + r * in_row + j * HS;
+      const float* x = inp + r * in_row + j * HS;
+      const float* w = weight + (j < NH ? 0 : HS);
+      const float rstd = stats[r * H + j];
+      const float m = rmsnorm_row_gxhat_mean(g, x, w, 0.0f, rstd, HS);
+      for (int64_t i = 0; i < HS; ++i) g[i] = rmsnorm_dinp(g[i], x[i], w[i], rstd, m);
+    }
 }
 
 // ---- Rotary embeddings -----------------------------------------------------------------------
@@ -464,20 +517,23 @@ void attention_softmax_backward(float* dpreatt, const float* datt, const float* 
 void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
                                const AttnShape& s) {
   check_shape(s, "attention_scores_backward");
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
+  // q and k read in rows of QR (their own tensor's, or the fused row), dq and dk written in
+  // rows of R (the fused row's gradient).
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kv = 0; kv < s.KVH; ++kv)
       for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t q_off = (b * T + t) * R + h * HS;
+          const int64_t q_off = (b * T + t) * R + h * HS, q_in = (b * T + t) * QR + h * HS;
           const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
           for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
             const int64_t k_off = (b * T + t2) * R + s.k_off() + kv * HS;
+            const int64_t k_in = (b * T + t2) * QR + s.k_off() + kv * HS;
             const float g = dp[t2] * scale;
-            axpy(dqkv + q_off, g, qkv + k_off, HS);  // dq[t] += g k[t2]
-            axpy(dqkv + k_off, g, qkv + q_off, HS);  // dk[t2] += g q[t]
+            axpy(dqkv + q_off, g, qkv + k_in, HS);  // dq[t] += g k[t2]
+            axpy(dqkv + k_off, g, qkv + q_in, HS);  // dk[t2] += g q[t]
           }
         }
 }

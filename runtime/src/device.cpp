@@ -303,46 +303,58 @@ class CpuDevice final : public Device {
   void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores(f(preatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
+    cpu::attention_scores(f(preatt), cf(qkv), shape(B, T, h));
   }
   void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
                    const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_softmax(f(att), cf(preatt), {B, T, h.NH, h.KVH, h.HS, h.window});
+    cpu::attention_softmax(f(att), cf(preatt), shape(B, T, h));
   }
   void gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t, int64_t B,
                             int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_softmax_backward(f(dpreatt), cf(datt), cf(att), {B, T, h.NH, h.KVH, h.HS, h.window});
+    cpu::attention_softmax_backward(f(dpreatt), cf(datt), cf(att), shape(B, T, h));
   }
   void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_values(f(out), cf(att), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
+    cpu::attention_values(f(out), cf(att), cf(qkv), shape(B, T, h));
   }
   void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
                            const void* qkv, DType t, int64_t B, int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
     cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), cf(qkv),
-                                   {B, T, h.NH, h.KVH, h.HS, h.window});
+                                   shape(B, T, h));
   }
   void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t, int64_t B,
                            int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window});
+    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), shape(B, T, h));
   }
-  void flash_attention_forward(void* out, float* lse, const void* qkv, DType t, int64_t B,
-                               int64_t T, const Heads& h, float p, uint64_t key) override {
+  void flash_attention_forward(void* out, float* lse, const void* qk, const void* qkv, DType t,
+                               int64_t B, int64_t T, const Heads& h, float p, uint64_t key) override {
     fp32_only(t, "flash attention");
-    cpu::flash_attention_forward(f(out), lse, cf(qkv), {B, T, h.NH, h.KVH, h.HS, h.window}, p, key);
+    cpu::flash_attention_forward(f(out), lse, cf(qkv), shape(B, T, h), p, key, cf(qk));
   }
   void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
-                                const void* qkv, const void* out, const float* lse, DType t,
-                                int64_t B, int64_t T, const Heads& h, float p,
+                                const void* qk, const void* qkv, const void* out, const float* lse,
+                                DType t, int64_t B, int64_t T, const Heads& h, float p,
                                 uint64_t key) override {
     fp32_only(t, "flash attention");
     cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), cf(qkv), cf(out), lse,
-                                  {B, T, h.NH, h.KVH, h.HS, h.window}, p, key);
+                                  shape(B, T, h), p, key, cf(qk));
+  }
+  void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight, float eps,
+                            DType t, int64_t N, const Heads& h) override {
+    fp32_only(t, "q/k norms");
+    cpu::head_rmsnorm_forward(f(out), stats, cf(qkv), cf(weight), eps, N, (h.NH + 2 * h.KVH) * h.HS,
+                              h.NH, h.KVH, h.HS);
+  }
+  void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+                             const float* stats, DType t, int64_t N, const Heads& h) override {
+    fp32_only(t, "q/k norms");
+    cpu::head_rmsnorm_backward(f(dqkv), f(dweight), cf(qkv), cf(weight), stats, N,
+                               (h.NH + 2 * h.KVH) * h.HS, h.NH, h.KVH, h.HS);
   }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);
@@ -413,6 +425,11 @@ class CpuDevice final : public Device {
   double loss_acc_ = 0.0;  // loss_accumulate's running total
   static float* f(void* p) { return static_cast<float*>(p); }
   static const float* cf(const void* p) { return static_cast<const float*>(p); }
+  static cpu::AttnShape shape(int64_t B, int64_t T, const Heads& h) {
+    cpu::AttnShape s{B, T, h.NH, h.KVH, h.HS, h.window};
+    s.qk_row = h.qk_row;
+    return s;
+  }
   static void fp32_only(DType t, const char* what) {
     if (t != DType::fp32)
       throw Error(fmt::format("the cpu backend runs {} in fp32 only so far, not {}", what, to_string(t)),

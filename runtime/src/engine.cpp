@@ -48,6 +48,9 @@ std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
   return static_cast<std::byte*>(base) + elem * elem_bytes;
 }
 
+// Qwen3's per-head RMSNorm of q and k (graph.cpp names it h.L.attn.qk_norm).
+bool is_qk_norm(const Op& op) { return op.name.find(".attn.qk_norm") != std::string::npos; }
+
 // Why a non-GPT-2 model is not one of the dense LLaMA-family decoders this engine runs
 // (pre-RMSNorm blocks of rotary grouped-query attention and a SwiGLU MLP, no biases but
 // Qwen2's on q, k and v, an untied or tied head); "" when it is.
@@ -59,8 +62,8 @@ std::string llama_refusal(const models::ModelSpec& m) {
   if (m.residual != Residual::sequential) return "a parallel residual";
   if (m.mlp != Mlp::swiglu) return "not a SwiGLU MLP";
   if (m.positions != Positions::rotary) return "not rotary positions";
-  if (m.attention != Attention::standard || m.qk_norm != QkNorm::none || m.attn_sinks)
-    return "an attention variant (MLA, q/k norms or sinks)";
+  if (m.attention != Attention::standard || m.attn_sinks) return "an attention variant (MLA or sinks)";
+  if (m.qk_norm == QkNorm::full) return "q/k norms over the whole projection (OLMo2's)";
   if (m.activation != "silu") return "a gated MLP with " + m.activation + ", not SiLU";
   if (m.out_bias || m.mlp_bias || m.head_bias) return "biases beyond q, k and v";
   if (m.attn_softcap > 0 || m.final_softcap > 0) return "logit softcapping";
@@ -69,7 +72,8 @@ std::string llama_refusal(const models::ModelSpec& m) {
   if (m.attn_dropout > 0) return "attention dropout";
   // Families with the same recipe but their own details (Gemma's scaled embeddings and 1 + w
   // norms, OLMo2's norm placement, ...) are checked model_type by model_type.
-  if (t != "llama" && t != "mistral" && t != "qwen2") return "not a dense llama, mistral or qwen2";
+  if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3")
+    return "not a dense llama, mistral, qwen2 or qwen3";
   try {
     (void)rope_table(m.rope, m.rotary_dim, m.n_positions);
   } catch (const Error& e) {
@@ -91,7 +95,7 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
     const std::string why = llama_refusal(m);
     if (!why.empty())
       throw Error(fmt::format("zero-run trains GPT-2 and dense LLaMA-family models (llama, mistral, "
-                              "qwen2); {} is {}: {}", m.name, m.family_name(), why),
+                              "qwen2, qwen3); {} is {}: {}", m.name, m.family_name(), why),
                   "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
     if (plan.options.backend != planner::Backend::cpu || dev.name() != "cpu")
       throw Error(fmt::format("{}: zero-run runs LLaMA-family blocks on the cpu backend in fp32 only "
@@ -173,6 +177,9 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   heads_ = {NH_, NH_, C_ / NH_};
   if (llama_) {
     heads_ = {plan.model.n_head, plan.model.n_kv_head, plan.model.head_dim};
+    // Qwen3's per-head q/k norms write q and k to a tensor of their own (graph.cpp qk_norm).
+    if (plan.model.qk_norm == models::QkNorm::head)
+      heads_.qk_row = (heads_.NH + heads_.KVH) * heads_.HS;
     rot_ = plan.model.rotary_dim;
     rope_ = rope_table(plan.model.rope, rot_, plan.model.n_positions);
   }
@@ -782,6 +789,11 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::rmsnorm:
+      if (is_qk_norm(op)) {  // inputs {qkv}, outputs {qk, stats}
+        dev_.head_rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), weight(0),
+                                  norm_eps_, t, N, heads_);
+        break;
+      }
       dev_.rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), weight(0), norm_eps_, t,
                            N, C_);
       break;
@@ -828,17 +840,21 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       else dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::flash_attention: {
+      // inputs {[qk,] qkv}, outputs {out, lse}.
       const auto [p, key] = flash_dropout(op);
-      dev_.flash_attention_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), t, B_, T_,
-                                   heads(op), p, key);
+      const std::size_t k = heads_.qk_row > 0 ? 1 : 0;
+      dev_.flash_attention_forward(v(op.outputs[0]), f(op.outputs[1]), k ? v(op.inputs[0]) : nullptr,
+                                   v(op.inputs[k]), t, B_, T_, heads(op), p, key);
       break;
     }
     case OpKind::flash_attention_bwd: {
-      // inputs {d_out, qkv, out, lse}, outputs {d_qkv}, scratch {dq_accum, dsum}.
+      // inputs {d_out, [qk,] qkv, out, lse}, outputs {d_qkv}, scratch {dq_accum, dsum}.
       const auto [p, key] = flash_dropout(op);
+      const std::size_t k = heads_.qk_row > 0 ? 1 : 0;
       dev_.flash_attention_backward(v(op.outputs[0]), f(op.scratch[0]), f(op.scratch[1]),
-                                    v(op.inputs[0]), v(op.inputs[1]), v(op.inputs[2]),
-                                    f(op.inputs[3]), t, B_, T_, heads(op), p, key);
+                                    v(op.inputs[0]), k ? v(op.inputs[1]) : nullptr,
+                                    v(op.inputs[1 + k]), v(op.inputs[2 + k]), f(op.inputs[3 + k]), t,
+                                    B_, T_, heads(op), p, key);
       break;
     }
     case OpKind::residual:
@@ -903,6 +919,11 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
         dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::rmsnorm_bwd:
+      if (is_qk_norm(op)) {  // inputs {d_qkv, qkv, stats}, outputs {d_qkv} (in place)
+        dev_.head_rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[1]), weight(0),
+                                   f(op.inputs[2]), t, N, heads_);
+        break;
+      }
       dev_.rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[0]), v(op.inputs[1]), weight(0),
                             f(op.inputs[2]), t, N, C_);
       break;

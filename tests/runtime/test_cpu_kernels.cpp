@@ -869,6 +869,62 @@ TEST_CASE("rmsnorm: forward (out and rstd) and backward against finite differenc
   }
 }
 
+TEST_CASE("head rmsnorm (Qwen3's q/k norms): forward and in-place backward against finite differences") {
+  // 3 query and 1 key heads of 4 in fused rows of (3 + 2 * 1) * 4 = 20 (q, k, then v): the
+  // query heads take w[0, 4), the key head w[4, 8); the v head is neither read nor written.
+  constexpr int64_t NH = 3, KVH = 1, HS = 4, R = (NH + 2 * KVH) * HS, QK = (NH + KVH) * HS, rows = 5;
+  std::mt19937 rng(36);
+  const Vec x = randn(rows * R, 1.0f, rng), w = randn(2 * HS, 1.0f, rng);
+  const DVec xd = to_d(x), wd = to_d(w);
+  const double eps = 1e-6;
+  auto ref = [&](const DVec& xv, const DVec& wv) {  // float64, (rows, QK)
+    DVec y(rows * QK);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < NH + KVH; ++j) {
+        double sq = 0;
+        for (int64_t i = 0; i < HS; ++i) sq += xv[r * R + j * HS + i] * xv[r * R + j * HS + i];
+        const double s = 1.0 / std::sqrt(sq / HS + eps);
+        for (int64_t i = 0; i < HS; ++i)
+          y[r * QK + j * HS + i] = xv[r * R + j * HS + i] * s * wv[(j < NH ? 0 : HS) + i];
+      }
+    return y;
+  };
+  Vec out(rows * QK, 1e30f), stats(rows * (NH + KVH), 1e30f);
+  cpu::head_rmsnorm_forward(out.data(), stats.data(), x.data(), w.data(), static_cast<float>(eps), rows, R,
+                            NH, KVH, HS);
+  check_close(out, ref(xd, wd), kFwdTol, "head rmsnorm out");
+  // Backward, in place in rows of R: the q and k heads hold the output's gradient on entry.
+  const Vec dout = randn(rows * QK, 1.0f, rng);
+  Vec g = randn(rows * R, 1.0f, rng);
+  const Vec g0 = g;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < QK; ++i) g[r * R + i] = dout[r * QK + i];
+  const Vec dw0 = randn(2 * HS, 0.1f, rng);
+  Vec dw = dw0;
+  cpu::head_rmsnorm_backward(g.data(), dw.data(), x.data(), w.data(), stats.data(), rows, R, NH, KVH, HS);
+  const DVec want_dx = fd_grad([&](const DVec& v) { return weighted_sum(ref(v, wd), dout); }, xd);
+  Vec dx_qk, v_part, v_part0;
+  DVec want_qk;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < R; ++i) {
+      if (i < QK) {
+        dx_qk.push_back(g[r * R + i]);
+        want_qk.push_back(want_dx[r * R + i]);
+      } else {
+        v_part.push_back(g[r * R + i]);
+        v_part0.push_back(g0[r * R + i]);
+        CHECK(want_dx[r * R + i] == 0.0);  // the reference does not read v
+      }
+    }
+  check_close(dx_qk, want_qk, kBwdTol, "head rmsnorm dinp");
+  CHECK(v_part == v_part0);
+  check_delta(dw, dw0, fd_grad([&](const DVec& v) { return weighted_sum(ref(xd, v), dout); }, wd), kBwdTol,
+              "head rmsnorm dweight");
+  CHECK_THROWS_AS(cpu::head_rmsnorm_forward(out.data(), stats.data(), x.data(), w.data(), 1e-6f, rows, 12,
+                                            NH, KVH, HS),
+                  zp::Error);
+}
+
 TEST_CASE("rope: forward against the complex rotation, backward against finite differences") {
   std::mt19937 rng(32);
   // A fused q|k|v row of GQA: 4 query heads and 2 key heads of HS = 8 rotate, 2 value heads do

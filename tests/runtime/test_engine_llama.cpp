@@ -36,6 +36,15 @@ std::string tiny_mistral() {
     "sliding_window": 5, "tie_word_embeddings": false})";
 }
 
+// Qwen3: the LLaMA's shape with per-head q/k norms (head_dim 8, so the norms' weights are 8).
+std::string tiny_qwen3() {
+  return R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "attention_bias": false, "use_sliding_window": false, "sliding_window": null,
+    "tie_word_embeddings": false})";
+}
+
 std::string tiny_config(bool qkv_bias) {
   return std::string(R"({"model_type": ")") + (qkv_bias ? "qwen2" : "llama") +
          R"(", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
@@ -100,7 +109,7 @@ void check_against_reference(const std::string& config, bool flash) {
   const Run r = train(plan, 1, kLr);
   zp::testing::LlamaDims d{2, 16, m.n_embd, m.n_head, m.n_kv_head, m.head_dim, m.n_inner,
                            m.n_layer, m.vocab_size, m.qkv_bias, static_cast<float>(m.norm_eps),
-                           m.window.size};
+                           m.window.size, m.qk_norm == models::QkNorm::head};
   const RopeTable tab = rope_table(m.rope, m.rotary_dim, m.n_positions);
   zp::testing::LlamaStep step(d, tab.inv_freq, tab.attention_factor);
   REQUIRE(step.n_params() == static_cast<int64_t>(r.w0.size()));
@@ -127,6 +136,7 @@ void check_against_reference(const std::string& config, bool flash) {
     tensor(y.attn_norm, d.C, "attn_norm");
     tensor(y.wqkv, d.R() * d.C, "wqkv");
     if (qkv_bias) tensor(y.bqkv, d.R(), "bqkv");
+    if (d.qk_norm) tensor(y.qk_norm, 2 * d.HS, "q_norm|k_norm");
     tensor(y.wo, d.C * d.A(), "wo");
     tensor(y.mlp_norm, d.C, "mlp_norm");
     tensor(y.w_gate_up, 2 * d.F * d.C, "w_gate_up");
@@ -150,6 +160,22 @@ TEST_CASE("engine on a tiny Mistral (a sliding window): the first step's gradien
 
 TEST_CASE("engine on a tiny Qwen2 (q/k/v biases): the first step's gradient equals the reference") {
   for (bool flash : {false, true}) check_against_reference(tiny_config(true), flash);
+}
+
+TEST_CASE("engine on a tiny Qwen3 (per-head q/k norms): the first step's gradient equals the reference") {
+  const models::ModelSpec m = models::parse_hf_config(tiny_qwen3(), "tiny.json");
+  REQUIRE(m.qk_norm == models::QkNorm::head);
+  for (bool flash : {false, true}) check_against_reference(tiny_qwen3(), flash);
+  // Stages, recomputation and offload: the bits of stage 0.
+  const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 3, 0.1f);
+  for (int stage = 1; stage <= 3; ++stage)
+    for (auto ck : {planner::Checkpointing::full, planner::Checkpointing::selective}) {
+      CAPTURE(stage);
+      CAPTURE(planner::to_string(ck));
+      const Run r = train(plan_for(m, stage, ck), 3, 0.1f);
+      CHECK(r.losses == base.losses);
+      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
+    }
 }
 
 TEST_CASE("engine on a tiny LLaMA: stages 0-3, full recomputation and offload train the same weights") {

@@ -1,6 +1,6 @@
-// A whole tiny LLaMA, a tiny Qwen2 and a tiny Mistral (grouped-query attention, rotary
-// embeddings with the llama3 and the default table, RMSNorm, SwiGLU, an untied head; Qwen2's
-// q/k/v biases; Mistral's sliding window) run
+// A whole tiny LLaMA, a tiny Qwen2, a tiny Mistral and a tiny Qwen3 (grouped-query attention,
+// rotary embeddings with the llama3 and the default table, RMSNorm, SwiGLU, an untied head;
+// Qwen2's q/k/v biases; Mistral's sliding window; Qwen3's per-head q/k norms) run
 // forward and backward through the CPU kernels in transformers' order
 // (tests/support/llama_step.hpp) and compared with the PyTorch fixtures written by
 // tools/fixtures/llama_fixture.py (float64 forward and backward of the same fp32 parameters):
@@ -45,7 +45,7 @@ Fixture load(const std::string& variant) {
   zp::test::read_array(f, hf, 8);
   Fixture x;
   x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0]),
-         h[14]};
+         h[14], h[15] != 0};
   const int64_t n_params = h[12], N = x.d.B * x.d.T;
   zp::test::read_array(f, x.inv_freq, h[13]);
   zp::test::read_step_arrays(f, path, n_params, N, x.d.V, x);
@@ -89,6 +89,7 @@ void run(const std::string& variant, const zp::models::RopeSpec& rope) {
     tensor(y.attn_norm, d.C, p + "attn_norm");
     tensor(y.wqkv, d.R() * d.C, p + "wqkv");
     if (d.qkv_bias) tensor(y.bqkv, d.R(), p + "bqkv");
+    if (d.qk_norm) tensor(y.qk_norm, 2 * d.HS, p + "q_norm|k_norm");
     tensor(y.wo, d.C * d.A(), p + "wo");
     tensor(y.mlp_norm, d.C, p + "mlp_norm");
     tensor(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
@@ -121,4 +122,10 @@ TEST_CASE("a tiny Qwen2 (q/k/v biases, default rotary table) matches PyTorch") {
   zp::models::RopeSpec r;
   r.theta = 1000000.0;
   run("qwen2", r);
+}
+
+TEST_CASE("a tiny Qwen3 (per-head q/k norms before the rotation) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("qwen3", r);
 }

@@ -1,5 +1,5 @@
-// llama_step.hpp: the forward and backward of a whole LLaMA-family decoder (LLaMA, and Qwen2
-// with q/k/v biases) as a plain sequence of CPU kernel calls in transformers' modeling_llama
+// llama_step.hpp: the forward and backward of a whole LLaMA-family decoder (LLaMA, Qwen2 with
+// q/k/v biases, Qwen3 with per-head q/k norms) as a plain sequence of CPU kernel calls in transformers' modeling_llama
 // order, on std::vector buffers: RMSNorm, the fused q|k|v projection, rotary embeddings,
 // grouped-query attention, the output projection, RMSNorm, gate and up projections, SwiGLU,
 // the down projection, a final RMSNorm and an untied LM head. Used by test_llama_reference
@@ -26,14 +26,16 @@ struct LlamaDims {
   bool qkv_bias = false;
   float eps = 1e-5f;
   int64_t window = 0;  // Mistral's sliding window (every layer); 0: none
+  bool qk_norm = false;  // Qwen3's RMSNorm of each q and k head, before the rotation
   int64_t R() const { return (NH + 2 * KVH) * HS; }  // fused q|k|v row
   int64_t A() const { return NH * HS; }              // attention output row
+  int64_t QK() const { return (NH + KVH) * HS; }     // q|k row (their own tensor with q/k norms)
 };
 
 // The parameters in one flat buffer, in the fixture's order.
 struct LlamaTensors {
   struct Layer {
-    int64_t attn_norm, wqkv, bqkv = -1, wo, mlp_norm, w_gate_up, w_down;
+    int64_t attn_norm, wqkv, bqkv = -1, qk_norm = -1, wo, mlp_norm, w_gate_up, w_down;
   };
   int64_t embed = 0, final_norm = 0, lm_head = 0, n_params = 0;
   std::vector<Layer> layers;
@@ -45,6 +47,7 @@ struct LlamaTensors {
       y.attn_norm = take(d.C);
       y.wqkv = take(d.R() * d.C);
       if (d.qkv_bias) y.bqkv = take(d.R());
+      if (d.qk_norm) y.qk_norm = take(2 * d.HS);  // q_norm, then k_norm
       y.wo = take(d.C * d.A());
       y.mlp_norm = take(d.C);
       y.w_gate_up = take(2 * d.F * d.C);
@@ -65,6 +68,7 @@ class LlamaStep {
     for (int64_t l = 0; l < d.L; ++l) {
       Acts a;
       a.ln1.resize(N * d.C); a.s1.resize(N); a.qkv.resize(N * d.R());
+      if (d.qk_norm) a.qk.resize(N * d.QK()), a.sqk.resize(N * (d.NH + d.KVH));
       a.pre.resize(d.B * d.NH * d.T * d.T); a.att.resize(a.pre.size()); a.o.resize(N * d.A());
       a.h.resize(N * d.C); a.ln2.resize(N * d.C); a.s2.resize(N);
       a.gate.resize(N * d.F); a.up.resize(N * d.F); a.act.resize(N * d.F);
@@ -80,7 +84,7 @@ class LlamaStep {
     namespace cpu = zp::runtime::cpu;
     const LlamaDims& d = d_;
     const int64_t N = d.B * d.T;
-    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS, d.window};
+    const cpu::AttnShape shape = attn_shape();
     tokens_ = tokens;
     targets_ = targets;
     cpu::embedding_forward(x_[0].data(), tokens.data(), p + t_.embed, nullptr, d.B, d.T, d.C);
@@ -90,9 +94,16 @@ class LlamaStep {
       cpu::rmsnorm_forward(a.ln1.data(), a.s1.data(), x_[l].data(), p + w.attn_norm, 0.0f, d.eps, N, d.C);
       cpu::matmul_forward(a.qkv.data(), a.ln1.data(), p + w.wqkv, w.bqkv >= 0 ? p + w.bqkv : nullptr, N,
                           d.C, d.R());
-      cpu::rope_forward(a.qkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS,
-                        2 * static_cast<int64_t>(inv_freq_.size()));
-      cpu::attention_scores(a.pre.data(), a.qkv.data(), shape);
+      // q and k: in the fused row, or (q/k norms) normed into a tensor of their own.
+      float* qk = a.qkv.data();
+      if (d.qk_norm) {
+        cpu::head_rmsnorm_forward(a.qk.data(), a.sqk.data(), a.qkv.data(), p + w.qk_norm, d.eps, N, d.R(),
+                                  d.NH, d.KVH, d.HS);
+        qk = a.qk.data();
+      }
+      cpu::rope_forward(qk, inv_freq_.data(), mscale_, d.B, d.T, d.qk_norm ? d.QK() : d.R(), d.NH + d.KVH,
+                        d.HS, 2 * static_cast<int64_t>(inv_freq_.size()));
+      cpu::attention_scores(a.pre.data(), qk, shape);
       cpu::attention_softmax(a.att.data(), a.pre.data(), shape);
       cpu::attention_values(a.o.data(), a.att.data(), a.qkv.data(), shape);
       std::vector<float> proj(N * d.C);
@@ -118,7 +129,7 @@ class LlamaStep {
     namespace cpu = zp::runtime::cpu;
     const LlamaDims& d = d_;
     const int64_t N = d.B * d.T;
-    const cpu::AttnShape shape{d.B, d.T, d.NH, d.KVH, d.HS, d.window};
+    const cpu::AttnShape shape = attn_shape();
     const int64_t rot = 2 * static_cast<int64_t>(inv_freq_.size());
     std::vector<float> dlogits = probs_;
     cpu::crossentropy_backward(dlogits.data(), targets_.data(), 1.0f / static_cast<float>(N), N, d.V);
@@ -146,8 +157,12 @@ class LlamaStep {
       cpu::matmul_backward(d_o.data(), g + w.wo, nullptr, dh.data(), a.o.data(), p + w.wo, N, d.A(), d.C);
       cpu::attention_values_backward(datt.data(), dqkv.data(), d_o.data(), a.att.data(), a.qkv.data(), shape);
       cpu::attention_softmax_backward(datt.data(), datt.data(), a.att.data(), shape);
-      cpu::attention_scores_backward(dqkv.data(), datt.data(), a.qkv.data(), shape);
+      cpu::attention_scores_backward(dqkv.data(), datt.data(), d.qk_norm ? a.qk.data() : a.qkv.data(),
+                                     shape);
       cpu::rope_backward(dqkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS, rot);
+      if (d.qk_norm)
+        cpu::head_rmsnorm_backward(dqkv.data(), g + w.qk_norm, a.qkv.data(), p + w.qk_norm, a.sqk.data(), N,
+                                   d.R(), d.NH, d.KVH, d.HS);
       std::vector<float> dln1(N * d.C, 0.0f);
       cpu::matmul_backward(dln1.data(), g + w.wqkv, w.bqkv >= 0 ? g + w.bqkv : nullptr, dqkv.data(),
                            a.ln1.data(), p + w.wqkv, N, d.C, d.R());
@@ -160,8 +175,13 @@ class LlamaStep {
 
  private:
   struct Acts {
-    std::vector<float> ln1, s1, qkv, pre, att, o, h, ln2, s2, gate, up, act;
+    std::vector<float> ln1, s1, qkv, qk, sqk, pre, att, o, h, ln2, s2, gate, up, act;
   };
+  zp::runtime::cpu::AttnShape attn_shape() const {
+    zp::runtime::cpu::AttnShape s{d_.B, d_.T, d_.NH, d_.KVH, d_.HS, d_.window};
+    if (d_.qk_norm) s.qk_row = d_.QK();
+    return s;
+  }
   LlamaDims d_;
   LlamaTensors t_;
   std::vector<float> inv_freq_;

@@ -638,14 +638,18 @@ void CudaDevice::gqa_scores_backward(void*, const void*, const void*, DType, int
                                      const Heads&) {
   not_on_gpu("grouped-query attention");
 }
-void CudaDevice::flash_attention_forward(void*, float*, const void*, DType, int64_t, int64_t,
-                                         const Heads&, float, uint64_t) {
+void CudaDevice::head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+                                      const Heads&) { not_on_gpu("q/k norms"); }
+void CudaDevice::head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType,
+                                       int64_t, const Heads&) { not_on_gpu("q/k norms"); }
+void CudaDevice::flash_attention_forward(void*, float*, const void*, const void*, DType, int64_t,
+                                         int64_t, const Heads&, float, uint64_t) {
   throw Error("the CUDA backend does not run flash attention yet",
               "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
 }
 void CudaDevice::flash_attention_backward(void*, float*, float*, const void*, const void*,
-                                          const void*, const float*, DType, int64_t, int64_t,
-                                          const Heads&, float, uint64_t) {
+                                          const void*, const void*, const float*, DType, int64_t,
+                                          int64_t, const Heads&, float, uint64_t) {
   throw Error("the CUDA backend does not run flash attention yet",
               "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
 }

@@ -92,11 +92,15 @@ class CudaDevice final : public Device {
                            int64_t, const Heads&) override;
   void gqa_scores_backward(void*, const void*, const void*, DType, int64_t, int64_t,
                            const Heads&) override;
-  void flash_attention_forward(void*, float*, const void*, DType, int64_t, int64_t, const Heads&,
-                               float, uint64_t) override;
+  void flash_attention_forward(void*, float*, const void*, const void*, DType, int64_t, int64_t,
+                               const Heads&, float, uint64_t) override;
   void flash_attention_backward(void*, float*, float*, const void*, const void*, const void*,
-                                const float*, DType, int64_t, int64_t, const Heads&, float,
-                                uint64_t) override;
+                                const void*, const float*, DType, int64_t, int64_t, const Heads&,
+                                float, uint64_t) override;
+  void head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+                            const Heads&) override;
+  void head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType, int64_t,
+                             const Heads&) override;
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override;
   void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override;
   void residual_forward(void* out, const void* a, const void* b, DType t, int64_t n) override;

@@ -50,6 +50,18 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* weight, float w_offset, const float* stats, int64_t N,
                       int64_t C);
 
+// Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): in
+// each of the N fused rows of in_row elements, the first NH + KVH heads of HS (q's, then k's)
+// are normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads),
+// into out, rows of (NH + KVH) * HS; stats (N, NH + KVH) holds each head's rstd.
+void head_rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight, float eps,
+                          int64_t N, int64_t in_row, int64_t NH, int64_t KVH, int64_t HS);
+// In place over the fused gradient rows: dqkv's q and k heads (the gradient of out) become the
+// gradient of inp's; its v heads are not touched. dweight (2 HS) += sum dout xhat.
+void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const float* weight,
+                           const float* stats, int64_t N, int64_t in_row, int64_t NH, int64_t KVH,
+                           int64_t HS);
+
 // Rotary embeddings, in place: each of the B*T rows (row elements apart) holds n_heads heads
 // of HS values from its start (q's heads then k's in a fused q|k|v row); in each head the
 // first `rot` dims turn in pairs (i, i + rot/2) by t inv_freq[i] (t = row index mod T) and
@@ -87,7 +99,12 @@ struct AttnShape {
   // Sliding-window attention (Mistral; transformers' sliding_window): query t sees keys
   // t - window < t2 <= t; 0 sees every earlier key.
   int64_t window = 0;
+  // q and k in a tensor of their own (Qwen3's q/k norms write them apart from v): its row of
+  // (NH + KVH) * HS, q heads then k heads; 0: they are in the fused row. The kernels that read
+  // q and k then take that tensor, those reading v the fused one; gradients stay in fused rows.
+  int64_t qk_row = 0;
   int64_t first_key(int64_t t) const { return window > 0 && t >= window ? t - window + 1 : 0; }
+  int64_t qk_stride() const { return qk_row > 0 ? qk_row : row(); }
   int64_t row() const { return (NH + 2 * KVH) * HS; }
   int64_t k_off() const { return NH * HS; }
   int64_t v_off() const { return (NH + KVH) * HS; }
@@ -115,15 +132,17 @@ void attention_scores_backward(float* dqkv, const float* dpreatt, const float* q
 // scaled scores over its keys. Attention dropout p (0 <= p < 1) drops the normalised
 // probabilities with the three steps' mask: element ((b NH + h) T + t) T + t2 of
 // dropout_forward's counter-based mask under `key`, so both paths drop the same entries.
+// With s.qk_row set, q and k come from `qk` (rows of s.qk_row), v from qkv; else qk is unused
+// (nullptr) and all three come from qkv.
 void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
-                             float p, uint64_t key);
+                             float p, uint64_t key, const float* qk = nullptr);
 // dqkv += the gradient of every q, k and v element from dout (B,T,NH*HS), recomputing the
 // probabilities from lse. Workspaces, overwritten: dq_acc (B,T,NH*HS), the fp32 dQ
 // accumulator, and dsum (B,NH,T), rowsum(dout * out). Parallel over (b, key/value head):
 // B * KVH units of work.
 void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
                               const float* qkv, const float* out, const float* lse,
-                              const AttnShape& s, float p, uint64_t key);
+                              const AttnShape& s, float p, uint64_t key, const float* qk = nullptr);
 
 // Causal self-attention in three steps, as the training graph has them. qkv (B,T,3C) holds
 // q, k, v side by side per token; heads are HS-wide slices of each.

@@ -155,6 +155,7 @@ class Device {
   struct Heads {
     int64_t NH = 0, KVH = 0, HS = 0;
     int64_t window = 0;  // a sliding window's keys (cpu::AttnShape::window); 0: none
+    int64_t qk_row = 0;  // q and k in a tensor of their own, rows this wide (cpu::AttnShape::qk_row)
   };
   virtual void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight,
                                float eps, DType t, int64_t N, int64_t C) = 0;
@@ -187,12 +188,19 @@ class Device {
   // adds into dqkv and overwrites its two fp32 workspaces, dq_acc (B,T,NH*HS) and dsum
   // (B,NH,T). Attention dropout p with the three steps' mask under `key`. The cpu backend
   // runs it in fp32; the CUDA backend throws zp::Error (not yet).
-  virtual void flash_attention_forward(void* out, float* lse, const void* qkv, DType t, int64_t B,
-                                       int64_t T, const Heads& h, float p, uint64_t key) = 0;
+  // With h.qk_row, q and k come from qk; else qk is nullptr.
+  virtual void flash_attention_forward(void* out, float* lse, const void* qk, const void* qkv,
+                                       DType t, int64_t B, int64_t T, const Heads& h, float p,
+                                       uint64_t key) = 0;
   virtual void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
-                                        const void* qkv, const void* out, const float* lse,
-                                        DType t, int64_t B, int64_t T, const Heads& h, float p,
-                                        uint64_t key) = 0;
+                                        const void* qk, const void* qkv, const void* out,
+                                        const float* lse, DType t, int64_t B, int64_t T,
+                                        const Heads& h, float p, uint64_t key) = 0;
+  // Per-head RMSNorm of q and k (cpu_kernels.hpp head_rmsnorm_forward / _backward).
+  virtual void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight,
+                                    float eps, DType t, int64_t N, const Heads& h) = 0;
+  virtual void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+                                     const float* stats, DType t, int64_t N, const Heads& h) = 0;
   virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,
                              int64_t n) = 0;
