@@ -46,6 +46,14 @@ Fixture load(const std::string& variant) {
   Fixture x;
   x.d = {h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11] != 0, static_cast<float>(hf[0]),
          h[14], h[15] != 0};
+  x.d.E = h[16];
+  x.d.K = h[17];
+  x.d.Fe = h[18];
+  x.d.Fs = h[19];
+  x.d.shared_gate = h[20] != 0;
+  x.d.renorm = h[21] != 0;
+  x.d.dense_layers = h[22];
+  x.d.aux_coef = static_cast<float>(hf[2]);
   const int64_t n_params = h[12], N = x.d.B * x.d.T;
   zp::test::read_array(f, x.inv_freq, h[13]);
   zp::test::read_step_arrays(f, path, n_params, N, x.d.V, x);
@@ -92,8 +100,22 @@ void run(const std::string& variant, const zp::models::RopeSpec& rope) {
     if (d.qk_norm) tensor(y.qk_norm, 2 * d.HS, p + "q_norm|k_norm");
     tensor(y.wo, d.C * d.A(), p + "wo");
     tensor(y.mlp_norm, d.C, p + "mlp_norm");
-    tensor(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
-    tensor(y.w_down, d.C * d.F, p + "w_down");
+    if (!d.is_moe(l)) {
+      tensor(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
+      tensor(y.w_down, d.C * d.F, p + "w_down");
+      continue;
+    }
+    tensor(y.router, d.E * d.C, p + "router");
+    for (int64_t e = 0; e < d.E; ++e) {  // expert by expert: one that got no rows has no gradient
+      const std::string ex = p + "expert" + std::to_string(e) + ".";
+      tensor(y.e_gate_up + e * 2 * d.Fe * d.C, 2 * d.Fe * d.C, ex + "gate_up");
+      tensor(y.e_down + e * d.C * d.Fe, d.C * d.Fe, ex + "down");
+    }
+    if (d.Fs > 0) {
+      tensor(y.s_gate_up, 2 * d.Fs * d.C, p + "shared_gate_up");
+      tensor(y.s_down, d.C * d.Fs, p + "shared_down");
+    }
+    if (d.shared_gate) tensor(y.s_gate, d.C, p + "shared_gate");
   }
   tensor(t.final_norm, d.C, "final_norm");
   tensor(t.lm_head, d.V * d.C, "lm_head");
@@ -128,4 +150,22 @@ TEST_CASE("a tiny Qwen3 (per-head q/k norms before the rotation) matches PyTorch
   zp::models::RopeSpec r;
   r.theta = 1000000.0;
   run("qwen3", r);
+}
+
+TEST_CASE("a tiny Mixtral (4 experts, top 2 renormalised, load-balancing loss) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("mixtral", r);
+}
+
+TEST_CASE("a tiny Qwen2-MoE (a dense layer, a gated shared expert, top 2 as routed) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("qwen2_moe", r);
+}
+
+TEST_CASE("a tiny Qwen3-MoE (q/k norms, top 2 renormalised) matches PyTorch") {
+  zp::models::RopeSpec r;
+  r.theta = 1000000.0;
+  run("qwen3_moe", r);
 }

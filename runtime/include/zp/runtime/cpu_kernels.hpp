@@ -50,6 +50,41 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* weight, float w_offset, const float* stats, int64_t N,
                       int64_t C);
 
+// ---- Mixture of experts (cpu_moe.cpp) ---------------------------------------------------------
+// N tokens choose K of E experts. The dispatched rows (N K of them, dropless) are ordered by
+// expert, then token, then slot: expert e's rows are [offsets[e], offsets[e + 1]). Every kernel
+// checks the indices (zp::Error naming the first outside [0, E)) and E <= kMaxExperts.
+inline constexpr int64_t kMaxExperts = 1024;
+// offsets (E + 1): where each expert's rows start, and N K at the end.
+void moe_expert_counts(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets);
+// probs (N, E) = softmax(logits) in fp32; idx (N, K) the top K by probability (the lower index
+// first among equals), weights (N, K) their probabilities, renormalised to sum 1 if asked
+// (Mixtral; Qwen-MoE's norm_topk_prob).
+void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* logits, int64_t N,
+                       int64_t E, int64_t K, bool renormalize);
+// dlogits (N, E), overwritten, from dweights (N, K) and, if not null, dprob_all (E): a gradient
+// added to every token's probability of expert e (the load-balancing loss's).
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const int32_t* idx,
+                        const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize);
+// xe (N K, C): row of (token n, slot k) = in[n].
+void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                  int64_t C);
+// din[n] += the sum of its K rows of dxe.
+void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int64_t N, int64_t K,
+                           int64_t E, int64_t C);
+// out[n] = sum_k weights[n, k] ye[row(n, k)] (overwrites).
+void moe_combine(float* out, const float* ye, const float* weights, const int32_t* idx, int64_t N,
+                 int64_t K, int64_t E, int64_t C);
+// dye[row(n, k)] = weights[n, k] dout[n]; dweights[n, k] = dout[n] . ye[row(n, k)] (overwrite).
+void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
+                          const float* weights, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                          int64_t C);
+// Qwen2-MoE's gated shared expert: out (N, C) = sigmoid(g[n]) x[n] (g one logit per token);
+// backward: dx = sigmoid(g) dout, dg = (dout . x) sigmoid'(g), both overwritten.
+void gate_mul_forward(float* out, const float* x, const float* g, int64_t N, int64_t C);
+void gate_mul_backward(float* dx, float* dg, const float* dout, const float* x, const float* g,
+                       int64_t N, int64_t C);
+
 // Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): in
 // each of the N fused rows of in_row elements, the first NH + KVH heads of HS (q's, then k's)
 // are normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads),

@@ -1,0 +1,223 @@
+// cpu_moe.cpp: the Mixture-of-Experts routing kernels of the CPU backend (cpu_kernels.hpp
+// states the contract): the router's softmax and top-k, the dispatch of each token's k copies
+// to rows grouped by expert, the weighted combine, and their backwards.
+//
+// The dispatched rows are ordered by expert, then token, then slot (a stable counting sort of
+// the (token, slot) pairs by expert), so each expert's rows are one block for its GEMMs. No
+// kernel stores that permutation: each walks the pairs in order with a cursor per expert (a
+// stack array of E counters, E <= kMaxExperts), and the row-wide copies are split over the
+// threads by columns, so every thread walks the same order and nothing is shared.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "zp/error.hpp"
+#include "zp/runtime/cpu_kernels.hpp"
+#include "zp/runtime/kernel_math.hpp"
+
+namespace zp::runtime::cpu {
+
+namespace {
+
+void check_moe(int64_t N, int64_t E, int64_t K, std::string_view what) {
+  if (N < 0 || E <= 0 || E > kMaxExperts || K <= 0 || K > E)
+    throw Error(fmt::format("cpu::{}: {} tokens, {} experts, top {}", what, N, E, K),
+                fmt::format("the experts must number 1 to {} and top-k at most their number", kMaxExperts));
+}
+
+// offsets[e] = the first dispatched row of expert e (an exclusive prefix sum of the counts);
+// throws on an index outside [0, E).
+void expert_offsets(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets,
+                    std::string_view what) {
+  std::fill(offsets, offsets + E + 1, int64_t{0});
+  for (int64_t i = 0; i < N * K; ++i) {
+    if (idx[i] < 0 || idx[i] >= E)
+      throw Error(fmt::format("cpu::{}: expert index {} at (token {}, slot {}) is outside [0, {})",
+                              what, idx[i], i / K, i % K, E),
+                  "the top-k indices come from moe_route_forward");
+    ++offsets[idx[i] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+}
+
+// Calls f(n, k, row) for every (token, slot) pair in token order, row its dispatched row.
+template <class F>
+void walk_rows(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::string_view what, F&& f) {
+  int64_t cursor[kMaxExperts + 1];
+  expert_offsets(idx, N, K, E, cursor, what);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) f(n, k, cursor[idx[n * K + k]]++);
+}
+
+// The columns [c0, c1) of C this thread copies.
+std::pair<int64_t, int64_t> my_columns(int64_t C) {
+  const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+  return {C * t / nt, C * (t + 1) / nt};
+}
+
+}  // namespace
+
+void moe_expert_counts(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets) {
+  check_moe(N, E, K, "moe_expert_counts");
+  expert_offsets(idx, N, K, E, offsets, "moe_expert_counts");
+}
+
+void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* logits, int64_t N,
+                       int64_t E, int64_t K, bool renormalize) {
+  check_moe(N, E, K, "moe_route_forward");
+#pragma omp parallel for if (N * E > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    float* p = probs + n * E;
+    softmax_row(p, logits + n * E, E);
+    // Top k by probability, the lower index first among equals (a stable selection).
+    int32_t* ix = idx + n * K;
+    float* w = weights + n * K;
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t j = 0; j < k; ++j) taken = taken || ix[j] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+      }
+      ix[k] = best;
+      w[k] = p[best];
+      sum += p[best];
+    }
+    if (renormalize)
+      for (int64_t k = 0; k < K; ++k) w[k] /= sum;
+  }
+}
+
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const int32_t* idx,
+                        const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize) {
+  check_moe(N, E, K, "moe_route_backward");
+#pragma omp parallel for if (N * E > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs + n * E;
+    const int32_t* ix = idx + n * K;
+    const float* dw = dweights + n * K;
+    float* dl = dlogits + n * E;
+    // dL/dp: the top-k weights' gradient (through the renormalisation w_k = p_k / S, S the sum
+    // of the chosen p: dp_k = (dw_k - sum_j dw_j w_j) / S), plus the load-balancing term.
+    for (int64_t e = 0; e < E; ++e) dl[e] = dprob_all ? dprob_all[e] : 0.0f;
+    if (renormalize) {
+      float S = 0.0f, dot = 0.0f;
+      for (int64_t k = 0; k < K; ++k) S += p[ix[k]];
+      for (int64_t k = 0; k < K; ++k) dot += dw[k] * (p[ix[k]] / S);
+      for (int64_t k = 0; k < K; ++k) dl[ix[k]] += (dw[k] - dot) / S;
+    } else {
+      for (int64_t k = 0; k < K; ++k) dl[ix[k]] += dw[k];
+    }
+    // Through the softmax: dlogit = p (dp - sum_e p_e dp_e).
+    float s = 0.0f;
+    for (int64_t e = 0; e < E; ++e) s += p[e] * dl[e];
+    for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - s);
+  }
+}
+
+void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                  int64_t C) {
+  check_moe(N, E, K, "moe_dispatch");
+  int64_t probe[kMaxExperts + 1];
+  expert_offsets(idx, N, K, E, probe, "moe_dispatch");  // indices checked before the threads
+#pragma omp parallel if (N * K * C > (1 << 15))
+  {
+    const auto [c0, c1] = my_columns(C);
+    walk_rows(idx, N, K, E, "moe_dispatch", [&](int64_t n, int64_t, int64_t r) {
+      std::memcpy(xe + r * C + c0, in + n * C + c0, static_cast<std::size_t>(c1 - c0) * 4);
+    });
+  }
+}
+
+void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int64_t N, int64_t K,
+                           int64_t E, int64_t C) {
+  check_moe(N, E, K, "moe_dispatch_backward");
+  int64_t probe[kMaxExperts + 1];
+  expert_offsets(idx, N, K, E, probe, "moe_dispatch_backward");
+#pragma omp parallel if (N * K * C > (1 << 15))
+  {
+    const auto [c0, c1] = my_columns(C);
+    walk_rows(idx, N, K, E, "moe_dispatch_backward", [&](int64_t n, int64_t, int64_t r) {
+      float* d = din + n * C;
+      const float* g = dxe + r * C;
+      for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
+    });
+  }
+}
+
+void moe_combine(float* out, const float* ye, const float* weights, const int32_t* idx, int64_t N,
+                 int64_t K, int64_t E, int64_t C) {
+  check_moe(N, E, K, "moe_combine");
+  int64_t probe[kMaxExperts + 1];
+  expert_offsets(idx, N, K, E, probe, "moe_combine");
+#pragma omp parallel if (N * K * C > (1 << 15))
+  {
+    const auto [c0, c1] = my_columns(C);
+    walk_rows(idx, N, K, E, "moe_combine", [&](int64_t n, int64_t k, int64_t r) {
+      float* o = out + n * C;
+      const float* y = ye + r * C;
+      const float w = weights[n * K + k];
+      if (k == 0)
+        for (int64_t c = c0; c < c1; ++c) o[c] = w * y[c];
+      else
+        for (int64_t c = c0; c < c1; ++c) o[c] += w * y[c];
+    });
+  }
+}
+
+void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
+                          const float* weights, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                          int64_t C) {
+  check_moe(N, E, K, "moe_combine_backward");
+  int64_t probe[kMaxExperts + 1];
+  expert_offsets(idx, N, K, E, probe, "moe_combine_backward");
+#pragma omp parallel if (N * K * C > (1 << 15))
+  {
+    const auto [c0, c1] = my_columns(C);
+    walk_rows(idx, N, K, E, "moe_combine_backward", [&](int64_t n, int64_t k, int64_t r) {
+      const float w = weights[n * K + k];
+      const float* g = dout + n * C;
+      float* d = dye + r * C;
+      for (int64_t c = c0; c < c1; ++c) d[c] = w * g[c];
+    });
+  }
+  // dw[n, k] = dout[n] . ye[row]: whole rows, one pass in order.
+  walk_rows(idx, N, K, E, "moe_combine_backward", [&](int64_t n, int64_t k, int64_t r) {
+    const float* g = dout + n * C;
+    const float* y = ye + r * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += g[c] * y[c];
+    dweights[n * K + k] = s;
+  });
+}
+
+void gate_mul_forward(float* out, const float* x, const float* g, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-g[n]));
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = s * x[n * C + c];
+  }
+}
+
+void gate_mul_backward(float* dx, float* dg, const float* dout, const float* x, const float* g,
+                       int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-g[n]));
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      dot += dout[n * C + c] * x[n * C + c];
+      dx[n * C + c] = s * dout[n * C + c];
+    }
+    dg[n] = dot * s * (1.0f - s);
+  }
+}
+
+}  // namespace zp::runtime::cpu
