@@ -62,6 +62,38 @@ std::string_view to_string(OpKind k) {
   return kNames[static_cast<std::size_t>(k)];
 }
 
+// Whether transformers' MoE router renormalizes its top-k weights to sum 1 (hf_modeling then
+// saves them before the division and their sum; zero-run renormalizes as the model does): Mixtral always (modeling_mixtral.py
+// MixtralSparseMoeBlock.forward), Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 as the config's
+// norm_topk_prob says (their config classes default it to false, false, true), DeepSeek-V2
+// (DeepseekV2MoEGate.forward scales by routed_scaling_factor only) and gpt-oss (a softmax over
+// the k chosen logits) never. ModelSpec does not keep the flag: it is read back from the config
+// the spec came from (a hand-built spec takes the defaults).
+bool hf_topk_renorm(const ModelSpec& m) {
+  if (!m.is_moe() || m.model_type == "deepseek_v2" || m.model_type == "gpt_oss") return false;
+  if (m.model_type == "mixtral") return true;
+  const bool fallback = m.model_type == "deepseek_v3";
+  if (m.source_config.empty()) return fallback;
+  const nlohmann::json j = nlohmann::json::parse(m.source_config, nullptr, false);
+  if (!j.is_object()) return fallback;
+  const auto it = j.find("norm_topk_prob");
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+
+// The load-balancing loss's coefficient transformers trains with (its ForCausalLM forward adds
+// router_aux_loss_coef x load_balancing_loss_func(...) when output_router_logits is set; the
+// config classes of Mixtral, Qwen2-MoE and Qwen3-MoE default the flag to false and the
+// coefficient to 0.001); 0 when the loss is not added. Read from the source config, as above.
+double moe_aux_loss_coef(const ModelSpec& m) {
+  if (!m.is_moe() || m.source_config.empty()) return 0.0;
+  const nlohmann::json j = nlohmann::json::parse(m.source_config, nullptr, false);
+  if (!j.is_object()) return 0.0;
+  const auto on = j.find("output_router_logits");
+  if (on == j.end() || !on->is_boolean() || !on->get<bool>()) return 0.0;
+  const auto c = j.find("router_aux_loss_coef");
+  return c != j.end() && c->is_number() ? c->get<double>() : 0.001;
+}
+
 namespace {
 
 using Shape = std::vector<int64_t>;
@@ -117,24 +149,6 @@ std::vector<TensorId> qkv_of(const BlockActs& a) {
 }
 std::vector<TensorId> ckv_of(const BlockActs& a) {
   return a.ckv_parts.empty() ? std::vector<TensorId>{a.ckv} : a.ckv_parts;
-}
-
-// hf_modeling: whether transformers' MoE router renormalizes its top-k weights to sum 1, which
-// saves them before the division and their sum: Mixtral always (modeling_mixtral.py
-// MixtralSparseMoeBlock.forward), Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 as the config's
-// norm_topk_prob says (their config classes default it to false, false, true), DeepSeek-V2
-// (DeepseekV2MoEGate.forward scales by routed_scaling_factor only) and gpt-oss (a softmax over
-// the k chosen logits) never. ModelSpec does not keep the flag: it is read back from the config
-// the spec came from (a hand-built spec takes the defaults).
-bool hf_topk_renorm(const ModelSpec& m) {
-  if (!m.is_moe() || m.model_type == "deepseek_v2" || m.model_type == "gpt_oss") return false;
-  if (m.model_type == "mixtral") return true;
-  const bool fallback = m.model_type == "deepseek_v3";
-  if (m.source_config.empty()) return fallback;
-  const nlohmann::json j = nlohmann::json::parse(m.source_config, nullptr, false);
-  if (!j.is_object()) return fallback;
-  const auto it = j.find("norm_topk_prob");
-  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
 }
 
 // Which kind a forward tensor gets: saved for backward, or only a forward activation when the

@@ -51,13 +51,21 @@ std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
 // Qwen3's per-head RMSNorm of q and k (graph.cpp names it h.L.attn.qk_norm).
 bool is_qk_norm(const Op& op) { return op.name.find(".attn.qk_norm") != std::string::npos; }
 
+// A routed expert's GEMM (graph.cpp dense_mlp with rows: h.L.moe.experts.gate_up / .proj).
+bool is_expert_op(const Op& op) { return op.name.find(".moe.experts.") != std::string::npos; }
+
 // Why a non-GPT-2 model is not one of the dense LLaMA-family decoders this engine runs
 // (pre-RMSNorm blocks of rotary grouped-query attention and a SwiGLU MLP, no biases but
 // Qwen2's on q, k and v, an untied or tied head); "" when it is.
 std::string llama_refusal(const models::ModelSpec& m) {
   using namespace models;
   const std::string& t = m.model_type;
-  if (m.moe.n_experts > 0) return "Mixture-of-Experts layers (planned, not run yet)";
+  if (m.moe.n_experts > 0 && (t != "mixtral" && t != "qwen2_moe" && t != "qwen3_moe"))
+    return "Mixture-of-Experts layers other than Mixtral's and Qwen-MoE's";
+  if (m.moe.router_bias || m.moe.expert_bias || m.moe.score_bias)
+    return "a router or expert bias (gpt-oss, DeepSeek-V3)";
+  if (m.moe.n_experts > cpu::kMaxExperts)
+    return fmt::format("{} experts (the kernels take at most {})", m.moe.n_experts, cpu::kMaxExperts);
   if (m.norm != Norm::rmsnorm || m.norm_place != NormPlace::pre) return "not pre-RMSNorm blocks";
   if (m.residual != Residual::sequential) return "a parallel residual";
   if (m.mlp != Mlp::swiglu) return "not a SwiGLU MLP";
@@ -72,8 +80,9 @@ std::string llama_refusal(const models::ModelSpec& m) {
   if (m.attn_dropout > 0) return "attention dropout";
   // Families with the same recipe but their own details (Gemma's scaled embeddings and 1 + w
   // norms, OLMo2's norm placement, ...) are checked model_type by model_type.
-  if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3")
-    return "not a dense llama, mistral, qwen2 or qwen3";
+  if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3" && t != "mixtral" &&
+      t != "qwen2_moe" && t != "qwen3_moe")
+    return "not a llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe";
   try {
     (void)rope_table(m.rope, m.rotary_dim, m.n_positions);
   } catch (const Error& e) {
@@ -94,14 +103,20 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
   if (!m.is_gpt2_block()) {
     const std::string why = llama_refusal(m);
     if (!why.empty())
-      throw Error(fmt::format("zero-run trains GPT-2 and dense LLaMA-family models (llama, mistral, "
-                              "qwen2, qwen3); {} is {}: {}", m.name, m.family_name(), why),
+      throw Error(fmt::format("zero-run trains GPT-2 and LLaMA-family models (llama, mistral, qwen2, "
+                              "qwen3, and the MoE mixtral, qwen2_moe, qwen3_moe); {} is {}: {}",
+                              m.name, m.family_name(), why),
                   "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
     if (plan.options.backend != planner::Backend::cpu || dev.name() != "cpu")
       throw Error(fmt::format("{}: zero-run runs LLaMA-family blocks on the cpu backend in fp32 only "
                               "so far", m.name),
                   "run with --device cpu (zero-plan plan --device cpu)");
   }
+  if (m.is_moe() && (s.ep != 1 || s.moe_capacity_factor > 0))
+    throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless on every rank's own "
+                            "experts so far; {} is planned, not executed",
+                            m.name, s.ep != 1 ? fmt::format("--ep {}", s.ep) : "--moe-capacity-factor"),
+                "plan expert parallelism with zero-plan; run --ep 1 without a capacity factor here");
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
@@ -182,6 +197,18 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
       heads_.qk_row = (heads_.NH + heads_.KVH) * heads_.HS;
     rot_ = plan.model.rotary_dim;
     rope_ = rope_table(plan.model.rope, rot_, plan.model.n_positions);
+  }
+  if (plan.model.is_moe()) {
+    n_experts_ = plan.model.moe.n_experts;
+    top_k_ = plan.model.moe.top_k;
+    moe_renorm_ = models::hf_topk_renorm(plan.model);
+    aux_coef_ = models::moe_aux_loss_coef(plan.model);
+    for (int64_t l = 0; l < plan.model.n_layer; ++l) n_moe_layers_ += plan.model.moe.is_moe_layer(l) ? 1 : 0;
+    expert_off_.assign(static_cast<std::size_t>(plan.model.n_layer),
+                       std::vector<int64_t>(static_cast<std::size_t>(n_experts_ + 1), 0));
+    aux_counts_.assign(static_cast<std::size_t>(n_experts_), 0.0);
+    aux_psum_.assign(static_cast<std::size_t>(n_experts_), 0.0);
+    aux_dprob_.assign(static_cast<std::size_t>(n_experts_), 0.0f);
   }
   n_pos_ = static_cast<int32_t>(g_.order.size());
   for (int32_t i = 0; i < n_pos_; ++i) {
@@ -334,6 +361,7 @@ void Engine::init_range(uint64_t lo, uint64_t hi, float* out) const {
       return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
     };
     const bool norm = ends("norm1") || ends("norm2") || ends("norm_f");
+    const bool qk_norm = ends(".attn.qk_norm");  // Qwen3's q_norm and k_norm weights: all 1
     const bool proj = ends(".attn.proj") || ends(".mlp.proj");
     // LLaMA-family (transformers' LlamaPreTrainedModel._init_weights): every linear and
     // embedding weight N(0, 0.02), biases 0, RMSNorm weights 1; no residual scaling.
@@ -351,7 +379,8 @@ void Engine::init_range(uint64_t lo, uint64_t hi, float* out) const {
       const uint64_t i = a + static_cast<uint64_t>(j);
       const uint64_t local = i - off;
       float v;
-      if (norm) v = local < C ? 1.0f : 0.0f;
+      if (qk_norm) v = 1.0f;
+      else if (norm) v = local < C ? 1.0f : 0.0f;
       else if (local >= weight_elems) v = 0.0f;
       else v = static_cast<float>(sd * normal_at(plan_.seed, i));
       out[i - lo] = v;
@@ -654,6 +683,8 @@ void Engine::sample(int32_t pos) {
 
 void Engine::micro_step() {
   const bool record = step_ == 0 && micro_ == 0;
+  std::fill(aux_counts_.begin(), aux_counts_.end(), 0.0);
+  std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
   if (record) sample(-1);
   if (param_nvme_) {  // this micro-step's shard reads, the first ones issued now
     next_read_ = next_use_ = entry_ = 0;
@@ -745,10 +776,88 @@ std::pair<float, uint64_t> Engine::flash_dropout(const Op& op) const {
           dropout_key(plan_.seed, site, step_, micro_) + static_cast<uint64_t>(rank_) * n};
 }
 
+// ---- Mixture of experts -----------------------------------------------------------------------
+
+// The experts' weights are expert after expert: gate_up's (2 Fe, C) blocks (gate rows, then
+// up), proj's (C, Fe). Each expert multiplies its block of dispatched rows (Engine::expert_off_,
+// set by the layer's dispatch); an expert that got no rows does nothing.
+void Engine::expert_matmul(const Op& op, void* w) {
+  const std::vector<int64_t>& off = expert_off_[static_cast<std::size_t>(op.layer)];
+  const auto dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
+  const int64_t in = dim(op.inputs[0]), out = dim(op.outputs[0]);
+  const bool gate_up = op.outputs.size() == 2;
+  const int64_t block = (gate_up ? 2 : 1) * in * out;  // one expert's weights
+  const uint64_t eb = dtype_bytes(adt_);
+  for (int64_t e = 0; e < n_experts_; ++e) {
+    const int64_t r0 = off[static_cast<std::size_t>(e)], rows = off[static_cast<std::size_t>(e) + 1] - r0;
+    if (rows == 0) continue;
+    const void* x = at(ptr(op.inputs[0]), static_cast<uint64_t>(r0 * in), eb);
+    std::byte* we = at(w, static_cast<uint64_t>(e * block), eb);
+    for (std::size_t o = 0; o < op.outputs.size(); ++o)
+      dev_.matmul_forward(at(ptr(op.outputs[o]), static_cast<uint64_t>(r0 * out), eb), adt_, x,
+                          we + o * static_cast<uint64_t>(in * out) * eb, nullptr, adt_, rows, in, out);
+  }
+}
+
+// Backward: inputs {d_out, x}, outputs {d_x}; d_out's rows are (d gate | d up) for gate_up,
+// whose (2 Fe, C) block takes them in one GEMM.
+void Engine::expert_matmul_backward(const Op& op, void* w, void* dw) {
+  const std::vector<int64_t>& off = expert_off_[static_cast<std::size_t>(op.layer)];
+  const auto dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
+  const int64_t in = dim(op.inputs[1]), out = dim(op.inputs[0]);
+  const uint64_t eb = dtype_bytes(adt_);
+  for (int64_t e = 0; e < n_experts_; ++e) {
+    const int64_t r0 = off[static_cast<std::size_t>(e)], rows = off[static_cast<std::size_t>(e) + 1] - r0;
+    if (rows == 0) continue;
+    const uint64_t wo = static_cast<uint64_t>(e * in * out);
+    dev_.matmul_backward(at(ptr(op.outputs[0]), static_cast<uint64_t>(r0 * in), eb), at(dw, wo, eb), nullptr,
+                         at(ptr(op.inputs[0]), static_cast<uint64_t>(r0 * out), eb),
+                         at(ptr(op.inputs[1]), static_cast<uint64_t>(r0 * in), eb), at(w, wo, eb), adt_,
+                         rows, in, out);
+  }
+}
+
+// After a MoE layer's forward routing (not its recomputation): its top-k choices and
+// probability sums join the micro-step's load-balancing loss (transformers'
+// load_balancing_loss_func over every MoE layer at once). Once the last MoE layer has routed,
+// the loss's gradient on each probability is known (aux_dprob_):
+//   d(coef E sum_e c_e P_e / Ntot^2) / d p = coef E c_e / Ntot^2 per expert,
+// scaled as the cross-entropy's (the mean over the global batch of every micro-step, times
+// the loss scale).
+void Engine::moe_route_done(const Op& op) {
+  if (aux_coef_ <= 0 || op.phase != Phase::forward) return;
+  const int64_t N = B_ * T_;
+  std::vector<int64_t> off(static_cast<std::size_t>(n_experts_ + 1));
+  std::vector<double> psum(static_cast<std::size_t>(n_experts_));
+  dev_.moe_route_stats(static_cast<const int32_t*>(ptr(op.outputs[1])), static_cast<const float*>(ptr(op.outputs[0])),
+                       N, n_experts_, top_k_, off.data(), psum.data());
+  for (int64_t e = 0; e < n_experts_; ++e) {
+    const auto k = static_cast<std::size_t>(e);
+    aux_counts_[k] += static_cast<double>(off[k + 1] - off[k]);
+    aux_psum_[k] += psum[k];
+  }
+  const double ntot = static_cast<double>(N * n_moe_layers_);
+  const double denom = ntot * ntot * dp_ * static_cast<double>(plan_.strategy.grad_accum);
+  for (int64_t e = 0; e < n_experts_; ++e)
+    aux_dprob_[static_cast<std::size_t>(e)] = static_cast<float>(
+        loss_scale_ * aux_coef_ * static_cast<double>(n_experts_) * aux_counts_[static_cast<std::size_t>(e)] / denom);
+}
+
+// This micro-step's load-balancing loss times its coefficient (0 without one).
+double Engine::aux_loss() const {
+  if (aux_coef_ <= 0) return 0.0;
+  const double ntot = static_cast<double>(B_ * T_ * n_moe_layers_);
+  double s = 0.0;
+  for (int64_t e = 0; e < n_experts_; ++e)
+    s += aux_counts_[static_cast<std::size_t>(e)] / ntot * (aux_psum_[static_cast<std::size_t>(e)] / ntot);
+  return aux_coef_ * static_cast<double>(n_experts_) * s;
+}
+
 void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
   auto v = [&](TensorId t) { return ptr(t); };
   auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
   auto i32 = [&](TensorId t) { return static_cast<const int32_t*>(ptr(t)); };
+  auto i32w = [&](TensorId t) { return static_cast<int32_t*>(ptr(t)); };
   auto u8 = [&](TensorId t) { return static_cast<uint8_t*>(ptr(t)); };
   const DType t = adt_;
   auto weight = [&](std::size_t k) -> void* { return w32[k] != nullptr ? w32[k] : v(op.params[k]); };
@@ -807,6 +916,10 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     case OpKind::matmul: {
       const int64_t in = last_dim(op.inputs[0]), out = last_dim(op.outputs[0]);
       void* w = weight(0);
+      if (is_expert_op(op)) {
+        expert_matmul(op, w);
+        break;
+      }
       if (op.outputs.size() == 2) {  // a fused gate|up weight (2F, in): its halves, one GEMM each
         dev_.matmul_forward(v(op.outputs[0]), dtype(op.outputs[0]), v(op.inputs[0]), w, nullptr, t, N, in, out);
         dev_.matmul_forward(v(op.outputs[1]), dtype(op.outputs[1]), v(op.inputs[0]), after(w, in * out),
@@ -880,6 +993,10 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     case OpKind::matmul_bwd: {
       const int64_t in = last_dim(op.inputs[1]), out = last_dim(op.inputs[0]);
       void* dw = dweight(0);
+      if (is_expert_op(op)) {
+        expert_matmul_backward(op, weight(0), dw);
+        break;
+      }
       const bool bias = numel(op.params[0]) == in * out + out;
       dev_.matmul_backward(v(op.outputs[0]), dw, bias ? after(dw, in * out) : nullptr,
                            v(op.inputs[0]), v(op.inputs[1]), weight(0), t, N, in, out);
@@ -931,9 +1048,43 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       dev_.rope_backward(v(op.outputs[0]), rope_.inv_freq.data(), rope_.attention_factor, t, B_, T_,
                          last_dim(op.outputs[0]), heads_.NH + heads_.KVH, heads_.HS, rot_);
       break;
-    case OpKind::swiglu_bwd:
-      dev_.swiglu_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), v(op.inputs[2]), t, N,
-                           last_dim(op.inputs[1]));
+    case OpKind::swiglu_bwd:  // N rows: B*T, or a MoE layer's dispatched rows
+      dev_.swiglu_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), v(op.inputs[2]), t,
+                           numel(op.inputs[1]) / last_dim(op.inputs[1]), last_dim(op.inputs[1]));
+      break;
+    case OpKind::moe_route:  // {logits} -> {probs, idx, weights}
+      dev_.moe_route_forward(f(op.outputs[0]), i32w(op.outputs[1]), f(op.outputs[2]), v(op.inputs[0]),
+                             t, N, n_experts_, top_k_, moe_renorm_);
+      moe_route_done(op);
+      break;
+    case OpKind::moe_dispatch:  // {in, idx} -> {xe}; the layer's expert offsets
+      dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_, n_experts_, C_);
+      dev_.moe_route_stats(i32(op.inputs[1]), nullptr, N, n_experts_, top_k_,
+                           expert_off_[static_cast<std::size_t>(op.layer)].data(), nullptr);
+      break;
+    case OpKind::moe_combine:  // {ye, weights, idx} -> {out}
+      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), i32(op.inputs[2]), t, N,
+                       top_k_, n_experts_, C_);
+      break;
+    case OpKind::moe_combine_bwd:  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
+      dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
+                                f(op.inputs[2]), i32(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+      break;
+    case OpKind::moe_dispatch_bwd:  // {d_xe, idx} -> {d_in} (accumulated)
+      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_,
+                                 n_experts_, C_);
+      break;
+    case OpKind::moe_route_bwd:  // {d_weights, probs, idx} -> {d_logits}
+      dev_.moe_route_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]),
+                              i32(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
+                              n_experts_, top_k_, moe_renorm_);
+      break;
+    case OpKind::gate_mul:  // {x, g} -> {out}
+      dev_.gate_mul_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, N, C_);
+      break;
+    case OpKind::gate_mul_bwd:  // {d_out, x, g} -> {d_x, d_g}
+      dev_.gate_mul_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
+                             v(op.inputs[2]), t, N, C_);
       break;
     case OpKind::embedding_bwd:
       dev_.embedding_backward(dweight(0), op.grads.size() > 1 ? dweight(1) : nullptr,
@@ -1218,8 +1369,13 @@ StepStats Engine::optimizer_step() {
 
 StepStats Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) micro_step();
-  loss_sum_ = dev_.loss_take();
+  aux_sum_ = 0;
+  for (micro_ = 0; micro_ < plan_.strategy.grad_accum; ++micro_) {
+    micro_step();
+    aux_sum_ += aux_loss();
+  }
+  // The load-balancing loss joins the mean as transformers adds it to each forward's loss.
+  loss_sum_ = dev_.loss_take() + aux_sum_ * static_cast<double>(B_ * T_);
   StepStats st = optimizer_step();
   ++step_;
   st.step = step_;

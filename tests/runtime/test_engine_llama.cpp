@@ -14,6 +14,7 @@
 #include "engine_fixture.hpp"
 #include "llama_step.hpp"
 #include "process.hpp"
+#include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
 #include "zp/runtime/data.hpp"
@@ -34,6 +35,28 @@ std::string tiny_mistral() {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
     "max_position_embeddings": 128, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
     "sliding_window": 5, "tie_word_embeddings": false})";
+}
+
+// Mixture of experts, as the PyTorch fixtures' (tools/fixtures/llama_fixture.py): Mixtral (4
+// experts of 24, top 2 renormalised, the load-balancing loss at 0.02); Qwen2-MoE (layer 0 dense,
+// a gated shared expert of 40, top 2 as routed, q/k/v biases, loss 0.001); Qwen3-MoE (q/k
+// norms, top 2 renormalised).
+std::string tiny_moe(const std::string& type) {
+  const std::string common = R"("vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+    "rope_theta": 1000000.0, "tie_word_embeddings": false, "output_router_logits": true)";
+  if (type == "mixtral")
+    return R"({"model_type": "mixtral", )" + common + R"(, "intermediate_size": 24, "rms_norm_eps": 1e-05,
+      "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "sliding_window": null})";
+  if (type == "qwen2_moe")
+    return R"({"model_type": "qwen2_moe", )" + common + R"(, "intermediate_size": 48, "rms_norm_eps": 1e-06,
+      "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+      "shared_expert_intermediate_size": 40, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+      "norm_topk_prob": false, "router_aux_loss_coef": 0.001, "use_sliding_window": false})";
+  return R"({"model_type": "qwen3_moe", )" + common + R"(, "intermediate_size": 48, "rms_norm_eps": 1e-06,
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "norm_topk_prob": true, "router_aux_loss_coef": 0.001,
+    "attention_bias": false, "use_sliding_window": false})";
 }
 
 // Qwen3: the LLaMA's shape with per-head q/k norms (head_dim 8, so the norms' weights are 8).
@@ -100,7 +123,6 @@ Run train(const planner::Plan& plan, int steps, float lr) {
 void check_against_reference(const std::string& config, bool flash) {
   CAPTURE(flash);
   const models::ModelSpec m = models::parse_hf_config(config, "tiny.json");
-  const bool qkv_bias = m.qkv_bias;
   const planner::Plan plan = plan_for(m, 0, planner::Checkpointing::none, flash);
   // One SGD step from a zero momentum buffer: w1 = w0 - lr g. lr = 1024, a power of two, so
   // lr g is exact and g = (w0 - w1) / lr carries only w1's rounding divided by lr (with lr = 1
@@ -110,6 +132,16 @@ void check_against_reference(const std::string& config, bool flash) {
   zp::testing::LlamaDims d{2, 16, m.n_embd, m.n_head, m.n_kv_head, m.head_dim, m.n_inner,
                            m.n_layer, m.vocab_size, m.qkv_bias, static_cast<float>(m.norm_eps),
                            m.window.size, m.qk_norm == models::QkNorm::head};
+  if (m.is_moe()) {
+    d.E = m.moe.n_experts;
+    d.K = m.moe.top_k;
+    d.Fe = m.moe.expert_inner;
+    d.Fs = m.moe.shared_inner;
+    d.shared_gate = m.moe.shared_gate;
+    d.renorm = models::hf_topk_renorm(m);
+    for (int64_t l = 0; l < m.n_layer; ++l) d.dense_layers |= m.moe.is_moe_layer(l) ? 0 : int64_t{1} << l;
+    d.aux_coef = static_cast<float>(models::moe_aux_loss_coef(m));
+  }
   const RopeTable tab = rope_table(m.rope, m.rotary_dim, m.n_positions);
   zp::testing::LlamaStep step(d, tab.inv_freq, tab.attention_factor);
   REQUIRE(step.n_params() == static_cast<int64_t>(r.w0.size()));
@@ -120,8 +152,7 @@ void check_against_reference(const std::string& config, bool flash) {
   CHECK(std::fabs(loss - r.losses[0]) <= 1e-5 * loss);
   std::vector<float> want(r.w0.size(), 0.0f);
   step.backward(r.w0.data(), want.data());
-  const zp::testing::LlamaTensors t(d);
-  auto tensor = [&](int64_t off, int64_t n, const std::string& name) {
+  zp::testing::for_each_tensor(d, [&](int64_t off, int64_t n, const std::string& name) {
     double scale = 0, worst = 0;
     for (int64_t i = off; i < off + n; ++i) scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
     REQUIRE_MESSAGE(scale > 0, name << ": the reference gradient is zero");
@@ -129,21 +160,7 @@ void check_against_reference(const std::string& config, bool flash) {
       worst = std::max(worst, std::fabs((static_cast<double>(r.w0[i]) - r.w1[i]) / kLr - want[i]) / scale);
     CHECK_MESSAGE(worst <= 1e-4, name << ": worst error " << worst << " of the largest gradient");
     MESSAGE(name << ": worst error " << worst);
-  };
-  tensor(t.embed, d.V * d.C, "embed");
-  for (int64_t l = 0; l < d.L; ++l) {
-    const auto& y = t.layers[static_cast<std::size_t>(l)];
-    tensor(y.attn_norm, d.C, "attn_norm");
-    tensor(y.wqkv, d.R() * d.C, "wqkv");
-    if (qkv_bias) tensor(y.bqkv, d.R(), "bqkv");
-    if (d.qk_norm) tensor(y.qk_norm, 2 * d.HS, "q_norm|k_norm");
-    tensor(y.wo, d.C * d.A(), "wo");
-    tensor(y.mlp_norm, d.C, "mlp_norm");
-    tensor(y.w_gate_up, 2 * d.F * d.C, "w_gate_up");
-    tensor(y.w_down, d.C * d.F, "w_down");
-  }
-  tensor(t.final_norm, d.C, "final_norm");
-  tensor(t.lm_head, d.V * d.C, "lm_head");
+  });
 }
 
 }  // namespace
@@ -176,6 +193,47 @@ TEST_CASE("engine on a tiny Qwen3 (per-head q/k norms): the first step's gradien
       CHECK(r.losses == base.losses);
       CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
     }
+}
+
+TEST_CASE("engine on tiny Mixtral, Qwen2-MoE and Qwen3-MoE: the first step's gradient equals the reference") {
+  for (const char* type : {"mixtral", "qwen2_moe", "qwen3_moe"}) {
+    CAPTURE(type);
+    const models::ModelSpec m = models::parse_hf_config(tiny_moe(type), "tiny.json");
+    REQUIRE(m.is_moe());
+    CHECK(models::moe_aux_loss_coef(m) > 0);
+    for (bool flash : {false, true}) check_against_reference(tiny_moe(type), flash);
+  }
+  // The shapes the fixtures have: Qwen2-MoE's dense first layer, gated shared expert, biases.
+  const models::ModelSpec q = models::parse_hf_config(tiny_moe("qwen2_moe"), "tiny.json");
+  CHECK(!q.moe.is_moe_layer(0));
+  CHECK(q.moe.is_moe_layer(1));
+  CHECK(q.moe.shared_gate);
+  CHECK(q.moe.shared_inner == 40);
+  CHECK(q.qkv_bias);
+  CHECK(!models::hf_topk_renorm(q));
+}
+
+TEST_CASE("engine on a tiny Mixtral: stages 0-3, recomputation and offload train the same weights") {
+  const models::ModelSpec m = models::parse_hf_config(tiny_moe("mixtral"), "tiny.json");
+  const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 4, 0.1f);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
+                    planner::Checkpointing::selective}) {
+      CAPTURE(stage);
+      CAPTURE(planner::to_string(ck));
+      const Run r = train(plan_for(m, stage, ck), 4, 0.1f);
+      CHECK(r.losses == base.losses);
+      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
+    }
+  CHECK(base.losses.back() < base.losses.front());
+  for (int stage = 1; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    planner::Plan p = plan_for(m, stage, planner::Checkpointing::none);
+    p.strategy.offload_optimizer = planner::Offload::cpu;
+    const Run r = train(planner::make_plan(p.model, p.strategy, p.options, 1234), 4, 0.1f);
+    CHECK(r.losses == base.losses);
+    CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
+  }
 }
 
 TEST_CASE("engine on a tiny LLaMA: stages 0-3, full recomputation and offload train the same weights") {

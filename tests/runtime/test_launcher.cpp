@@ -48,34 +48,45 @@ TEST_CASE("mpirun started from a process that initialised MPI runs the job") {
   CHECK(r.out.find("ok: every peak") != std::string::npos);
 }
 
-TEST_CASE("mpirun -np 2 zero-run trains a LLaMA-family config at stages 0-3: bytes as planned") {
-  // A tiny LLaMA 3-style config.json (GQA, llama3 rotary table, untied head); byte-level data.
+TEST_CASE("mpirun -np 2 zero-run trains LLaMA-family and MoE configs at stages 0-3: bytes as planned") {
+  // A tiny LLaMA 3-style config.json (GQA, llama3 rotary table, untied head), and a tiny
+  // Mixtral (4 experts, top 2, the load-balancing loss) run with flash attention; byte-level data.
   test::TempDir dir;
-  const std::string cfg = dir.write("config.json", R"({"model_type": "llama", "vocab_size": 256,
+  const std::string llama = dir.write("llama.json", R"({"model_type": "llama", "vocab_size": 256,
     "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
     "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
     "tie_word_embeddings": false})");
-  std::vector<float> first;
-  for (int stage = 0; stage <= 3; ++stage) {
-    CAPTURE(stage);
-    const std::string w = dir.file("w" + std::to_string(stage) + ".bin");
-    const test::Result r = test::run(
-        {ZP_MPIEXEC, "-np", "2", std::string(ZP_BIN_DIR) + "/zero-run", "--model", cfg, "--stage",
-         std::to_string(stage), "--dp", "2", "--precision", "fp32", "--seq", "32", "--steps", "3",
-         "--save-weights", w},
-        {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-         "OMPI_MCA_rmaps_base_oversubscribe=1"},
-        300);
-    INFO(r.out << r.err);
-    REQUIRE(r.rc == 0);
-    CHECK(r.out.find("2 ranks") != std::string::npos);
-    CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
-    // The same training at every stage: the two ranks' gradients summed once, whichever
-    // collective sums them (fp32: a different summation order is a rounding apart at most).
-    const std::vector<float> got = test::read_floats(w);
-    if (stage == 0) first = got;
-    else CHECK(test::rel_l2(got, first) <= 1e-6);
+  const std::string mixtral = dir.write("mixtral.json", R"({"model_type": "mixtral", "vocab_size": 256,
+    "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.02, "output_router_logits": true, "tie_word_embeddings": false})");
+  for (const auto& [cfg, flash] : {std::pair{llama, false}, std::pair{mixtral, true}}) {
+    CAPTURE(cfg);
+    std::vector<float> first;
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      const std::string w = dir.file(std::to_string(stage) + ".weights.bin");
+      std::vector<std::string> cmd = {ZP_MPIEXEC, "-np", "2", std::string(ZP_BIN_DIR) + "/zero-run",
+                                      "--model", cfg, "--stage", std::to_string(stage), "--dp", "2",
+                                      "--precision", "fp32", "--seq", "32", "--steps", "3",
+                                      "--save-weights", w};
+      if (flash) cmd.push_back("--flash-attention");
+      const test::Result r = test::run(cmd,
+                                       {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                        "OMPI_MCA_rmaps_base_oversubscribe=1"},
+                                       300);
+      INFO(r.out << r.err);
+      REQUIRE(r.rc == 0);
+      CHECK(r.out.find("2 ranks") != std::string::npos);
+      CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
+      // The same training at every stage: the two ranks' gradients summed once, whichever
+      // collective sums them (fp32: a different summation order is a rounding apart at most).
+      const std::vector<float> got = test::read_floats(w);
+      if (stage == 0) first = got;
+      else CHECK(test::rel_l2(got, first) <= 1e-6);
+    }
   }
 }

@@ -86,39 +86,9 @@ void run(const std::string& variant, const zp::models::RopeSpec& rope) {
   std::vector<float> grads(x.params.size(), 0.0f);
   step.backward(x.params.data(), grads.data());
   // Tensor by tensor, in the fixture's order.
-  const zp::testing::LlamaTensors t(d);
-  auto tensor = [&](int64_t off, int64_t n, const std::string& name) {
+  zp::testing::for_each_tensor(d, [&](int64_t off, int64_t n, const std::string& name) {
     check_tensor(grads.data() + off, x.grads.data() + off, n, kGradTol, variant + " d" + name);
-  };
-  tensor(t.embed, d.V * d.C, "embed");
-  for (int64_t l = 0; l < d.L; ++l) {
-    const auto& y = t.layers[static_cast<std::size_t>(l)];
-    const std::string p = std::to_string(l) + ".";
-    tensor(y.attn_norm, d.C, p + "attn_norm");
-    tensor(y.wqkv, d.R() * d.C, p + "wqkv");
-    if (d.qkv_bias) tensor(y.bqkv, d.R(), p + "bqkv");
-    if (d.qk_norm) tensor(y.qk_norm, 2 * d.HS, p + "q_norm|k_norm");
-    tensor(y.wo, d.C * d.A(), p + "wo");
-    tensor(y.mlp_norm, d.C, p + "mlp_norm");
-    if (!d.is_moe(l)) {
-      tensor(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
-      tensor(y.w_down, d.C * d.F, p + "w_down");
-      continue;
-    }
-    tensor(y.router, d.E * d.C, p + "router");
-    for (int64_t e = 0; e < d.E; ++e) {  // expert by expert: one that got no rows has no gradient
-      const std::string ex = p + "expert" + std::to_string(e) + ".";
-      tensor(y.e_gate_up + e * 2 * d.Fe * d.C, 2 * d.Fe * d.C, ex + "gate_up");
-      tensor(y.e_down + e * d.C * d.Fe, d.C * d.Fe, ex + "down");
-    }
-    if (d.Fs > 0) {
-      tensor(y.s_gate_up, 2 * d.Fs * d.C, p + "shared_gate_up");
-      tensor(y.s_down, d.C * d.Fs, p + "shared_down");
-    }
-    if (d.shared_gate) tensor(y.s_gate, d.C, p + "shared_gate");
-  }
-  tensor(t.final_norm, d.C, "final_norm");
-  tensor(t.lm_head, d.V * d.C, "lm_head");
+  });
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,42 @@ struct LlamaTensors {
     lm_head = take(d.V * d.C);
   }
 };
+
+// Calls f(offset, elements, name) for every parameter tensor in the buffer's order, routed
+// experts one by one (names "embed", "0.wqkv", "1.expert3.down", ...).
+template <class F>
+void for_each_tensor(const LlamaDims& d, F&& f) {
+  const LlamaTensors t(d);
+  f(t.embed, d.V * d.C, std::string("embed"));
+  for (int64_t l = 0; l < d.L; ++l) {
+    const auto& y = t.layers[static_cast<std::size_t>(l)];
+    const std::string p = std::to_string(l) + ".";
+    f(y.attn_norm, d.C, p + "attn_norm");
+    f(y.wqkv, d.R() * d.C, p + "wqkv");
+    if (d.qkv_bias) f(y.bqkv, d.R(), p + "bqkv");
+    if (d.qk_norm) f(y.qk_norm, 2 * d.HS, p + "q_norm|k_norm");
+    f(y.wo, d.C * d.A(), p + "wo");
+    f(y.mlp_norm, d.C, p + "mlp_norm");
+    if (!d.is_moe(l)) {
+      f(y.w_gate_up, 2 * d.F * d.C, p + "w_gate_up");
+      f(y.w_down, d.C * d.F, p + "w_down");
+      continue;
+    }
+    f(y.router, d.E * d.C, p + "router");
+    for (int64_t e = 0; e < d.E; ++e) {
+      const std::string ex = p + "expert" + std::to_string(e) + ".";
+      f(y.e_gate_up + e * 2 * d.Fe * d.C, 2 * d.Fe * d.C, ex + "gate_up");
+      f(y.e_down + e * d.C * d.Fe, d.C * d.Fe, ex + "down");
+    }
+    if (d.Fs > 0) {
+      f(y.s_gate_up, 2 * d.Fs * d.C, p + "shared_gate_up");
+      f(y.s_down, d.C * d.Fs, p + "shared_down");
+    }
+    if (d.shared_gate) f(y.s_gate, d.C, p + "shared_gate");
+  }
+  f(t.final_norm, d.C, std::string("final_norm"));
+  f(t.lm_head, d.V * d.C, std::string("lm_head"));
+}
 
 class LlamaStep {
  public:

@@ -99,6 +99,23 @@ class CudaDevice final : public Device {
                                 float, uint64_t) override;
   void head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
                             const Heads&) override;
+  void moe_route_forward(float*, int32_t*, float*, const void*, DType, int64_t, int64_t, int64_t,
+                         bool) override;
+  void moe_route_backward(void*, DType, const float*, const float*, const int32_t*, const float*,
+                          int64_t, int64_t, int64_t, bool) override;
+  void moe_route_stats(const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t*,
+                       double*) override;
+  void moe_dispatch(void*, const void*, const int32_t*, DType, int64_t, int64_t, int64_t,
+                    int64_t) override;
+  void moe_dispatch_backward(void*, const void*, const int32_t*, DType, int64_t, int64_t, int64_t,
+                             int64_t) override;
+  void moe_combine(void*, const void*, const float*, const int32_t*, DType, int64_t, int64_t,
+                   int64_t, int64_t) override;
+  void moe_combine_backward(void*, float*, const void*, const void*, const float*, const int32_t*,
+                            DType, int64_t, int64_t, int64_t, int64_t) override;
+  void gate_mul_forward(void*, const void*, const void*, DType, int64_t, int64_t) override;
+  void gate_mul_backward(void*, void*, const void*, const void*, const void*, DType, int64_t,
+                         int64_t) override;
   void head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType, int64_t,
                              const Heads&) override;
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override;

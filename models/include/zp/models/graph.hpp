@@ -234,6 +234,12 @@ struct TrainingGraph {
 int64_t routed_rows(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
 int64_t moe_capacity(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
 
+// Whether the model's router renormalizes its top-k weights to sum 1 (Mixtral; Qwen2-/Qwen3-MoE
+// and DeepSeek-V3 as norm_topk_prob says), and the load-balancing loss's coefficient when its
+// config trains with it (output_router_logits), else 0; both as transformers reads the config.
+bool hf_topk_renorm(const ModelSpec& m);
+double moe_aux_loss_coef(const ModelSpec& m);
+
 // Builds the graph; zp::Error for shapes that do not divide (heads by t, MLP width by t) and
 // sizes that overflow.
 TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o);

@@ -159,6 +159,16 @@ class Engine {
   int64_t rot_ = 0;
   RopeTable rope_;
   float norm_eps_ = 1e-5f;
+  // Mixture of experts: E experts, top K, renormalised weights; per layer, where each expert's
+  // dispatched rows start (E + 1, set by the layer's dispatch, read by its expert GEMMs); the
+  // load-balancing loss's coefficient, and over the MoE layers of the current micro-step the
+  // top-k choices and the probabilities' sums per expert (host bookkeeping, E values each).
+  int64_t n_experts_ = 0, top_k_ = 0, n_moe_layers_ = 0;
+  bool moe_renorm_ = false;
+  double aux_coef_ = 0, aux_sum_ = 0;
+  std::vector<std::vector<int64_t>> expert_off_;
+  std::vector<double> aux_counts_, aux_psum_;
+  std::vector<float> aux_dprob_;
   uint64_t n_params_ = 0, part_ = 0;
   int32_t n_pos_ = 0, opt_pos_ = -1, last_bwd_ = -1;
   std::vector<Group> groups_;
@@ -271,6 +281,10 @@ class Engine {
   void sample(int32_t pos);
   void run_op(const models::Op& op, const std::vector<float*>& w32);
   std::pair<float, uint64_t> flash_dropout(const models::Op& op) const;
+  void expert_matmul(const models::Op& op, void* w);
+  void expert_matmul_backward(const models::Op& op, void* w, void* dw);
+  void moe_route_done(const models::Op& op);
+  double aux_loss() const;
   StepStats optimizer_step();
   // Pieces of the optimizer step. The owned gradient of a group: (pointer, count, dtype).
   struct OwnedGrads {
