@@ -32,6 +32,8 @@ constexpr Describe kDescriptions[] = {
                   "runtime", 0},
     {"llama-tiny", "Llama 3 shape, 2 layers, C=32, 4 query heads over 2 KV heads, the llama3 "
                    "rotary table, byte vocabulary (256): for tests and the CPU runtime", 0},
+    {"mixtral-tiny", "Mixtral shape, 2 layers, C=32, 4 experts of 24, top 2, the load-balancing "
+                     "loss at 0.02, byte vocabulary (256): for tests and the CPU runtime", 0},
     {"gpt2", "GPT-2 small (Radford et al. 2019; HF openai-community/gpt2)", 124439808},
     {"gpt2-medium", "GPT-2 medium (HF openai-community/gpt2-medium)", 354823168},
     {"gpt2-large", "GPT-2 large (HF openai-community/gpt2-large)", 774030080},

@@ -59,7 +59,7 @@ TEST_CASE("models and estimate outputs") {
   Result r = zero_plan({"models", "--format", "json"});
   REQUIRE(r.rc == 0);
   auto j = nlohmann::json::parse(r.out);
-  CHECK(j["models"].size() == 25);  // models/CMakeLists.txt ZP_CATALOG_CONFIGS
+  CHECK(j["models"].size() == 26);  // models/CMakeLists.txt ZP_CATALOG_CONFIGS
   r = zero_plan({"models", "gpt2", "--format", "csv"});
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("transformer.h.*.attn.c_attn.weight,\"(768, 2304)\",1769472,x 12") !=

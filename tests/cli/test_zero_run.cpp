@@ -260,6 +260,7 @@ TEST_CASE("a plan file runs on the ranks it was made for") {
   CHECK(flash.out.find("flash-attention") != std::string::npos);
   CHECK(flash.out.find("ok: every peak within") != std::string::npos);
   bad(mpirun(1, {"--model", "gpt2-tiny", "--device", "tpu"}), "--device");
+  bad(mpirun(2, {"--model", "mixtral-tiny", "--ep", "2", "--steps", "1"}), "--ep 2");  // planned only
   bad(mpirun(1, {"--model", "gpt2-tiny", "--steps", "-3"}), "--steps");
   // Plans that predict another framework's allocations or Hugging Face's modeling code.
   for (const auto& [flags, needle] :

@@ -5,7 +5,8 @@
 //
 // Environment: ZP_ENGINE_MODEL (catalog name, default gpt2), ZP_ENGINE_B (1), ZP_ENGINE_T
 // (256), ZP_ENGINE_PRECISION (fp32: the same arithmetic as PyTorch's fp32 model; bf16 adds
-// the 16-bit storage of zeroplan's default). A smoke run (--benchmark_min_time below 0.1 s, as
+// the 16-bit storage of zeroplan's default), ZP_ENGINE_FLASH (1: --flash-attention, the
+// engine's fused attention instead of the three steps). A smoke run (--benchmark_min_time below 0.1 s, as
 // CTest's) uses gpt2-tiny at T=64.
 // engine_step runs the planner's cpu graph (fp32 activations), what zero-run --device cpu
 // plans; engine_step_gpu_graph runs its cuda graph on the same cpu device (activations in the
@@ -62,6 +63,7 @@ void engine_step_or_throw(benchmark::State& state, planner::Backend graph) {
   s.precision = prec == "bf16" ? planner::Precision::bf16 : planner::Precision::fp32;
   s.micro_batch = std::stoll(env_or("ZP_ENGINE_B", "1"));
   s.seq = std::stoll(env_or("ZP_ENGINE_T", smoke ? "64" : "256"));
+  s.flash_attention = env_or("ZP_ENGINE_FLASH", "0") == "1";
   const std::string model = env_or("ZP_ENGINE_MODEL", smoke ? "gpt2-tiny" : "gpt2");
   models::ModelSpec m = models::load_model(model);
   m.embd_dropout = m.attn_dropout = m.resid_dropout = 0;  // the same model in both graphs

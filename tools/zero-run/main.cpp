@@ -17,6 +17,7 @@
 #include "cli.hpp"
 #include "zp/error.hpp"
 #include "zp/json_fields.hpp"
+#include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/plan.hpp"
@@ -386,12 +387,20 @@ int main(int argc, char** argv) {
     return cli::kExitBadInput;
   }
 
-  if (lead)
-    std::printf("zero-run: %s, %s, %lld rank%s, %s backend, %s, %s parameters\n",
-                s.plan.model.name.c_str(), planner::describe(s.plan.strategy).c_str(),
+  if (lead) {
+    // A MoE model: its experts and routing, and the load-balancing loss when it is trained with one.
+    std::string moe;
+    if (const auto& m = s.plan.model; m.is_moe()) {
+      moe = fmt::format(", {} experts top {}{}", m.moe.n_experts, m.moe.top_k,
+                        models::hf_topk_renorm(m) ? " renormalised" : "");
+      if (const double c = models::moe_aux_loss_coef(m); c > 0) moe += fmt::format(" + load-balancing loss x {:g}", c);
+    }
+    std::printf("zero-run: %s%s, %s, %lld rank%s, %s backend, %s, %s parameters\n",
+                s.plan.model.name.c_str(), moe.c_str(), planner::describe(s.plan.strategy).c_str(),
                 static_cast<long long>(comm->size()), comm->size() == 1 ? "" : "s", dev->name().data(),
                 planner::describe_compute(s.plan.model, s.plan.strategy, s.plan.options).c_str(),
                 format_count(engine->n_params()).c_str());
+  }
   try {
     for (int64_t i = 0; i < s.steps; ++i) {
       const runtime::StepStats st = engine->step();
