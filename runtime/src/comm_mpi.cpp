@@ -25,6 +25,19 @@ CommRequest Comm::ireduce_sum_group(const std::vector<ReduceSegment>& segs, DTyp
   });
 }
 
+// Communicators without sub-groups or all-to-all (NCCL's, for now; test doubles) refuse them.
+std::unique_ptr<Comm> Comm::split(int, int) {
+  throw Error("this communicator cannot be split into sub-groups",
+              "expert parallelism runs over MPI (the cpu backend) so far");
+}
+void Comm::all_to_all_v(const void*, const std::vector<uint64_t>&, void*, const std::vector<uint64_t>&,
+                        DType) {
+  throw Error("this communicator has no all-to-all", "expert parallelism runs over MPI (the cpu backend) so far");
+}
+void Comm::all_to_all_u64(const uint64_t*, uint64_t*, int) {
+  throw Error("this communicator has no all-to-all", "expert parallelism runs over MPI (the cpu backend) so far");
+}
+
 namespace {
 
 // One check for every MPI call: the call as written, where, and MPI's own message.
@@ -47,12 +60,13 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
 
 class MpiComm final : public Comm {
  public:
-  MpiComm() {
-    ZP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-    ZP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    ZP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  // MPI_COMM_WORLD, or (owned) a communicator split from it.
+  explicit MpiComm(MPI_Comm comm = MPI_COMM_WORLD, bool owned = false) : comm_(comm), owned_(owned) {
+    ZP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    ZP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    ZP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_Comm local;
-    ZP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    ZP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
     ZP_MPI_CHECK(MPI_Comm_size(local, &local_size_));
     ZP_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
     ZP_MPI_CHECK(MPI_Comm_free(&local));
@@ -62,6 +76,48 @@ class MpiComm final : public Comm {
   ~MpiComm() override {
     MPI_Op_free(&sum_fp16_);
     MPI_Op_free(&sum_bf16_);
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  std::unique_ptr<Comm> split(int color, int key) override {
+    if (color < 0)
+      throw Error(fmt::format("Comm::split: color {} is negative", color), "pass a color >= 0");
+    MPI_Comm out = MPI_COMM_NULL;
+    ZP_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+    return std::make_unique<MpiComm>(out, true);
+  }
+
+  void all_to_all_v(const void* send, const std::vector<uint64_t>& send_counts, void* recv,
+                    const std::vector<uint64_t>& recv_counts, DType t) override {
+    const auto n = static_cast<std::size_t>(size_);
+    if (send_counts.size() != n || recv_counts.size() != n)
+      throw Error(fmt::format("all_to_all_v: {} send and {} receive counts for {} ranks",
+                              send_counts.size(), recv_counts.size(), size_),
+                  "pass one count per rank of the communicator");
+    // MPI_Alltoallv takes int counts and displacements (in elements): refuse what does not fit.
+    auto ints = [&](const std::vector<uint64_t>& counts, std::vector<int>& cnt, std::vector<int>& dsp) {
+      uint64_t at = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        if (counts[r] > static_cast<uint64_t>(INT_MAX) || at > static_cast<uint64_t>(INT_MAX))
+          throw Error(fmt::format("all_to_all_v: {} elements at offset {} pass MPI's int range",
+                                  counts[r], at),
+                      "fewer tokens per micro-batch, or more expert-parallel ranks");
+        cnt[r] = static_cast<int>(counts[r]);
+        dsp[r] = static_cast<int>(at);
+        at += counts[r];
+      }
+    };
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    ints(send_counts, sc, sd);
+    ints(recv_counts, rc, rd);
+    ZP_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), type(t), recv, rc.data(), rd.data(), type(t),
+                               comm_));
+  }
+
+  void all_to_all_u64(const uint64_t* send, uint64_t* recv, int n) override {
+    ZP_MPI_CHECK(MPI_Alltoall(send, n, MPI_UINT64_T, recv, n, MPI_UINT64_T, comm_));
   }
 
   int rank() const override { return rank_; }
@@ -71,7 +127,7 @@ class MpiComm final : public Comm {
 
   void all_reduce_sum(void* buf, uint64_t n, DType t) override {
     chunked(buf, n, t, [&](void* p, int count) {
-      ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type(t), op(t), MPI_COMM_WORLD));
+      ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type(t), op(t), comm_));
     });
   }
 
@@ -83,9 +139,9 @@ class MpiComm final : public Comm {
     chunked(buf, n, t, [&](void* p, int count) {
       MPI_Request r = MPI_REQUEST_NULL;
       if (rank_ == root)
-        ZP_MPI_CHECK(MPI_Ireduce(MPI_IN_PLACE, p, count, type(t), op(t), root, MPI_COMM_WORLD, &r));
+        ZP_MPI_CHECK(MPI_Ireduce(MPI_IN_PLACE, p, count, type(t), op(t), root, comm_, &r));
       else
-        ZP_MPI_CHECK(MPI_Ireduce(p, nullptr, count, type(t), op(t), root, MPI_COMM_WORLD, &r));
+        ZP_MPI_CHECK(MPI_Ireduce(p, nullptr, count, type(t), op(t), root, comm_, &r));
       reqs.push_back(r);
     });
     return waiting_for(std::move(reqs));
@@ -96,7 +152,7 @@ class MpiComm final : public Comm {
     if (n <= kMaxCount) {
       MPI_Request r = MPI_REQUEST_NULL;
       ZP_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(n), type(t), recv, static_cast<int>(n),
-                                  type(t), MPI_COMM_WORLD, &r));
+                                  type(t), comm_, &r));
       reqs.push_back(r);
       return waiting_for(std::move(reqs));
     }
@@ -112,7 +168,7 @@ class MpiComm final : public Comm {
       MPI_Request r = MPI_REQUEST_NULL;
       ZP_MPI_CHECK(MPI_Iallgather(static_cast<const std::byte*>(send) + off * eb, count, type(t),
                                   static_cast<std::byte*>(recv) + off * eb, 1, strided,
-                                  MPI_COMM_WORLD, &r));
+                                  comm_, &r));
       reqs.push_back(r);
       ZP_MPI_CHECK(MPI_Type_free(&strided));
       ZP_MPI_CHECK(MPI_Type_free(&block));
@@ -142,36 +198,38 @@ class MpiComm final : public Comm {
         dsp[r] = static_cast<int>(d);
       }
       ZP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt.data(), dsp.data(),
-                                  elem, MPI_COMM_WORLD));
+                                  elem, comm_));
     }
     (void)eb;
   }
 
   void broadcast(void* buf, uint64_t bytes, int root) override {
     chunked(buf, bytes, DType::fp32, [&](void* p, int count) {
-      ZP_MPI_CHECK(MPI_Bcast(p, count, MPI_BYTE, root, MPI_COMM_WORLD));
+      ZP_MPI_CHECK(MPI_Bcast(p, count, MPI_BYTE, root, comm_));
     }, 1);
   }
 
   void gather_u64(const uint64_t* send, uint64_t* recv, int n) override {
-    ZP_MPI_CHECK(MPI_Gather(send, n, MPI_UINT64_T, recv, n, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    ZP_MPI_CHECK(MPI_Gather(send, n, MPI_UINT64_T, recv, n, MPI_UINT64_T, 0, comm_));
   }
 
   double all_reduce_sum(double v) override {
     double out = 0;
-    ZP_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    ZP_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
     return out;
   }
 
-  void barrier() override { ZP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override { ZP_MPI_CHECK(MPI_Barrier(comm_)); }
 
   [[noreturn]] void abort(int code) override {
-    MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Abort(MPI_COMM_WORLD, code);  // the whole job, whichever group failed
     std::_Exit(code);
   }
 
  private:
   static constexpr uint64_t kMaxCount = 1ULL << 30;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
+  bool owned_ = false;
   int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
 

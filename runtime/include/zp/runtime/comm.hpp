@@ -104,6 +104,18 @@ class Comm {
   virtual void gather_u64(const uint64_t* send, uint64_t* recv, int n) = 0;
   virtual double all_reduce_sum(double v) = 0;
   virtual void barrier() = 0;
+  // Sub-communicators (MPI_Comm_split): the ranks that pass the same color, ranked by key (ties
+  // by rank here). Every rank of this communicator calls it. Expert parallelism's groups:
+  // color rank / ep (the ep ranks that share tokens) and rank % ep (the dp / ep ranks that hold
+  // the same experts, DeepSpeed-MoE's expert-data-parallel group).
+  virtual std::unique_ptr<Comm> split(int color, int key);
+  // All-to-all with per-rank counts (MPI_Alltoallv): send_counts[r] elements go to rank r,
+  // taken from `send` at the sum of the counts before r; recv_counts[r] elements arrive from
+  // rank r, placed in rank order. Both count vectors have size() entries.
+  virtual void all_to_all_v(const void* send, const std::vector<uint64_t>& send_counts, void* recv,
+                            const std::vector<uint64_t>& recv_counts, DType t);
+  // n values to every rank, n from every rank: recv[r n, (r + 1) n) from rank r (MPI_Alltoall).
+  virtual void all_to_all_u64(const uint64_t* send, uint64_t* recv, int n);
   // Ends every rank of the job with `code` (after an error on one rank).
   [[noreturn]] virtual void abort(int code) = 0;
 };
