@@ -15,6 +15,7 @@
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/kernel_math.hpp"
+#include "cpu_vec.hpp"
 
 namespace zp::runtime::cpu {
 
@@ -25,16 +26,8 @@ namespace {
 constexpr int64_t kBq = 64;
 constexpr int64_t kBk = 64;
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-inline void axpy(float* y, float alpha, const float* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+using vec::axpy;
+using vec::dot;
 
 void check(const AttnShape& s, float p, const float* qk, std::string_view what) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0 ||

@@ -18,6 +18,7 @@
 
 #include "zp/error.hpp"
 #include "zp/runtime/kernel_math.hpp"
+#include "cpu_vec.hpp"
 
 namespace zp::runtime::cpu {
 
@@ -56,20 +57,8 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, std::string_vie
                   "targets must be token ids below the vocabulary size");
 }
 
-// Dot product of two contiguous vectors; `omp simd` lets the compiler vectorise the
-// reduction without -ffast-math.
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// y += alpha * x over contiguous vectors.
-inline void axpy(float* y, float alpha, const float* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+using vec::axpy;
+using vec::dot;
 
 // Element i of a buffer stored as D, as fp32 (the switch folds away: D is a constant).
 template <DType D>

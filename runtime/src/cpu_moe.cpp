@@ -19,6 +19,7 @@
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/kernel_math.hpp"
+#include "cpu_vec.hpp"
 
 namespace zp::runtime::cpu {
 
@@ -191,10 +192,7 @@ void moe_combine_backward(float* dye, float* dweights, const float* dout, const 
   walk_rows(idx, N, K, E, "moe_combine_backward", [&](int64_t n, int64_t k, int64_t r) {
     const float* g = dout + n * C;
     const float* y = ye + r * C;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += g[c] * y[c];
-    dweights[n * K + k] = s;
+    dweights[n * K + k] = vec::dot(g, y, C);
   });
 }
 

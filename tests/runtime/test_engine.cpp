@@ -155,6 +155,10 @@ TEST_CASE("engine with dropout: gradients equal float64 finite differences under
   // where GPT-2 has it. Each kind of site gets its own probability, so a mask applied at the
   // wrong site, with the wrong probability or scale, or not redrawn identically by the
   // recomputed forward (checkpointing full), moves the gradients far beyond the tolerance.
+  // With flash attention (cpu_flash.cpp) the attention's dropout is drawn inside the fused
+  // kernel: the float64 GPT-2 applies the three-step attention's masks (site h.L.attn.drop.mask)
+  // there too, so a flash kernel drawing other masks, or a backward that does not redraw the
+  // forward's, fails here as well.
   const double p_embd = 0.1, p_attn = 0.2, p_resid = 0.15;
   const models::ModelSpec m = test::tiny_model_with_dropout(p_embd, p_attn, p_resid);
   const uint64_t seed = 1234;
@@ -166,55 +170,29 @@ TEST_CASE("engine with dropout: gradients equal float64 finite differences under
     const uint64_t key = Engine::dropout_key(seed, site, 0, 0);
     return dropout_keep(key, i, dropout_threshold(static_cast<float>(p))) ? 1.0 / (1.0 - p) : 0.0;
   };
-  for (int stage : {0, 3})
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
-      CAPTURE(stage);
-      CAPTURE(static_cast<int>(ck));
-      planner::Strategy s = fd_strategy(stage);
-      s.checkpointing = ck;
-      const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, seed);
-      const auto g = models::build_training_graph(plan.model, planner::graph_options(plan.model, s, plan.options));
-      int n_dropout = 0;
-      for (const models::Op& op : g.ops) n_dropout += op.kind == models::OpKind::dropout ? 1 : 0;
-      REQUIRE(n_dropout == (ck == planner::Checkpointing::full ? 1 + 2 * 3 * 2 : 1 + 3 * 2));
-      check_gradients_against_f64(plan, factor, static_cast<unsigned>(10 + stage));
-    }
-}
-
-TEST_CASE("engine with flash attention and dropout: gradients equal float64 finite differences") {
-  // The same check as above through the fused attention (cpu_flash.cpp), which draws the
-  // attention dropout inside the kernel: the float64 GPT-2 applies the three-step attention's
-  // masks (site h.L.attn.drop.mask), so a flash kernel drawing other masks, or a backward
-  // that does not redraw the forward's, fails here.
-  const double p_embd = 0.1, p_attn = 0.2, p_resid = 0.15;
-  const models::ModelSpec m = test::tiny_model_with_dropout(p_embd, p_attn, p_resid);
-  const uint64_t seed = 1234;
-  const test::DropoutFactor factor = [&](const std::string& site, int64_t i) {
-    const double p = site.starts_with("embed") ? p_embd
-                     : site.ends_with(".attn.drop.mask") ? p_attn
-                                                         : p_resid;
-    const uint64_t key = Engine::dropout_key(seed, site, 0, 0);
-    return dropout_keep(key, i, dropout_threshold(static_cast<float>(p))) ? 1.0 / (1.0 - p) : 0.0;
-  };
-  for (int stage : {0, 3})
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
-      CAPTURE(stage);
-      CAPTURE(static_cast<int>(ck));
-      planner::Strategy s = fd_strategy(stage);
-      s.checkpointing = ck;
-      s.flash_attention = true;
-      // The cuda graph in fp32, as above: the cpu graph has no dropout.
-      const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, seed);
-      const auto g = models::build_training_graph(plan.model, planner::graph_options(plan.model, s, plan.options));
-      int n_flash = 0, n_dropout = 0;
-      for (const models::Op& op : g.ops) {
-        n_flash += op.kind == models::OpKind::flash_attention ? 1 : 0;
-        n_dropout += op.kind == models::OpKind::dropout ? 1 : 0;
+  for (bool flash : {false, true})
+    for (int stage : {0, 3})
+      for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full}) {
+        CAPTURE(flash);
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(ck));
+        planner::Strategy s = fd_strategy(stage);
+        s.checkpointing = ck;
+        s.flash_attention = flash;
+        const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, seed);
+        const auto g = models::build_training_graph(plan.model, planner::graph_options(plan.model, s, plan.options));
+        int n_dropout = 0, n_flash = 0;
+        for (const models::Op& op : g.ops) {
+          n_dropout += op.kind == models::OpKind::dropout ? 1 : 0;
+          n_flash += op.kind == models::OpKind::flash_attention ? 1 : 0;
+        }
+        // Per block and forward pass (twice under full recomputation): the attention's
+        // dropout (inside the flash op), the two residual dropouts; and the embedding's.
+        const int passes = ck == planner::Checkpointing::full ? 2 : 1;
+        REQUIRE(n_dropout == 1 + passes * 2 * (flash ? 2 : 3));
+        REQUIRE(n_flash == (flash ? passes * 2 : 0));
+        check_gradients_against_f64(plan, factor, static_cast<unsigned>(10 + stage + (flash ? 20 : 0)));
       }
-      REQUIRE(n_flash == (ck == planner::Checkpointing::full ? 4 : 2));
-      REQUIRE(n_dropout == (ck == planner::Checkpointing::full ? 1 + 2 * 2 * 2 : 1 + 2 * 2));
-      check_gradients_against_f64(plan, factor, static_cast<unsigned>(30 + stage));
-    }
 }
 
 TEST_CASE("engine with 16-bit activations: gradients within 16-bit rounding of float64 differences") {

@@ -118,6 +118,39 @@ Run train(const planner::Plan& plan, int steps, float lr) {
   return r;
 }
 
+// Stage 0 without recomputation, then every stage (from `first`) with each recomputation in
+// `cks`, and with the optimizer offloaded to the host (`offload`: stages 1-3, and the
+// parameters too at stage 3), all train the bits of stage 0 (fp32: the same arithmetic).
+// Returns stage 0's run.
+Run check_same_bits(const models::ModelSpec& m, int steps, bool flash, int first,
+                    std::initializer_list<planner::Checkpointing> cks, bool offload) {
+  const Run base = train(plan_for(m, 0, planner::Checkpointing::none, flash), steps, 0.1f);
+  auto same = [&](const planner::Plan& plan) {
+    const Run r = train(plan, steps, 0.1f);
+    CHECK(r.losses == base.losses);
+    CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
+  };
+  for (int stage = first; stage <= 3; ++stage)
+    for (auto ck : cks) {
+      CAPTURE(stage);
+      CAPTURE(planner::to_string(ck));
+      same(plan_for(m, stage, ck, flash));
+    }
+  for (int stage = 1; offload && stage <= 3; ++stage)
+    for (bool params_too : {false, true}) {
+      if (params_too && stage != 3) continue;
+      CAPTURE(stage);
+      CAPTURE(params_too);
+      planner::Plan p = plan_for(m, stage, planner::Checkpointing::none, flash);
+      p.strategy.offload_optimizer = planner::Offload::cpu;
+      if (params_too) p.strategy.offload_param = planner::Offload::cpu;
+      same(planner::make_plan(p.model, p.strategy, p.options, 1234));
+    }
+  return base;
+}
+constexpr std::initializer_list<planner::Checkpointing> kAllRecompute = {
+    planner::Checkpointing::none, planner::Checkpointing::full, planner::Checkpointing::selective};
+
 // flash: the engine's attention is the fused kernel (cpu_flash.cpp); the reference stays the
 // three steps.
 void check_against_reference(const std::string& config, bool flash) {
@@ -183,16 +216,8 @@ TEST_CASE("engine on a tiny Qwen3 (per-head q/k norms): the first step's gradien
   const models::ModelSpec m = models::parse_hf_config(tiny_qwen3(), "tiny.json");
   REQUIRE(m.qk_norm == models::QkNorm::head);
   for (bool flash : {false, true}) check_against_reference(tiny_qwen3(), flash);
-  // Stages, recomputation and offload: the bits of stage 0.
-  const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 3, 0.1f);
-  for (int stage = 1; stage <= 3; ++stage)
-    for (auto ck : {planner::Checkpointing::full, planner::Checkpointing::selective}) {
-      CAPTURE(stage);
-      CAPTURE(planner::to_string(ck));
-      const Run r = train(plan_for(m, stage, ck), 3, 0.1f);
-      CHECK(r.losses == base.losses);
-      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-    }
+  // Stages and recomputation: the bits of stage 0.
+  check_same_bits(m, 3, false, 1, {planner::Checkpointing::full, planner::Checkpointing::selective}, false);
 }
 
 TEST_CASE("engine on tiny Mixtral, Qwen2-MoE and Qwen3-MoE: the first step's gradient equals the reference") {
@@ -215,54 +240,16 @@ TEST_CASE("engine on tiny Mixtral, Qwen2-MoE and Qwen3-MoE: the first step's gra
 
 TEST_CASE("engine on a tiny Mixtral: stages 0-3, recomputation and offload train the same weights") {
   const models::ModelSpec m = models::parse_hf_config(tiny_moe("mixtral"), "tiny.json");
-  const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 4, 0.1f);
-  for (int stage = 0; stage <= 3; ++stage)
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
-                    planner::Checkpointing::selective}) {
-      CAPTURE(stage);
-      CAPTURE(planner::to_string(ck));
-      const Run r = train(plan_for(m, stage, ck), 4, 0.1f);
-      CHECK(r.losses == base.losses);
-      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-    }
-  CHECK(base.losses.back() < base.losses.front());
-  for (int stage = 1; stage <= 3; ++stage) {
-    CAPTURE(stage);
-    planner::Plan p = plan_for(m, stage, planner::Checkpointing::none);
-    p.strategy.offload_optimizer = planner::Offload::cpu;
-    const Run r = train(planner::make_plan(p.model, p.strategy, p.options, 1234), 4, 0.1f);
-    CHECK(r.losses == base.losses);
-    CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-  }
+  const Run base = check_same_bits(m, 4, false, 0, kAllRecompute, true);
+  CHECK(base.losses.back() < base.losses.front());  // it trains
 }
 
 TEST_CASE("engine on a tiny LLaMA: stages 0-3, full recomputation and offload train the same weights") {
+  // ZeRO-Offload too (the optimizer's states and step on the host, and the parameters at
+  // stage 3): fp32, so the same step as on the device, bit for bit.
   const models::ModelSpec m = models::parse_hf_config(tiny_config(false), "tiny.json");
-  const Run base = train(plan_for(m, 0, planner::Checkpointing::none), 4, 0.1f);
-  for (int stage = 0; stage <= 3; ++stage)
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
-                    planner::Checkpointing::selective}) {
-      CAPTURE(stage);
-      CAPTURE(planner::to_string(ck));
-      const Run r = train(plan_for(m, stage, ck), 4, 0.1f);
-      CHECK(r.losses == base.losses);
-      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-    }
+  const Run base = check_same_bits(m, 4, false, 0, kAllRecompute, true);
   CHECK(base.losses.back() < base.losses.front());  // it trains
-  // ZeRO-Offload (the optimizer's states and step on the host), at stages 1-3, and the
-  // parameters too at stage 3: fp32, so the same step as on the device, bit for bit.
-  for (int stage = 1; stage <= 3; ++stage)
-    for (bool params_too : {false, true}) {
-      if (params_too && stage != 3) continue;
-      CAPTURE(stage);
-      CAPTURE(params_too);
-      planner::Plan p = plan_for(m, stage, planner::Checkpointing::none);
-      p.strategy.offload_optimizer = planner::Offload::cpu;
-      if (params_too) p.strategy.offload_param = planner::Offload::cpu;
-      const Run r = train(planner::make_plan(p.model, p.strategy, p.options, 1234), 4, 0.1f);
-      CHECK(r.losses == base.losses);
-      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-    }
 }
 
 TEST_CASE("engine on a tiny LLaMA with flash attention: stages 0-3 and recomputation train the same weights") {
@@ -272,16 +259,7 @@ TEST_CASE("engine on a tiny LLaMA with flash attention: stages 0-3 and recomputa
   // run in another order).
   const models::ModelSpec m = models::parse_hf_config(tiny_mistral(), "tiny.json");
   const Run three = train(plan_for(m, 0, planner::Checkpointing::none), 4, 0.1f);
-  const Run base = train(plan_for(m, 0, planner::Checkpointing::none, true), 4, 0.1f);
-  for (int stage = 0; stage <= 3; ++stage)
-    for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
-                    planner::Checkpointing::selective}) {
-      CAPTURE(stage);
-      CAPTURE(planner::to_string(ck));
-      const Run r = train(plan_for(m, stage, ck, true), 4, 0.1f);
-      CHECK(r.losses == base.losses);
-      CHECK(std::memcmp(r.w1.data(), base.w1.data(), base.w1.size() * 4) == 0);
-    }
+  const Run base = check_same_bits(m, 4, true, 0, kAllRecompute, false);
   double worst = 0, moved = 0;
   for (std::size_t i = 0; i < base.w1.size(); ++i) {
     worst = std::max(worst, std::fabs(static_cast<double>(base.w1[i]) - three.w1[i]));

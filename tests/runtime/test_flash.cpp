@@ -10,8 +10,8 @@
 //
 // Tolerances, relative to the tensor's largest |want|: the forward is fp32 over sums of <= 130
 // terms with an online rescaling (a few more roundings per term than the three steps): 1e-5
-// (the kernels' forward bound, test_cpu_kernels.cpp); gradients 3e-5 (its backward bound).
-// Observed: ~1e-7. A wrong block boundary, a lost rescale or a missed mask term is off by O(1).
+// (the kernels' forward bound, kernel_check.hpp's kFwdTol); gradients 3e-5 (kBwdTol).
+// Observed: ~1e-7 (worst 1.8e-7 of the scale). A wrong block boundary, a lost rescale or a missed mask term is off by O(1).
 #include <doctest/doctest.h>
 
 #include <omp.h>
@@ -19,9 +19,9 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <string>
 #include <vector>
 
+#include "kernel_check.hpp"
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 
@@ -29,43 +29,7 @@ namespace cpu = zp::runtime::cpu;
 
 namespace {
 
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
-
-constexpr double kFwdTol = 1e-5;
-constexpr double kBwdTol = 3e-5;
-
-Vec randn(std::size_t n, float stddev, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-double max_abs(const DVec& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-void check_close(const Vec& got, const DVec& want, double tol, const char* what) {
-  REQUIRE(got.size() == want.size());
-  const double scale = max_abs(want);
-  int n_bad = 0;
-  double worst = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    worst = std::max(worst, err / scale);
-    if (!(err <= tol * scale) && ++n_bad <= 5)
-      FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (scale " << scale << ")");
-  }
-  CHECK_MESSAGE(n_bad == 0, what << ": " << n_bad << " of " << want.size() << " elements off");
-  CHECK_MESSAGE(scale > 0.0, what << ": reference is all zero, the check would be vacuous");
-  MESSAGE(what << ": worst error " << worst << " of scale");
-}
-void check_close(const Vec& got, const Vec& want, double tol, const char* what) {
-  check_close(got, DVec(want.begin(), want.end()), tol, what);
-}
+using namespace zp::test::kernel;
 
 // Float64 attention from the formula: out (B,T,NH*HS) and lse (B,NH,T).
 struct Ref {
@@ -216,8 +180,8 @@ TEST_CASE("flash attention equals the three-step attention, with and without att
       const uint64_t key = 0x5eed0000u + static_cast<uint64_t>(s.T * 7 + s.window);
       const ThreeStep a = three_step(qkv, dout, dqkv0, s, p, key);
       const Flash f = flash(qkv, dout, dqkv0, s, p, key);
-      check_close(f.out, a.out, kFwdTol, "flash out vs three steps");
-      check_close(f.dqkv, a.dqkv, kBwdTol, "flash dqkv vs three steps");
+      check_close(f.out, to_d(a.out), kFwdTol, "flash out vs three steps");
+      check_close(f.dqkv, to_d(a.dqkv), kBwdTol, "flash dqkv vs three steps");
       if (p > 0.0f) {  // the dropout is real: another key gives another output
         const Flash g = flash(qkv, dout, dqkv0, s, p, key + 1);
         double diff = 0.0;

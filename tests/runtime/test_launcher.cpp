@@ -21,12 +21,19 @@ int added_launcher_vars() {
   return n;
 }
 
-test::Result zero_run_np2(bool keep_added_env) {
-  return test::run({ZP_MPIEXEC, "-np", "2", std::string(ZP_BIN_DIR) + "/zero-run", "--model",
-                    "gpt2-tiny", "--stage", "2", "--steps", "1"},
+// mpirun -np np zero-run args..., as root and on more ranks than cores if need be.
+test::Result zero_run(int np, const std::vector<std::string>& args, bool keep_added_env = false) {
+  std::vector<std::string> cmd = {ZP_MPIEXEC, "-np", std::to_string(np),
+                                  std::string(ZP_BIN_DIR) + "/zero-run"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  return test::run(cmd,
                    {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
                     "OMPI_MCA_rmaps_base_oversubscribe=1"},
                    300, keep_added_env);
+}
+
+test::Result zero_run_np2(bool keep_added_env) {
+  return zero_run(2, {"--model", "gpt2-tiny", "--stage", "2", "--steps", "1"}, keep_added_env);
 }
 
 }  // namespace
@@ -69,15 +76,11 @@ TEST_CASE("mpirun -np 2 zero-run trains LLaMA-family and MoE configs at stages 0
     for (int stage = 0; stage <= 3; ++stage) {
       CAPTURE(stage);
       const std::string w = dir.file(std::to_string(stage) + ".weights.bin");
-      std::vector<std::string> cmd = {ZP_MPIEXEC, "-np", "2", std::string(ZP_BIN_DIR) + "/zero-run",
-                                      "--model", cfg, "--stage", std::to_string(stage), "--dp", "2",
-                                      "--precision", "fp32", "--seq", "32", "--steps", "3",
-                                      "--save-weights", w};
-      if (flash) cmd.push_back("--flash-attention");
-      const test::Result r = test::run(cmd,
-                                       {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                        "OMPI_MCA_rmaps_base_oversubscribe=1"},
-                                       300);
+      std::vector<std::string> args = {"--model", cfg, "--stage", std::to_string(stage), "--dp", "2",
+                                       "--precision", "fp32", "--seq", "32", "--steps", "3",
+                                       "--save-weights", w};
+      if (flash) args.push_back("--flash-attention");
+      const test::Result r = zero_run(2, args);
       INFO(r.out << r.err);
       REQUIRE(r.rc == 0);
       CHECK(r.out.find("2 ranks") != std::string::npos);
@@ -109,16 +112,11 @@ TEST_CASE("the same global batch on 1, 2 and 4 ranks trains the same weights (LL
     for (int np : {1, 2, 4}) {
       CAPTURE(np);
       const std::string w = dir.file(std::to_string(np) + ".ranks.bin");
-      std::vector<std::string> cmd = {ZP_MPIEXEC, "-np", std::to_string(np),
-                                      std::string(ZP_BIN_DIR) + "/zero-run", "--model", model,
-                                      "--stage", "2", "--dp", std::to_string(np), "--micro-batch",
-                                      std::to_string(4 / np), "--precision", "fp32", "--seq", "32",
-                                      "--steps", "3", "--save-weights", w};
-      if (flash) cmd.push_back("--flash-attention");
-      const test::Result r = test::run(cmd,
-                                       {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                        "OMPI_MCA_rmaps_base_oversubscribe=1"},
-                                       300);
+      std::vector<std::string> args = {"--model", model, "--stage", "2", "--dp", std::to_string(np),
+                                       "--micro-batch", std::to_string(4 / np), "--precision", "fp32",
+                                       "--seq", "32", "--steps", "3", "--save-weights", w};
+      if (flash) args.push_back("--flash-attention");
+      const test::Result r = zero_run(np, args);
       INFO(r.out << r.err);
       REQUIRE(r.rc == 0);
       CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
