@@ -414,38 +414,46 @@ TEST_CASE("collectives_at_one_rank: every collective runs at one rank, the same 
     }
 }
 
-TEST_CASE("selective recomputation (Megatron's attention core) trains the bits of none, with dropout") {
-  // The attention core (scores, softmax and the probabilities' dropout) is freed after the
-  // forward and recomputed in the backward; the dropout masks are counter-based, so the
-  // recomputed ones are the first ones and the weights equal those of a run that keeps them.
+TEST_CASE("selective recomputation (Megatron's and torchtitan's per-op) trains the bits of none, with dropout") {
+  // Megatron's: the attention core (scores, softmax and the probabilities' dropout) is freed
+  // after the forward and recomputed in the backward. torchtitan's per-op SAC (selective-op):
+  // every op of a block is recomputed but those its policy saves (every second matmul, the
+  // attention products), whose outputs the recomputation reads where the forward left them
+  // (sac_reuse). The dropout masks are counter-based, so the recomputed ones are the first
+  // ones and the weights equal those of a run that keeps everything.
   const models::ModelSpec m = test::tiny_model_with_dropout(0.1, 0.1, 0.1);
-  for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
-    for (int stage : {0, 2, 3}) {
-      CAPTURE(planner::to_string(backend));
-      CAPTURE(stage);
-      std::vector<float> w[2];
-      uint64_t act[2] = {0, 0};
-      for (int selective : {0, 1}) {
-        planner::Strategy s;
-        s.stage = stage;
-        s.precision = planner::Precision::bf16;
-        s.checkpointing = selective ? planner::Checkpointing::selective : planner::Checkpointing::none;
-        s.micro_batch = 2;
-        s.seq = 32;
-        const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, backend}, 1234);
-        act[selective] = plan.predicted[planner::Tier::gpu][planner::Category::activations];
-        auto dev = device_for(plan);
-        test::TempDir dir;
-        {
-          Engine engine(plan, *dev, comm(), TokenData::load(""), {});
-          for (int i = 0; i < 3; ++i) engine.step();
-          engine.save_weights(dir.file("w.bin"));
+  for (auto mode : {planner::Checkpointing::selective, planner::Checkpointing::selective_op})
+    for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
+      for (int stage : {0, 2, 3}) {
+        CAPTURE(planner::to_string(mode));
+        CAPTURE(planner::to_string(backend));
+        CAPTURE(stage);
+        std::vector<float> w[2];
+        uint64_t act[2] = {0, 0};
+        for (int selective : {0, 1}) {
+          planner::Strategy s;
+          s.stage = stage;
+          s.precision = planner::Precision::bf16;
+          s.checkpointing = selective ? mode : planner::Checkpointing::none;
+          s.micro_batch = 2;
+          s.seq = 32;
+          const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, backend}, 1234);
+          act[selective] = plan.predicted[planner::Tier::gpu][planner::Category::activations];
+          auto dev = device_for(plan);
+          test::TempDir dir;
+          std::vector<planner::TimelineSample> timeline;
+          {
+            Engine engine(plan, *dev, comm(), TokenData::load(""), {});
+            for (int i = 0; i < 3; ++i) engine.step();
+            engine.save_weights(dir.file("w.bin"));
+            timeline = engine.timeline();
+          }
+          zp::test::check_memory_matches_plan(plan, *dev, timeline);
+          w[selective] = read_floats(dir.file("w.bin"));
         }
-        w[selective] = read_floats(dir.file("w.bin"));
+        REQUIRE(w[1].size() == w[0].size());
+        CHECK(std::memcmp(w[1].data(), w[0].data(), w[0].size() * 4) == 0);
+        CHECK(act[1] < act[0]);  // and it saves memory
       }
-      REQUIRE(w[1].size() == w[0].size());
-      CHECK(std::memcmp(w[1].data(), w[0].data(), w[0].size() * 4) == 0);
-      CHECK(act[1] < act[0]);  // and it saves memory: the T x T tensors are not kept
-    }
 }
 

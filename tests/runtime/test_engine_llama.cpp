@@ -273,13 +273,15 @@ TEST_CASE("engine on a tiny LLaMA with flash attention: stages 0-3 and recomputa
 }
 
 TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet, naming why") {
-  auto refuses = [](const std::string& config, planner::Backend backend, const std::string& why) {
+  auto refuses = [](const std::string& config, planner::Backend backend, const std::string& why,
+                    planner::Checkpointing ck = planner::Checkpointing::none) {
     CAPTURE(why);
     const models::ModelSpec m = models::parse_hf_config(config, "x.json");
     planner::Strategy s;
     s.precision = planner::Precision::fp32;
     s.micro_batch = 1;
     s.seq = 16;
+    s.checkpointing = ck;
     const planner::Plan plan = planner::make_plan(m, s, {planner::Profile::zeroplan, backend}, 1234);
     auto dev = device_for(plan);
     try {
@@ -297,4 +299,6 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
   std::string longrope = base;
   longrope.replace(longrope.find("\"llama3\""), 8, "\"longrope\"");
   refuses(longrope, planner::Backend::cpu, "longrope");
+  // torchtitan's per-op recomputation needs q, k, v and gate, up as separate projections.
+  refuses(base, planner::Backend::cpu, "selective-op runs GPT-2-family models", planner::Checkpointing::selective_op);
 }
