@@ -91,11 +91,13 @@ std::string llama_refusal(const models::ModelSpec& m) {
   return {};
 }
 
+}  // namespace
+
 // What this engine cannot run is refused before anything is allocated.
-void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) {
+void Engine::check(const planner::Plan& plan, std::string_view device, int ranks) {
   const auto& s = plan.strategy;
   const auto& m = plan.model;
-  const int dp_ = comm.size();
+  const int dp_ = ranks;
   if (s.dp != dp_)
     throw Error(fmt::format("the plan is for --dp {}, but {} rank{} running", s.dp, dp_,
                             dp_ == 1 ? " is" : "s are"),
@@ -107,7 +109,7 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
                               "qwen3, and the MoE mixtral, qwen2_moe, qwen3_moe); {} is {}: {}",
                               m.name, m.family_name(), why),
                   "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
-    if (plan.options.backend != planner::Backend::cpu || dev.name() != "cpu")
+    if (plan.options.backend != planner::Backend::cpu || device != "cpu")
       throw Error(fmt::format("{}: zero-run runs LLaMA-family blocks on the cpu backend in fp32 only "
                               "so far", m.name),
                   "run with --device cpu (zero-plan plan --device cpu)");
@@ -122,11 +124,11 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
                 "plan model parallelism with zero-plan; run data parallelism here");
   // Flash attention: the cpu device's fp32 kernels (cpu_flash.cpp), so fp32 activations: the
   // planner's cpu graph, or its cuda graph in fp32.
-  if (s.flash_attention && (dev.name() != "cpu" || (plan.options.backend != planner::Backend::cpu &&
+  if (s.flash_attention && (device != "cpu" || (plan.options.backend != planner::Backend::cpu &&
                                                     s.precision != Precision::fp32)))
     throw Error(fmt::format("--flash-attention: zero-run's {} backend computes attention in three "
                             "steps; flash attention runs on the cpu backend (fp32 activations) so far",
-                            dev.name()),
+                            device),
                 "drop --flash-attention, or plan and run with --device cpu");
   // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP run as planned;
   // the LLaMA family's separate q, k, v and gate, up projections (one matmul each, as SAC
@@ -164,8 +166,10 @@ void check_plan(const planner::Plan& plan, const Device& dev, const Comm& comm) 
                 "the plan file was edited or belongs to another model; make it again");
 }
 
+namespace {
+
 models::TrainingGraph checked_graph(const planner::Plan& plan, const Device& dev, const Comm& comm) {
-  check_plan(plan, dev, comm);
+  Engine::check(plan, dev.name(), comm.size());
   return models::build_training_graph(plan.model,
                                       planner::graph_options(plan.model, plan.strategy, plan.options));
 }

@@ -193,6 +193,8 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   s.gpu_bytes = with_room(gpu_pred);
   s.cpu_bytes = with_room(cpu_pred);
   s.nvme_bytes = with_room(s.plan.predicted.peak(planner::Tier::nvme));  // an address space
+  // What the engine cannot execute is said before what memory it would need.
+  runtime::Engine::check(s.plan, a.device, n_ranks);
   if (!a.device_memory.empty()) {
     s.gpu_bytes = parse_bytes(a.device_memory, "--device-memory");
     if (gpu_pred > s.gpu_bytes)

@@ -93,11 +93,17 @@ struct StepStats {
 
 class Engine {
  public:
-  // zp::Error when the plan asks for what this engine cannot run (another family, model
-  // parallelism, flash attention, torchtitan's per-op recomputation) or its data-parallel degree differs
-  // from the ranks. Either of the planner's graphs runs on any device: its cpu graph in fp32
-  // without dropout, its cuda graph in the training precision with dropout.
+  // zp::Error when the plan asks for what this engine cannot run (check() says what) or its
+  // data-parallel degree differs from the ranks. Either of the planner's graphs runs on any
+  // device: its cpu graph in fp32 without dropout, its cuda graph in the training precision
+  // with dropout.
   Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
+  // The same refusals without a device or a communicator (zero-run asks before sizing
+  // memory): a family, an architecture detail or a strategy this engine does not execute
+  // (tensor or expert parallelism, Megatron's partitioned activations, an optimizer other than
+  // Adam, AdamW or SGD, another profile's plan, ...), or `ranks` other than the plan's dp.
+  // `device`: the backend's name, "cpu" or "cuda".
+  static void check(const planner::Plan& plan, std::string_view device, int ranks);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
