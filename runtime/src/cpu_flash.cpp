@@ -29,14 +29,15 @@ constexpr int64_t kBk = 64;
 using vec::axpy;
 using vec::dot;
 
-void check(const AttnShape& s, float p, const float* qk, std::string_view what) {
+void check(const AttnShape& s, float p, const Qkv& in, std::string_view what) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0 ||
-      s.window < 0 || s.qk_row < 0 || (s.qk_row > 0 && (qk == nullptr || s.qk_row < s.k_off() + s.KVH * s.HS)))
+      s.window < 0 || in.q == nullptr || in.k == nullptr || in.v == nullptr ||
+      in.q_row < s.NH * s.HS || in.k_row < s.KVH * s.HS || in.v_row < s.KVH * s.HS)
     throw Error(fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}, "
-                            "q|k rows of {}{}", what, s.B, s.T, s.NH, s.KVH, s.HS, s.window, s.qk_row,
-                            s.qk_row > 0 && qk == nullptr ? " without the q|k tensor" : ""),
-                "the query heads must be a positive multiple of the key/value heads, and a separate "
-                "q|k tensor must hold all of their heads");
+                            "q, k, v rows of {}, {}, {}", what, s.B, s.T, s.NH, s.KVH, s.HS, s.window,
+                            in.q_row, in.k_row, in.v_row),
+                "the query heads must be a positive multiple of the key/value heads, and each row "
+                "must hold all of its heads");
   if (!(p >= 0.0f && p < 1.0f))
     throw Error(fmt::format("cpu::{}: dropout probability {} is outside [0, 1)", what, p),
                 "attention dropout is a probability below 1");
@@ -71,12 +72,13 @@ struct Drop {
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
-                             float p, uint64_t key, const float* qk) {
-  check(s, p, qk, "flash_attention_forward");
-  // q and k in rows of QR from qks, v in rows of R from qkv.
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(),
-                O = s.out_row(), G = s.group();
-  const float* qks = s.qk_row > 0 ? qk : qkv;
+                             float p, uint64_t key) {
+  flash_attention_forward(out, lse, Qkv::fused(qkv, s), s, p, key);
+}
+void flash_attention_forward(float* out, float* lse, const Qkv& in, const AttnShape& s, float p,
+                             uint64_t key) {
+  check(s, p, in, "flash_attention_forward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, O = s.out_row(), G = s.group();
   const int64_t nq = (T + kBq - 1) / kBq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -96,13 +98,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const Att
           if (!meets(s, i0, i1, j0, j1)) continue;
           for (int64_t t = i0; t < i1; ++t) {
             float* st = S + (t - i0) * kBk;
-            const float* q = qks + (b * T + t) * QR + h * HS;
+            const float* q = in.q + (b * T + t) * in.q_row + h * HS;
             const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
             if (lo >= hi) continue;
             // Scores, the row's new running max, and the rescaling of what came before.
             float mx = m[t - i0];
             for (int64_t t2 = lo; t2 < hi; ++t2) {
-              st[t2 - j0] = dot(q, qks + (b * T + t2) * QR + s.k_off() + kv * HS, HS) * scale;
+              st[t2 - j0] = dot(q, in.k + (b * T + t2) * in.k_row + kv * HS, HS) * scale;
               mx = std::max(mx, st[t2 - j0]);
             }
             const float corr = std::exp(m[t - i0] - mx);  // 0 on the row's first block
@@ -115,7 +117,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const Att
               const float e = std::exp(st[t2 - j0] - mx);
               sum += e;
               const float pe = e * drop.factor(row, t2);
-              if (pe != 0.0f) axpy(o, pe, qkv + (b * T + t2) * R + s.v_off() + kv * HS, HS);
+              if (pe != 0.0f) axpy(o, pe, in.v + (b * T + t2) * in.v_row + kv * HS, HS);
             }
             l[t - i0] = l[t - i0] * corr + sum;
             m[t - i0] = mx;
@@ -135,12 +137,15 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const Att
 // order, the group's query heads in order, query blocks in order).
 void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
                               const float* qkv, const float* out, const float* lse,
-                              const AttnShape& s, float p, uint64_t key, const float* qk) {
-  check(s, p, qk, "flash_attention_backward");
-  // q and k read in rows of QR from qks; v read, and dq, dk, dv written, in rows of R.
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(),
-                O = s.out_row(), G = s.group();
-  const float* qks = s.qk_row > 0 ? qk : qkv;
+                              const AttnShape& s, float p, uint64_t key) {
+  flash_attention_backward(dqkv, dq_acc, dsum, dout, Qkv::fused(qkv, s), out, lse, s, p, key);
+}
+void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
+                              const Qkv& in, const float* out, const float* lse,
+                              const AttnShape& s, float p, uint64_t key) {
+  check(s, p, in, "flash_attention_backward");
+  // q, k and v read where `in` has them; dq, dk, dv written in the fused rows of R.
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const Drop drop(p, key);
   // D = rowsum(dO o O) per query (FlashAttention-2 alg. 2 line 4) and dq_acc = 0.
@@ -168,15 +173,15 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
             for (int64_t t = i0; t < i1; ++t) {
               const int64_t lo = std::max(j0, s.first_key(t)), hi = std::min(j1, t + 1);
               if (lo >= hi) continue;
-              const float* q = qks + (b * T + t) * QR + h * HS;
+              const float* q = in.q + (b * T + t) * in.q_row + h * HS;
               const float* go = dout + (b * T + t) * O + h * HS;
               const float L = lse[(b * NH + h) * T + t], Dt = dsum[(b * NH + h) * T + t];
               const int64_t row = ((b * NH + h) * T + t) * T;
               float* pt = P + (t - i0) * kBk;
               float* ds = dS + (t - i0) * kBk;
               for (int64_t t2 = lo; t2 < hi; ++t2) {
-                const float* k = qks + (b * T + t2) * QR + s.k_off() + kv * HS;
-                const float* v = qkv + (b * T + t2) * R + s.v_off() + kv * HS;
+                const float* k = in.k + (b * T + t2) * in.k_row + kv * HS;
+                const float* v = in.v + (b * T + t2) * in.v_row + kv * HS;
                 const float pr = std::exp(dot(q, k, HS) * scale - L);
                 const float z = drop.factor(row, t2);
                 pt[t2 - j0] = pr * z;                                   // dV's weight
@@ -184,7 +189,7 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
               }
               float* dq = dq_acc + (b * T + t) * O + h * HS;
               for (int64_t t2 = lo; t2 < hi; ++t2)
-                axpy(dq, ds[t2 - j0], qks + (b * T + t2) * QR + s.k_off() + kv * HS, HS);
+                axpy(dq, ds[t2 - j0], in.k + (b * T + t2) * in.k_row + kv * HS, HS);
             }
             // dV_j += P^T dO and dK_j += dS^T Q, key by key over the block's queries in order.
             for (int64_t t2 = j0; t2 < j1; ++t2) {
@@ -195,7 +200,7 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
                 const float pr = P[(t - i0) * kBk + (t2 - j0)];
                 const float d = dS[(t - i0) * kBk + (t2 - j0)];
                 if (pr != 0.0f) axpy(dv, pr, dout + (b * T + t) * O + h * HS, HS);
-                if (d != 0.0f) axpy(dk, d, qks + (b * T + t) * QR + h * HS, HS);
+                if (d != 0.0f) axpy(dk, d, in.q + (b * T + t) * in.q_row + h * HS, HS);
               }
             }
           }

@@ -98,12 +98,14 @@ void check_shape(const AttnShape& s, std::string_view what) {
                 "the query heads must be a positive multiple of the key/value heads");
 }
 
-// preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query, stored as D.
+// preatt (B,NH,T,T) = q.k / sqrt(HS) for key <= query, stored as D. Query head h of token
+// (b, t) at element q0 + (b T + t) q_row + h HS of q, key head j at k0 + (b T + t) k_row + j HS
+// of k (Qkv's layout, in elements of D).
 template <DType D>
-void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
+void attention_scores_t(void* preatt, const void* q, int64_t q0, int64_t q_row, const void* k,
+                        int64_t k0, int64_t k_row, const AttnShape& s) {
   check_shape(s, "attention_scores");
-  // q and k rows: the fused row, or their own tensor's (AttnShape::qk_row).
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.qk_stride(), G = s.group();
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
@@ -112,9 +114,13 @@ void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
         const int64_t row = ((b * NH + h) * T + t) * T;
         for (int64_t t2 = s.first_key(t); t2 <= t; ++t2)
           st<D>(preatt, row + t2,
-                dot_t<D>(qkv, (b * T + t) * R + h * HS, qkv, (b * T + t2) * R + s.k_off() + h / G * HS,
+                dot_t<D>(q, q0 + (b * T + t) * q_row + h * HS, k, k0 + (b * T + t2) * k_row + h / G * HS,
                          HS) * scale);
       }
+}
+template <DType D>
+void attention_scores_t(void* preatt, const void* qkv, const AttnShape& s) {
+  attention_scores_t<D>(preatt, qkv, 0, s.row(), qkv, s.k_off(), s.row(), s);
 }
 
 }  // namespace
@@ -416,8 +422,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // each. preatt/att (B,NH,T,T): row t holds keys 0..t. Every (b,h) pair touches only its own
 // slices of every buffer, so the loops split over (b,h) without races.
 
+void attention_scores(float* preatt, const Qkv& in, const AttnShape& s) {
+  attention_scores_t<DType::fp32>(preatt, in.q, 0, in.q_row, in.k, 0, in.k_row, s);
+}
 void attention_scores(float* preatt, const float* qkv, const AttnShape& s) {
-  attention_scores_t<DType::fp32>(preatt, qkv, s);
+  attention_scores(preatt, Qkv::fused(qkv, s), s);
 }
 void attention_scores(float* preatt, const float* qkv, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
@@ -440,8 +449,11 @@ void attention_softmax(float* att, const float* preatt, int64_t B, int64_t NH, i
 }
 
 void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s) {
+  attention_values(out, att, Qkv::fused(qkv, s), s);
+}
+void attention_values(float* out, const float* att, const Qkv& in, const AttnShape& s) {
   check_shape(s, "attention_values");
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -450,7 +462,7 @@ void attention_values(float* out, const float* att, const float* qkv, const Attn
         const float* a = att + ((b * NH + h) * T + t) * T;
         std::fill(o, o + HS, 0.0f);
         for (int64_t t2 = s.first_key(t); t2 <= t; ++t2)
-          axpy(o, a[t2], qkv + (b * T + t2) * R + s.v_off() + h / G * HS, HS);
+          axpy(o, a[t2], in.v + (b * T + t2) * in.v_row + h / G * HS, HS);
       }
 }
 void attention_values(float* out, const float* att, const float* qkv, int64_t B, int64_t T,
@@ -461,6 +473,10 @@ void attention_values(float* out, const float* att, const float* qkv, int64_t B,
 // Over (b, key/value head): the group's query heads add into the shared dv in head order.
 void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
                                const float* qkv, const AttnShape& s) {
+  attention_values_backward(datt, dqkv, dout, att, Qkv::fused(qkv, s), s);
+}
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const Qkv& in, const AttnShape& s) {
   check_shape(s, "attention_values_backward");
   const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
@@ -472,9 +488,8 @@ void attention_values_backward(float* datt, float* dqkv, const float* dout, cons
           const float* a = att + ((b * NH + h) * T + t) * T;
           float* da = datt + ((b * NH + h) * T + t) * T;
           for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
-            const int64_t v_off = (b * T + t2) * R + s.v_off() + kv * HS;
-            da[t2] += dot(g, qkv + v_off, HS);  // datt[t,t2] += dout[t] . v[t2]
-            axpy(dqkv + v_off, a[t2], g, HS);   // dv[t2] += att[t,t2] dout[t]
+            da[t2] += dot(g, in.v + (b * T + t2) * in.v_row + kv * HS, HS);  // datt[t,t2] += dout[t] . v[t2]
+            axpy(dqkv + (b * T + t2) * R + s.v_off() + kv * HS, a[t2], g, HS);  // dv[t2] += att[t,t2] dout[t]
           }
         }
 }
@@ -505,24 +520,27 @@ void attention_softmax_backward(float* dpreatt, const float* datt, const float* 
 // dk is the group's.
 void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
                                const AttnShape& s) {
+  attention_scores_backward(dqkv, dpreatt, Qkv::fused(qkv, s), s);
+}
+void attention_scores_backward(float* dqkv, const float* dpreatt, const Qkv& in,
+                               const AttnShape& s) {
   check_shape(s, "attention_scores_backward");
-  // q and k read in rows of QR (their own tensor's, or the fused row), dq and dk written in
-  // rows of R (the fused row's gradient).
-  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), QR = s.qk_stride(), G = s.group();
+  // q and k read where `in` has them, dq and dk written in the fused gradient's rows of R.
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kv = 0; kv < s.KVH; ++kv)
       for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t q_off = (b * T + t) * R + h * HS, q_in = (b * T + t) * QR + h * HS;
+          const int64_t q_off = (b * T + t) * R + h * HS;
+          const float* q = in.q + (b * T + t) * in.q_row + h * HS;
           const float* dp = dpreatt + ((b * NH + h) * T + t) * T;
           for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
             const int64_t k_off = (b * T + t2) * R + s.k_off() + kv * HS;
-            const int64_t k_in = (b * T + t2) * QR + s.k_off() + kv * HS;
             const float g = dp[t2] * scale;
-            axpy(dqkv + q_off, g, qkv + k_in, HS);  // dq[t] += g k[t2]
-            axpy(dqkv + k_off, g, qkv + q_in, HS);  // dk[t2] += g q[t]
+            axpy(dqkv + q_off, g, in.k + (b * T + t2) * in.k_row + kv * HS, HS);  // dq[t] += g k[t2]
+            axpy(dqkv + k_off, g, q, HS);  // dk[t2] += g q[t]
           }
         }
 }

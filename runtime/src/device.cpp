@@ -300,10 +300,10 @@ class CpuDevice final : public Device {
     fp32_only(t, "swiglu");
     cpu::swiglu_backward(f(dgate_up), cf(dout), cf(gate), cf(up), N, F);
   }
-  void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
+  void gqa_scores(void* preatt, const QkvIn& in, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores(f(preatt), cf(qkv), shape(B, T, h));
+    cpu::attention_scores(f(preatt), qkv(in), shape(B, T, h));
   }
   void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
                    const Heads& h) override {
@@ -315,34 +315,33 @@ class CpuDevice final : public Device {
     fp32_only(t, "grouped-query attention");
     cpu::attention_softmax_backward(f(dpreatt), cf(datt), cf(att), shape(B, T, h));
   }
-  void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
+  void gqa_values(void* out, const void* att, const QkvIn& in, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_values(f(out), cf(att), cf(qkv), shape(B, T, h));
+    cpu::attention_values(f(out), cf(att), qkv(in), shape(B, T, h));
   }
   void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
-                           const void* qkv, DType t, int64_t B, int64_t T, const Heads& h) override {
+                           const QkvIn& in, DType t, int64_t B, int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), cf(qkv),
-                                   shape(B, T, h));
+    cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), qkv(in), shape(B, T, h));
   }
-  void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t, int64_t B,
+  void gqa_scores_backward(void* dqkv, const void* dpreatt, const QkvIn& in, DType t, int64_t B,
                            int64_t T, const Heads& h) override {
     fp32_only(t, "grouped-query attention");
-    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), cf(qkv), shape(B, T, h));
+    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), qkv(in), shape(B, T, h));
   }
-  void flash_attention_forward(void* out, float* lse, const void* qk, const void* qkv, DType t,
-                               int64_t B, int64_t T, const Heads& h, float p, uint64_t key) override {
+  void flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
+                               int64_t T, const Heads& h, float p, uint64_t key) override {
     fp32_only(t, "flash attention");
-    cpu::flash_attention_forward(f(out), lse, cf(qkv), shape(B, T, h), p, key, cf(qk));
+    cpu::flash_attention_forward(f(out), lse, qkv(in), shape(B, T, h), p, key);
   }
   void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
-                                const void* qk, const void* qkv, const void* out, const float* lse,
-                                DType t, int64_t B, int64_t T, const Heads& h, float p,
+                                const QkvIn& in, const void* out, const float* lse, DType t,
+                                int64_t B, int64_t T, const Heads& h, float p,
                                 uint64_t key) override {
     fp32_only(t, "flash attention");
-    cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), cf(qkv), cf(out), lse,
-                                  shape(B, T, h), p, key, cf(qk));
+    cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), qkv(in), cf(out), lse,
+                                  shape(B, T, h), p, key);
   }
   void moe_route_forward(float* probs, int32_t* idx, float* weights, const void* logits, DType t,
                          int64_t N, int64_t E, int64_t K, bool renormalize) override {
@@ -476,9 +475,10 @@ class CpuDevice final : public Device {
   static float* f(void* p) { return static_cast<float*>(p); }
   static const float* cf(const void* p) { return static_cast<const float*>(p); }
   static cpu::AttnShape shape(int64_t B, int64_t T, const Heads& h) {
-    cpu::AttnShape s{B, T, h.NH, h.KVH, h.HS, h.window};
-    s.qk_row = h.qk_row;
-    return s;
+    return {B, T, h.NH, h.KVH, h.HS, h.window};
+  }
+  static cpu::Qkv qkv(const QkvIn& in) {
+    return {cf(in.q), cf(in.k), cf(in.v), in.q_row, in.k_row, in.v_row};
   }
   static void fp32_only(DType t, const char* what) {
     if (t != DType::fp32)

@@ -130,12 +130,14 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                             "steps; flash attention runs on the cpu backend (fp32 activations) so far",
                             device),
                 "drop --flash-attention, or plan and run with --device cpu");
-  // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP run as planned;
-  // the LLaMA family's separate q, k, v and gate, up projections (one matmul each, as SAC
-  // counts them) are not executed yet.
-  if (s.checkpointing == planner::Checkpointing::selective_op && !m.is_gpt2_block())
-    throw Error(fmt::format("--checkpointing {} runs GPT-2-family models in zero-run so far; {} "
-                            "is planned, not executed", planner::to_string(s.checkpointing), m.name),
+  // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP, the LLaMA
+  // family's separate q, k, v and gate, up projections (one matmul each, as SAC counts them);
+  // not yet Qwen3's q/k norms over those parts, nor MoE layers (SAC keeps int64 top-k indices).
+  if (s.checkpointing == planner::Checkpointing::selective_op &&
+      (m.is_moe() || m.qk_norm != models::QkNorm::none))
+    throw Error(fmt::format("--checkpointing {}: zero-run does not execute it for {} yet ({} are planned, "
+                            "not run)", planner::to_string(s.checkpointing), m.name,
+                            m.is_moe() ? "Mixture-of-Experts layers" : "q/k norms"),
                 "use --checkpointing none, full or selective");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
@@ -199,9 +201,6 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
   heads_ = {NH_, NH_, C_ / NH_};
   if (llama_) {
     heads_ = {plan.model.n_head, plan.model.n_kv_head, plan.model.head_dim};
-    // Qwen3's per-head q/k norms write q and k to a tensor of their own (graph.cpp qk_norm).
-    if (plan.model.qk_norm == models::QkNorm::head)
-      heads_.qk_row = (heads_.NH + heads_.KVH) * heads_.HS;
     rot_ = plan.model.rotary_dim;
     rope_ = rope_table(plan.model.rope, rot_, plan.model.n_positions);
   }
@@ -690,6 +689,7 @@ void Engine::sample(int32_t pos) {
 
 void Engine::micro_step() {
   const bool record = step_ == 0 && micro_ == 0;
+  sac_reused_.clear();
   std::fill(aux_counts_.begin(), aux_counts_.end(), 0.0);
   std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
   if (record) sample(-1);
@@ -850,6 +850,40 @@ void Engine::moe_route_done(const Op& op) {
         loss_scale_ * aux_coef_ * static_cast<double>(n_experts_) * aux_counts_[static_cast<std::size_t>(e)] / denom);
 }
 
+// Where an attention op reads q, k and v, from its input `first` on: three projections
+// (torchtitan's per-op recomputation: h.L.attn.q, .k, .v), Qwen3's normed q|k and the fused
+// rows (v), or the fused rows alone; and how many inputs that took.
+std::pair<Device::QkvIn, std::size_t> Engine::qkv_in(const Op& op, std::size_t first) const {
+  const auto id = [&](std::size_t i) { return op.inputs.at(first + i); };
+  const int64_t NH = heads_.NH, KVH = heads_.KVH, HS = heads_.HS, R = (NH + 2 * KVH) * HS;
+  const uint64_t eb = dtype_bytes(adt_);
+  if (g_.tensor(id(0)).name.ends_with(".attn.q"))
+    return {{ptr(id(0)), ptr(id(1)), ptr(id(2)), NH * HS, KVH * HS, KVH * HS}, 3};
+  if (g_.tensor(id(0)).name.ends_with(".attn.qk_norm.out")) {  // the values' ops read v alone
+    std::byte* qk = static_cast<std::byte*>(ptr(id(0)));
+    return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb,
+             static_cast<std::byte*>(ptr(id(1))) + static_cast<uint64_t>((NH + KVH) * HS) * eb,
+             (NH + KVH) * HS, (NH + KVH) * HS, R}, 2};
+  }
+  std::byte* qkv = static_cast<std::byte*>(ptr(id(0)));
+  return {{qkv, qkv + static_cast<uint64_t>(NH * HS) * eb, qkv + static_cast<uint64_t>((NH + KVH) * HS) * eb,
+           R, R, R}, 1};
+}
+
+// A projection torchtitan's per-op recomputation runs apart from its fused weight: its first
+// row and the weight's rows (q, k, v of the q|k|v weight; gate, up of the gate|up weight);
+// {0, 0} for any other matmul.
+std::pair<int64_t, int64_t> Engine::projection_rows(const Op& op) const {
+  const std::string_view n = std::string_view(op.name).substr(0, op.name.size() - (op.name.ends_with(".re") ? 3 : 0));
+  const int64_t Q = heads_.NH * heads_.HS, KV = heads_.KVH * heads_.HS, F = plan_.model.n_inner;
+  if (n.ends_with(".attn.q")) return {0, Q + 2 * KV};
+  if (n.ends_with(".attn.k")) return {Q, Q + 2 * KV};
+  if (n.ends_with(".attn.v")) return {Q + KV, Q + 2 * KV};
+  if (n.ends_with(".mlp.gate") && op.outputs.size() == 1) return {0, 2 * F};
+  if (n.ends_with(".mlp.up")) return {F, 2 * F};
+  return {0, 0};
+}
+
 // This micro-step's load-balancing loss times its coefficient (0 without one).
 double Engine::aux_loss() const {
   if (aux_coef_ <= 0) return 0.0;
@@ -914,8 +948,16 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                            N, C_);
       break;
     case OpKind::rope:
-      dev_.rope_forward(v(op.outputs[0]), rope_.inv_freq.data(), rope_.attention_factor, t, B_, T_,
-                        last_dim(op.outputs[0]), heads_.NH + heads_.KVH, heads_.HS, rot_);
+      // q and k in place: one tensor holding both, or (torchtitan's per-op recomputation) q and
+      // k apart. A recomputation skips a tensor it reads back from SAC's storage: the forward
+      // rotated that one already.
+      for (std::size_t i = 0; i < op.outputs.size(); ++i) {
+        const TensorId x = op.outputs[i];
+        if (op.phase == Phase::recompute && sac_reused_.contains(x)) continue;
+        const int64_t n_heads = op.outputs.size() == 1 ? heads_.NH + heads_.KVH : i == 0 ? heads_.NH : heads_.KVH;
+        dev_.rope_forward(v(x), rope_.inv_freq.data(), rope_.attention_factor, t, B_, T_, last_dim(x),
+                          n_heads, heads_.HS, rot_);
+      }
       break;
     case OpKind::swiglu:
       dev_.swiglu_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
@@ -925,6 +967,15 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       void* w = weight(0);
       if (is_expert_op(op)) {
         expert_matmul(op, w);
+        break;
+      }
+      if (const auto [r0, rows] = projection_rows(op); rows > 0) {
+        // One projection of a fused weight (torchtitan's per-op recomputation counts q, k, v
+        // and gate, up as matmuls of their own): rows [r0, r0 + out) of its (rows, in) weight
+        // and bias.
+        const bool bias = numel(op.params[0]) == rows * in + rows;
+        dev_.matmul_forward(v(op.outputs[0]), dtype(op.outputs[0]), v(op.inputs[0]), after(w, r0 * in),
+                            bias ? after(w, rows * in + r0) : nullptr, t, N, in, out);
         break;
       }
       if (op.outputs.size() == 2) {  // a fused gate|up weight (2F, in): its halves, one GEMM each
@@ -938,8 +989,8 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                           bias ? after(w, in * out) : nullptr, t, N, in, out);
       break;
     }
-    case OpKind::attn_scores:
-      if (llama_) dev_.gqa_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, heads(op));
+    case OpKind::attn_scores:  // inputs {q|k|v sources}
+      if (llama_) dev_.gqa_scores(v(op.outputs[0]), qkv_in(op, 0).first, t, B_, T_, heads(op));
       else dev_.attention_scores(v(op.outputs[0]), v(op.inputs[0]), t, B_, T_, C_, NH_);
       break;
     case OpKind::softmax:
@@ -955,29 +1006,28 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                            static_cast<float>(op.dropout_p), key, n);
       break;
     }
-    case OpKind::attn_values:
-      if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
+    case OpKind::attn_values:  // inputs {probs, q|k|v sources}
+      if (llama_) dev_.gqa_values(v(op.outputs[0]), v(op.inputs[0]), qkv_in(op, 1).first, t, B_, T_, heads(op));
       else dev_.attention_values(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::flash_attention: {
-      // inputs {[qk,] qkv}, outputs {out, lse}.
+      // inputs {q|k|v sources}, outputs {out, lse}.
       const auto [p, key] = flash_dropout(op);
-      const std::size_t k = heads_.qk_row > 0 ? 1 : 0;
-      dev_.flash_attention_forward(v(op.outputs[0]), f(op.outputs[1]), k ? v(op.inputs[0]) : nullptr,
-                                   v(op.inputs[k]), t, B_, T_, heads(op), p, key);
+      dev_.flash_attention_forward(v(op.outputs[0]), f(op.outputs[1]), qkv_in(op, 0).first, t, B_, T_,
+                                   heads(op), p, key);
       break;
     }
     case OpKind::flash_attention_bwd: {
-      // inputs {d_out, [qk,] qkv, out, lse}, outputs {d_qkv}, scratch {dq_accum, dsum}.
+      // inputs {d_out, q|k|v sources, out, lse}, outputs {d_qkv}, scratch {dq_accum, dsum}.
       const auto [p, key] = flash_dropout(op);
-      const std::size_t k = heads_.qk_row > 0 ? 1 : 0;
+      const auto [in, n] = qkv_in(op, 1);
       dev_.flash_attention_backward(v(op.outputs[0]), f(op.scratch[0]), f(op.scratch[1]),
-                                    v(op.inputs[0]), k ? v(op.inputs[1]) : nullptr,
-                                    v(op.inputs[1 + k]), v(op.inputs[2 + k]), f(op.inputs[3 + k]), t,
+                                    v(op.inputs[0]), in, v(op.inputs[1 + n]), f(op.inputs[2 + n]), t,
                                     B_, T_, heads(op), p, key);
       break;
     }
     case OpKind::sac_reuse:  // torchtitan's SAC: the forward's saved output is read where it is
+      sac_reused_.insert(op.inputs.begin(), op.inputs.end());
       break;
     case OpKind::residual:
       dev_.residual_forward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, numel(op.outputs[0]));
@@ -1027,7 +1077,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
     case OpKind::attn_values_bwd:
       if (llama_)
         dev_.gqa_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
-                                 v(op.inputs[2]), t, B_, T_, heads(op));
+                                 qkv_in(op, 2).first, t, B_, T_, heads(op));
       else
         dev_.attention_values_backward(v(op.outputs[0]), v(op.outputs[1]), v(op.inputs[0]),
                                        v(op.inputs[1]), v(op.inputs[2]), t, B_, T_, C_, NH_);
@@ -1040,7 +1090,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     case OpKind::attn_scores_bwd:
       if (llama_)
-        dev_.gqa_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, heads(op));
+        dev_.gqa_scores_backward(v(op.outputs[0]), v(op.inputs[0]), qkv_in(op, 1).first, t, B_, T_, heads(op));
       else
         dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;

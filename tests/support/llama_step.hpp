@@ -177,7 +177,7 @@ class LlamaStep {
       }
       cpu::rope_forward(qk, inv_freq_.data(), mscale_, d.B, d.T, d.qk_norm ? d.QK() : d.R(), d.NH + d.KVH,
                         d.HS, 2 * static_cast<int64_t>(inv_freq_.size()));
-      cpu::attention_scores(a.pre.data(), qk, shape);
+      cpu::attention_scores(a.pre.data(), qkv_in(a), shape);
       cpu::attention_softmax(a.att.data(), a.pre.data(), shape);
       cpu::attention_values(a.o.data(), a.att.data(), a.qkv.data(), shape);
       std::vector<float> proj(N * d.C);
@@ -249,8 +249,7 @@ class LlamaStep {
       cpu::matmul_backward(d_o.data(), g + w.wo, nullptr, dh.data(), a.o.data(), p + w.wo, N, d.A(), d.C);
       cpu::attention_values_backward(datt.data(), dqkv.data(), d_o.data(), a.att.data(), a.qkv.data(), shape);
       cpu::attention_softmax_backward(datt.data(), datt.data(), a.att.data(), shape);
-      cpu::attention_scores_backward(dqkv.data(), datt.data(), d.qk_norm ? a.qk.data() : a.qkv.data(),
-                                     shape);
+      cpu::attention_scores_backward(dqkv.data(), datt.data(), qkv_in(a), shape);
       cpu::rope_backward(dqkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS, rot);
       if (d.qk_norm)
         cpu::head_rmsnorm_backward(dqkv.data(), g + w.qk_norm, a.qkv.data(), p + w.qk_norm, a.sqk.data(), N,
@@ -368,9 +367,13 @@ class LlamaStep {
   double aux_ = 0.0;
   std::vector<double> counts_;  // top-k choices per expert over every MoE layer
   zp::runtime::cpu::AttnShape attn_shape() const {
-    zp::runtime::cpu::AttnShape s{d_.B, d_.T, d_.NH, d_.KVH, d_.HS, d_.window};
-    if (d_.qk_norm) s.qk_row = d_.QK();
-    return s;
+    return {d_.B, d_.T, d_.NH, d_.KVH, d_.HS, d_.window};
+  }
+  // Where the attention reads q, k and v: the fused rows, or q and k normed apart.
+  zp::runtime::cpu::Qkv qkv_in(const Acts& a) const {
+    using zp::runtime::cpu::Qkv;
+    return d_.qk_norm ? Qkv::split_qk(a.qk.data(), a.qkv.data(), attn_shape())
+                      : Qkv::fused(a.qkv.data(), attn_shape());
   }
   LlamaDims d_;
   LlamaTensors t_;

@@ -617,7 +617,7 @@ void CudaDevice::rope_backward(void*, const float*, float, DType, int64_t, int64
 void CudaDevice::swiglu_forward(void*, const void*, const void*, DType, int64_t) { not_on_gpu("swiglu"); }
 void CudaDevice::swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t,
                                  int64_t) { not_on_gpu("swiglu"); }
-void CudaDevice::gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) {
+void CudaDevice::gqa_scores(void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) {
   not_on_gpu("grouped-query attention");
 }
 void CudaDevice::gqa_softmax(void*, const void*, DType, int64_t, int64_t, const Heads&) {
@@ -627,14 +627,14 @@ void CudaDevice::gqa_softmax_backward(void*, const void*, const void*, DType, in
                                       const Heads&) {
   not_on_gpu("grouped-query attention");
 }
-void CudaDevice::gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) {
+void CudaDevice::gqa_values(void*, const void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) {
   not_on_gpu("grouped-query attention");
 }
-void CudaDevice::gqa_values_backward(void*, void*, const void*, const void*, const void*, DType,
+void CudaDevice::gqa_values_backward(void*, void*, const void*, const void*, const QkvIn&, DType,
                                      int64_t, int64_t, const Heads&) {
   not_on_gpu("grouped-query attention");
 }
-void CudaDevice::gqa_scores_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+void CudaDevice::gqa_scores_backward(void*, const void*, const QkvIn&, DType, int64_t, int64_t,
                                      const Heads&) {
   not_on_gpu("grouped-query attention");
 }
@@ -665,14 +665,14 @@ void CudaDevice::head_rmsnorm_forward(void*, float*, const void*, const void*, f
                                       const Heads&) { not_on_gpu("q/k norms"); }
 void CudaDevice::head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType,
                                        int64_t, const Heads&) { not_on_gpu("q/k norms"); }
-void CudaDevice::flash_attention_forward(void*, float*, const void*, const void*, DType, int64_t,
-                                         int64_t, const Heads&, float, uint64_t) {
+void CudaDevice::flash_attention_forward(void*, float*, const QkvIn&, DType, int64_t, int64_t,
+                                         const Heads&, float, uint64_t) {
   throw Error("the CUDA backend does not run flash attention yet",
               "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
 }
-void CudaDevice::flash_attention_backward(void*, float*, float*, const void*, const void*,
-                                          const void*, const void*, const float*, DType, int64_t,
-                                          int64_t, const Heads&, float, uint64_t) {
+void CudaDevice::flash_attention_backward(void*, float*, float*, const void*, const QkvIn&,
+                                          const void*, const float*, DType, int64_t, int64_t,
+                                          const Heads&, float, uint64_t) {
   throw Error("the CUDA backend does not run flash attention yet",
               "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
 }

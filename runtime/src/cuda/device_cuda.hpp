@@ -83,20 +83,20 @@ class CudaDevice final : public Device {
                      int64_t) override;
   void swiglu_forward(void*, const void*, const void*, DType, int64_t) override;
   void swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t, int64_t) override;
-  void gqa_scores(void*, const void*, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_scores(void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) override;
   void gqa_softmax(void*, const void*, DType, int64_t, int64_t, const Heads&) override;
   void gqa_softmax_backward(void*, const void*, const void*, DType, int64_t, int64_t,
                             const Heads&) override;
-  void gqa_values(void*, const void*, const void*, DType, int64_t, int64_t, const Heads&) override;
-  void gqa_values_backward(void*, void*, const void*, const void*, const void*, DType, int64_t,
+  void gqa_values(void*, const void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) override;
+  void gqa_values_backward(void*, void*, const void*, const void*, const QkvIn&, DType, int64_t,
                            int64_t, const Heads&) override;
-  void gqa_scores_backward(void*, const void*, const void*, DType, int64_t, int64_t,
+  void gqa_scores_backward(void*, const void*, const QkvIn&, DType, int64_t, int64_t,
                            const Heads&) override;
-  void flash_attention_forward(void*, float*, const void*, const void*, DType, int64_t, int64_t,
-                               const Heads&, float, uint64_t) override;
-  void flash_attention_backward(void*, float*, float*, const void*, const void*, const void*,
-                                const void*, const float*, DType, int64_t, int64_t, const Heads&,
-                                float, uint64_t) override;
+  void flash_attention_forward(void*, float*, const QkvIn&, DType, int64_t, int64_t, const Heads&,
+                               float, uint64_t) override;
+  void flash_attention_backward(void*, float*, float*, const void*, const QkvIn&, const void*,
+                                const float*, DType, int64_t, int64_t, const Heads&, float,
+                                uint64_t) override;
   void head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
                             const Heads&) override;
   void moe_route_forward(float*, int32_t*, float*, const void*, DType, int64_t, int64_t, int64_t,

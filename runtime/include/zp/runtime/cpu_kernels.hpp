@@ -134,30 +134,55 @@ struct AttnShape {
   // Sliding-window attention (Mistral; transformers' sliding_window): query t sees keys
   // t - window < t2 <= t; 0 sees every earlier key.
   int64_t window = 0;
-  // q and k in a tensor of their own (Qwen3's q/k norms write them apart from v): its row of
-  // (NH + KVH) * HS, q heads then k heads; 0: they are in the fused row. The kernels that read
-  // q and k then take that tensor, those reading v the fused one; gradients stay in fused rows.
-  int64_t qk_row = 0;
   int64_t first_key(int64_t t) const { return window > 0 && t >= window ? t - window + 1 : 0; }
-  int64_t qk_stride() const { return qk_row > 0 ? qk_row : row(); }
   int64_t row() const { return (NH + 2 * KVH) * HS; }
   int64_t k_off() const { return NH * HS; }
   int64_t v_off() const { return (NH + KVH) * HS; }
   int64_t out_row() const { return NH * HS; }
   int64_t group() const { return NH / KVH; }
 };
+// Where an attention reads q, k and v: token (b, t)'s query head h at q + (b T + t) q_row +
+// h HS, its key and value heads j at k + (b T + t) k_row + j HS and v + ... v_row + j HS. The
+// fused q|k|v rows are one case; Qwen3's q/k norms (q and k in a tensor of their own) and
+// torchtitan's per-op recomputation (three projections, three tensors) are others. Gradients
+// always go to fused rows (dqkv, AttnShape::row()).
+struct Qkv {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+  static Qkv fused(const float* qkv, const AttnShape& s) {
+    return {qkv, qkv + s.k_off(), qkv + s.v_off(), s.row(), s.row(), s.row()};
+  }
+  // q and k normed into qk (rows of (NH + KVH) HS, q heads first), v still in the fused rows.
+  static Qkv split_qk(const float* qk, const float* qkv, const AttnShape& s) {
+    const int64_t qk_row = (s.NH + s.KVH) * s.HS;
+    return {qk, qk + s.NH * s.HS, qkv + s.v_off(), qk_row, qk_row, s.row()};
+  }
+  // Three tensors of rows NH HS, KVH HS, KVH HS.
+  static Qkv parts(const float* q, const float* k, const float* v, const AttnShape& s) {
+    return {q, k, v, s.NH * s.HS, s.KVH * s.HS, s.KVH * s.HS};
+  }
+};
+
 // The fp32 attention steps on any AttnShape (zp::Error unless NH, KVH, HS > 0 and KVH divides
 // NH). preatt/att (B,NH,T,T) as below. Backward passes parallelise over the key/value heads,
 // so the query heads of a group add into its shared key and value gradient in head order.
-void attention_scores(float* preatt, const float* qkv, const AttnShape& s);
+void attention_scores(float* preatt, const Qkv& in, const AttnShape& s);
+void attention_scores(float* preatt, const float* qkv, const AttnShape& s);  // Qkv::fused
 // Softmax over each row's keys first_key(t)..t; zeros elsewhere (B*NH*T rows of T).
 void attention_softmax(float* att, const float* preatt, const AttnShape& s);
 // Its backward, in place allowed; zeros outside the row's keys.
 void attention_softmax_backward(float* dpreatt, const float* datt, const float* att,
                                 const AttnShape& s);
+void attention_values(float* out, const float* att, const Qkv& in, const AttnShape& s);
 void attention_values(float* out, const float* att, const float* qkv, const AttnShape& s);
 void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
+                               const Qkv& in, const AttnShape& s);
+void attention_values_backward(float* datt, float* dqkv, const float* dout, const float* att,
                                const float* qkv, const AttnShape& s);
+void attention_scores_backward(float* dqkv, const float* dpreatt, const Qkv& in,
+                               const AttnShape& s);
 void attention_scores_backward(float* dqkv, const float* dpreatt, const float* qkv,
                                const AttnShape& s);
 
@@ -167,17 +192,20 @@ void attention_scores_backward(float* dqkv, const float* dpreatt, const float* q
 // scaled scores over its keys. Attention dropout p (0 <= p < 1) drops the normalised
 // probabilities with the three steps' mask: element ((b NH + h) T + t) T + t2 of
 // dropout_forward's counter-based mask under `key`, so both paths drop the same entries.
-// With s.qk_row set, q and k come from `qk` (rows of s.qk_row), v from qkv; else qk is unused
-// (nullptr) and all three come from qkv.
+void flash_attention_forward(float* out, float* lse, const Qkv& in, const AttnShape& s, float p,
+                             uint64_t key);
 void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
-                             float p, uint64_t key, const float* qk = nullptr);
+                             float p, uint64_t key);  // Qkv::fused
 // dqkv += the gradient of every q, k and v element from dout (B,T,NH*HS), recomputing the
 // probabilities from lse. Workspaces, overwritten: dq_acc (B,T,NH*HS), the fp32 dQ
 // accumulator, and dsum (B,NH,T), rowsum(dout * out). Parallel over (b, key/value head):
 // B * KVH units of work.
 void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
+                              const Qkv& in, const float* out, const float* lse,
+                              const AttnShape& s, float p, uint64_t key);
+void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
                               const float* qkv, const float* out, const float* lse,
-                              const AttnShape& s, float p, uint64_t key, const float* qk = nullptr);
+                              const AttnShape& s, float p, uint64_t key);  // Qkv::fused
 
 // Causal self-attention in three steps, as the training graph has them. qkv (B,T,3C) holds
 // q, k, v side by side per token; heads are HS-wide slices of each.

@@ -155,7 +155,14 @@ class Device {
   struct Heads {
     int64_t NH = 0, KVH = 0, HS = 0;
     int64_t window = 0;  // a sliding window's keys (cpu::AttnShape::window); 0: none
-    int64_t qk_row = 0;  // q and k in a tensor of their own, rows this wide (cpu::AttnShape::qk_row)
+  };
+  // Where an attention reads q, k and v (cpu::Qkv's layout; rows in elements of the storage
+  // type): the fused q|k|v rows, Qwen3's normed q|k apart from v, or three projections.
+  struct QkvIn {
+    const void* q = nullptr;
+    const void* k = nullptr;
+    const void* v = nullptr;
+    int64_t q_row = 0, k_row = 0, v_row = 0;
   };
   virtual void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight,
                                float eps, DType t, int64_t N, int64_t C) = 0;
@@ -170,32 +177,30 @@ class Device {
   virtual void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) = 0;
   virtual void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up,
                                DType t, int64_t N, int64_t F) = 0;
-  virtual void gqa_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t T,
+  virtual void gqa_scores(void* preatt, const QkvIn& in, DType t, int64_t B, int64_t T,
                           const Heads& h) = 0;
   virtual void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
                            const Heads& h) = 0;
   virtual void gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
                                     int64_t B, int64_t T, const Heads& h) = 0;
-  virtual void gqa_values(void* out, const void* att, const void* qkv, DType t, int64_t B,
+  virtual void gqa_values(void* out, const void* att, const QkvIn& in, DType t, int64_t B,
                           int64_t T, const Heads& h) = 0;
   virtual void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
-                                   const void* qkv, DType t, int64_t B, int64_t T,
+                                   const QkvIn& in, DType t, int64_t B, int64_t T,
                                    const Heads& h) = 0;
-  virtual void gqa_scores_backward(void* dqkv, const void* dpreatt, const void* qkv, DType t,
+  virtual void gqa_scores_backward(void* dqkv, const void* dpreatt, const QkvIn& in, DType t,
                                    int64_t B, int64_t T, const Heads& h) = 0;
   // Flash attention over the same q|k|v rows (cpu_kernels.hpp flash_attention_forward and
   // _backward; GPT-2's heads are {NH, NH, C / NH}): out and lse (fp32, (B,NH,T)); the backward
   // adds into dqkv and overwrites its two fp32 workspaces, dq_acc (B,T,NH*HS) and dsum
   // (B,NH,T). Attention dropout p with the three steps' mask under `key`. The cpu backend
   // runs it in fp32; the CUDA backend throws zp::Error (not yet).
-  // With h.qk_row, q and k come from qk; else qk is nullptr.
-  virtual void flash_attention_forward(void* out, float* lse, const void* qk, const void* qkv,
-                                       DType t, int64_t B, int64_t T, const Heads& h, float p,
-                                       uint64_t key) = 0;
+  virtual void flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
+                                       int64_t T, const Heads& h, float p, uint64_t key) = 0;
   virtual void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
-                                        const void* qk, const void* qkv, const void* out,
-                                        const float* lse, DType t, int64_t B, int64_t T,
-                                        const Heads& h, float p, uint64_t key) = 0;
+                                        const QkvIn& in, const void* out, const float* lse,
+                                        DType t, int64_t B, int64_t T, const Heads& h, float p,
+                                        uint64_t key) = 0;
   // Mixture of experts (cpu_kernels.hpp moe_*): probabilities, top-k weights and their
   // gradients fp32, top-k indices int32, the rest stored as t. moe_route_stats writes host
   // memory: offsets (E + 1), where each expert's dispatched rows start, and psum (E, if not

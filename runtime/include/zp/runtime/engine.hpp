@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -175,6 +176,9 @@ class Engine {
   std::vector<std::vector<int64_t>> expert_off_;
   std::vector<double> aux_counts_, aux_psum_;
   std::vector<float> aux_dprob_;
+  // torchtitan's per-op recomputation: the tensors this micro-step's recomputations read back
+  // from SAC's storage (sac_reuse ops) rather than compute again.
+  std::set<models::TensorId> sac_reused_;
   uint64_t n_params_ = 0, part_ = 0;
   int32_t n_pos_ = 0, opt_pos_ = -1, last_bwd_ = -1;
   std::vector<Group> groups_;
@@ -290,6 +294,8 @@ class Engine {
   void expert_matmul(const models::Op& op, void* w);
   void expert_matmul_backward(const models::Op& op, void* w, void* dw);
   void moe_route_done(const models::Op& op);
+  std::pair<Device::QkvIn, std::size_t> qkv_in(const models::Op& op, std::size_t first) const;
+  std::pair<int64_t, int64_t> projection_rows(const models::Op& op) const;
   double aux_loss() const;
   StepStats optimizer_step();
   // Pieces of the optimizer step. The owned gradient of a group: (pointer, count, dtype).
