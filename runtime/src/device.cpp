@@ -393,17 +393,16 @@ class CpuDevice final : public Device {
     fp32_only(t, "the shared expert's gate");
     cpu::gate_mul_backward(f(dx), f(dg), cf(dout), cf(x), cf(g), N, C);
   }
-  void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight, float eps,
+  void head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight, float eps,
                             DType t, int64_t N, const Heads& h) override {
     fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_forward(f(out), stats, cf(qkv), cf(weight), eps, N, (h.NH + 2 * h.KVH) * h.HS,
-                              h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_forward(f(out), stats, qkv(in), cf(weight), eps, N, h.NH, h.KVH, h.HS);
   }
-  void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+  void head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
                              const float* stats, DType t, int64_t N, const Heads& h) override {
     fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_backward(f(dqkv), f(dweight), cf(qkv), cf(weight), stats, N,
-                               (h.NH + 2 * h.KVH) * h.HS, h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_backward(f(dqkv), (h.NH + 2 * h.KVH) * h.HS, f(dweight), qkv(in), cf(weight), stats,
+                               N, h.NH, h.KVH, h.HS);
   }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);

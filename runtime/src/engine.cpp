@@ -132,12 +132,11 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                 "drop --flash-attention, or plan and run with --device cpu");
   // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP, the LLaMA
   // family's separate q, k, v and gate, up projections (one matmul each, as SAC counts them);
-  // not yet Qwen3's q/k norms over those parts, nor MoE layers (SAC keeps int64 top-k indices).
-  if (s.checkpointing == planner::Checkpointing::selective_op &&
-      (m.is_moe() || m.qk_norm != models::QkNorm::none))
-    throw Error(fmt::format("--checkpointing {}: zero-run does not execute it for {} yet ({} are planned, "
-                            "not run)", planner::to_string(s.checkpointing), m.name,
-                            m.is_moe() ? "Mixture-of-Experts layers" : "q/k norms"),
+  // not yet MoE layers (SAC keeps int64 top-k indices).
+  if (s.checkpointing == planner::Checkpointing::selective_op && m.is_moe())
+    throw Error(fmt::format("--checkpointing {}: zero-run does not execute it for {} yet "
+                            "(Mixture-of-Experts layers are planned, not run)",
+                            planner::to_string(s.checkpointing), m.name),
                 "use --checkpointing none, full or selective");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
@@ -850,24 +849,24 @@ void Engine::moe_route_done(const Op& op) {
         loss_scale_ * aux_coef_ * static_cast<double>(n_experts_) * aux_counts_[static_cast<std::size_t>(e)] / denom);
 }
 
-// Where an attention op reads q, k and v, from its input `first` on: three projections
-// (torchtitan's per-op recomputation: h.L.attn.q, .k, .v), Qwen3's normed q|k and the fused
-// rows (v), or the fused rows alone; and how many inputs that took.
+// Where an op reads q, k and v, from its input `first` on: Qwen3's normed q|k (then v from
+// what follows: the fused rows or the v projection), three projections (torchtitan's per-op
+// recomputation: h.L.attn.q, .k, .v), or the fused rows; and how many inputs that took. The
+// values' ops and the q/k norms read no normed q|k: they start at the fused rows or q.
 std::pair<Device::QkvIn, std::size_t> Engine::qkv_in(const Op& op, std::size_t first) const {
   const auto id = [&](std::size_t i) { return op.inputs.at(first + i); };
+  const auto is = [&](std::size_t i, std::string_view suffix) { return g_.tensor(id(i)).name.ends_with(suffix); };
   const int64_t NH = heads_.NH, KVH = heads_.KVH, HS = heads_.HS, R = (NH + 2 * KVH) * HS;
   const uint64_t eb = dtype_bytes(adt_);
-  if (g_.tensor(id(0)).name.ends_with(".attn.q"))
-    return {{ptr(id(0)), ptr(id(1)), ptr(id(2)), NH * HS, KVH * HS, KVH * HS}, 3};
-  if (g_.tensor(id(0)).name.ends_with(".attn.qk_norm.out")) {  // the values' ops read v alone
-    std::byte* qk = static_cast<std::byte*>(ptr(id(0)));
-    return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb,
-             static_cast<std::byte*>(ptr(id(1))) + static_cast<uint64_t>((NH + KVH) * HS) * eb,
-             (NH + KVH) * HS, (NH + KVH) * HS, R}, 2};
+  const auto at_elem = [&](TensorId x, int64_t e) { return static_cast<std::byte*>(ptr(x)) + static_cast<uint64_t>(e) * eb; };
+  if (is(0, ".attn.qk_norm.out")) {
+    std::byte* qk = at_elem(id(0), 0);
+    const int64_t QK = (NH + KVH) * HS;
+    if (is(1, ".attn.q")) return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb, ptr(id(3)), QK, QK, KVH * HS}, 4};
+    return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb, at_elem(id(1), (NH + KVH) * HS), QK, QK, R}, 2};
   }
-  std::byte* qkv = static_cast<std::byte*>(ptr(id(0)));
-  return {{qkv, qkv + static_cast<uint64_t>(NH * HS) * eb, qkv + static_cast<uint64_t>((NH + KVH) * HS) * eb,
-           R, R, R}, 1};
+  if (is(0, ".attn.q")) return {{ptr(id(0)), ptr(id(1)), ptr(id(2)), NH * HS, KVH * HS, KVH * HS}, 3};
+  return {{at_elem(id(0), 0), at_elem(id(0), NH * HS), at_elem(id(0), (NH + KVH) * HS), R, R, R}, 1};
 }
 
 // A projection torchtitan's per-op recomputation runs apart from its fused weight: its first
@@ -939,8 +938,8 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::rmsnorm:
-      if (is_qk_norm(op)) {  // inputs {qkv}, outputs {qk, stats}
-        dev_.head_rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), weight(0),
+      if (is_qk_norm(op)) {  // inputs {q|k|v sources}, outputs {qk, stats}
+        dev_.head_rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), qkv_in(op, 0).first, weight(0),
                                   norm_eps_, t, N, heads_);
         break;
       }
@@ -1095,9 +1094,10 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
         dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::rmsnorm_bwd:
-      if (is_qk_norm(op)) {  // inputs {d_qkv, qkv, stats}, outputs {d_qkv} (in place)
-        dev_.head_rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[1]), weight(0),
-                                   f(op.inputs[2]), t, N, heads_);
+      if (is_qk_norm(op)) {  // inputs {d_qkv, q|k|v sources, stats}, outputs {d_qkv} (in place)
+        const auto [in, n] = qkv_in(op, 1);
+        dev_.head_rmsnorm_backward(v(op.outputs[0]), dweight(0), in, weight(0), f(op.inputs[1 + n]), t, N,
+                                   heads_);
         break;
       }
       dev_.rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[0]), v(op.inputs[1]), weight(0),

@@ -661,9 +661,9 @@ void CudaDevice::gate_mul_forward(void*, const void*, const void*, DType, int64_
 }
 void CudaDevice::gate_mul_backward(void*, void*, const void*, const void*, const void*, DType,
                                    int64_t, int64_t) { not_on_gpu("the shared expert's gate"); }
-void CudaDevice::head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+void CudaDevice::head_rmsnorm_forward(void*, float*, const QkvIn&, const void*, float, DType, int64_t,
                                       const Heads&) { not_on_gpu("q/k norms"); }
-void CudaDevice::head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType,
+void CudaDevice::head_rmsnorm_backward(void*, void*, const QkvIn&, const void*, const float*, DType,
                                        int64_t, const Heads&) { not_on_gpu("q/k norms"); }
 void CudaDevice::flash_attention_forward(void*, float*, const QkvIn&, DType, int64_t, int64_t,
                                          const Heads&, float, uint64_t) {

@@ -85,18 +85,6 @@ void gate_mul_forward(float* out, const float* x, const float* g, int64_t N, int
 void gate_mul_backward(float* dx, float* dg, const float* dout, const float* x, const float* g,
                        int64_t N, int64_t C);
 
-// Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): in
-// each of the N fused rows of in_row elements, the first NH + KVH heads of HS (q's, then k's)
-// are normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads),
-// into out, rows of (NH + KVH) * HS; stats (N, NH + KVH) holds each head's rstd.
-void head_rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight, float eps,
-                          int64_t N, int64_t in_row, int64_t NH, int64_t KVH, int64_t HS);
-// In place over the fused gradient rows: dqkv's q and k heads (the gradient of out) become the
-// gradient of inp's; its v heads are not touched. dweight (2 HS) += sum dout xhat.
-void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const float* weight,
-                           const float* stats, int64_t N, int64_t in_row, int64_t NH, int64_t KVH,
-                           int64_t HS);
-
 // Rotary embeddings, in place: each of the B*T rows (row elements apart) holds n_heads heads
 // of HS values from its start (q's heads then k's in a fused q|k|v row); in each head the
 // first `rot` dims turn in pairs (i, i + rot/2) by t inv_freq[i] (t = row index mod T) and
@@ -164,6 +152,19 @@ struct Qkv {
     return {q, k, v, s.NH * s.HS, s.KVH * s.HS, s.KVH * s.HS};
   }
 };
+
+// Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): each
+// of the N tokens' NH query heads (from in.q) and KVH key heads (from in.k), HS wide, is
+// normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads), into
+// out, rows of (NH + KVH) * HS (q heads first); stats (N, NH + KVH) holds each head's rstd.
+void head_rmsnorm_forward(float* out, float* stats, const Qkv& in, const float* weight, float eps,
+                          int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+// In place over the fused gradient rows (grad_row apart, q heads then k heads first): dqkv's q
+// and k heads (the gradient of out) become the gradient of in's; its v heads are not touched.
+// dweight (2 HS) += sum dout xhat.
+void head_rmsnorm_backward(float* dqkv, int64_t grad_row, float* dweight, const Qkv& in,
+                           const float* weight, const float* stats, int64_t N, int64_t NH,
+                           int64_t KVH, int64_t HS);
 
 // The fp32 attention steps on any AttnShape (zp::Error unless NH, KVH, HS > 0 and KVH divides
 // NH). preatt/att (B,NH,T,T) as below. Backward passes parallelise over the key/value heads,

@@ -225,10 +225,11 @@ class Device {
                                 int64_t C) = 0;
   virtual void gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g,
                                  DType t, int64_t N, int64_t C) = 0;
-  // Per-head RMSNorm of q and k (cpu_kernels.hpp head_rmsnorm_forward / _backward).
-  virtual void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight,
+  // Per-head RMSNorm of q and k (cpu_kernels.hpp head_rmsnorm_forward / _backward), reading
+  // the q and k of `in`; the backward's dqkv is the fused gradient, rows of (NH + 2 KVH) HS.
+  virtual void head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight,
                                     float eps, DType t, int64_t N, const Heads& h) = 0;
-  virtual void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+  virtual void head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
                                      const float* stats, DType t, int64_t N, const Heads& h) = 0;
   virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,
