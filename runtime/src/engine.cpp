@@ -130,14 +130,6 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                             "steps; flash attention runs on the cpu backend (fp32 activations) so far",
                             device),
                 "drop --flash-attention, or plan and run with --device cpu");
-  // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP, the LLaMA
-  // family's separate q, k, v and gate, up projections (one matmul each, as SAC counts them);
-  // not yet MoE layers (SAC keeps int64 top-k indices).
-  if (s.checkpointing == planner::Checkpointing::selective_op && m.is_moe())
-    throw Error(fmt::format("--checkpointing {}: zero-run does not execute it for {} yet "
-                            "(Mixture-of-Experts layers are planned, not run)",
-                            planner::to_string(s.checkpointing), m.name),
-                "use --checkpointing none, full or selective");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
   if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&
@@ -835,8 +827,8 @@ void Engine::moe_route_done(const Op& op) {
   const int64_t N = B_ * T_;
   std::vector<int64_t> off(static_cast<std::size_t>(n_experts_ + 1));
   std::vector<double> psum(static_cast<std::size_t>(n_experts_));
-  dev_.moe_route_stats(static_cast<const int32_t*>(ptr(op.outputs[1])), static_cast<const float*>(ptr(op.outputs[0])),
-                       N, n_experts_, top_k_, off.data(), psum.data());
+  dev_.moe_route_stats(expert_idx(op.outputs[1]), static_cast<const float*>(ptr(op.outputs[0])), N, n_experts_, top_k_, off.data(),
+                       psum.data());
   for (int64_t e = 0; e < n_experts_; ++e) {
     const auto k = static_cast<std::size_t>(e);
     aux_counts_[k] += static_cast<double>(off[k + 1] - off[k]);
@@ -883,6 +875,13 @@ std::pair<int64_t, int64_t> Engine::projection_rows(const Op& op) const {
   return {0, 0};
 }
 
+// A router's top-k indices: int32, or int64 (torch.topk's, which torchtitan's per-op
+// recomputation keeps).
+ExpertIdx Engine::expert_idx(TensorId t) const {
+  return g_.tensor(t).elem_bytes == 8 ? ExpertIdx(static_cast<int64_t*>(ptr(t)))
+                                      : ExpertIdx(static_cast<int32_t*>(ptr(t)));
+}
+
 // This micro-step's load-balancing loss times its coefficient (0 without one).
 double Engine::aux_loss() const {
   if (aux_coef_ <= 0) return 0.0;
@@ -897,7 +896,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
   auto v = [&](TensorId t) { return ptr(t); };
   auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
   auto i32 = [&](TensorId t) { return static_cast<const int32_t*>(ptr(t)); };
-  auto i32w = [&](TensorId t) { return static_cast<int32_t*>(ptr(t)); };
+  auto eidx = [&](TensorId t) { return expert_idx(t); };
   auto u8 = [&](TensorId t) { return static_cast<uint8_t*>(ptr(t)); };
   const DType t = adt_;
   auto weight = [&](std::size_t k) -> void* { return w32[k] != nullptr ? w32[k] : v(op.params[k]); };
@@ -1112,30 +1111,35 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                            numel(op.inputs[1]) / last_dim(op.inputs[1]), last_dim(op.inputs[1]));
       break;
     case OpKind::moe_route:  // {logits} -> {probs, idx, weights}
-      dev_.moe_route_forward(f(op.outputs[0]), i32w(op.outputs[1]), f(op.outputs[2]), v(op.inputs[0]),
+      if (op.outputs.size() == 1) {  // a per-op recomputation: the top-k is read back, {logits, idx, weights} -> {probs}
+        dev_.moe_route_forward(f(op.outputs[0]), ExpertIdx(), nullptr, v(op.inputs[0]), t, N, n_experts_,
+                               top_k_, moe_renorm_);
+        break;
+      }
+      dev_.moe_route_forward(f(op.outputs[0]), eidx(op.outputs[1]), f(op.outputs[2]), v(op.inputs[0]),
                              t, N, n_experts_, top_k_, moe_renorm_);
       moe_route_done(op);
       break;
     case OpKind::moe_dispatch:  // {in, idx} -> {xe}; the layer's expert offsets
-      dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_, n_experts_, C_);
-      dev_.moe_route_stats(i32(op.inputs[1]), nullptr, N, n_experts_, top_k_,
+      dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
+      dev_.moe_route_stats(eidx(op.inputs[1]), nullptr, N, n_experts_, top_k_,
                            expert_off_[static_cast<std::size_t>(op.layer)].data(), nullptr);
       break;
     case OpKind::moe_combine:  // {ye, weights, idx} -> {out}
-      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), i32(op.inputs[2]), t, N,
+      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), eidx(op.inputs[2]), t, N,
                        top_k_, n_experts_, C_);
       break;
     case OpKind::moe_combine_bwd:  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
       dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
-                                f(op.inputs[2]), i32(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+                                f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
       break;
     case OpKind::moe_dispatch_bwd:  // {d_xe, idx} -> {d_in} (accumulated)
-      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_,
+      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_,
                                  n_experts_, C_);
       break;
     case OpKind::moe_route_bwd:  // {d_weights, probs, idx} -> {d_logits}
       dev_.moe_route_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]),
-                              i32(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
+                              eidx(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
                               n_experts_, top_k_, moe_renorm_);
       break;
     case OpKind::gate_mul:  // {x, g} -> {out}

@@ -56,28 +56,29 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // checks the indices (zp::Error naming the first outside [0, E)) and E <= kMaxExperts.
 inline constexpr int64_t kMaxExperts = 1024;
 // offsets (E + 1): where each expert's rows start, and N K at the end.
-void moe_expert_counts(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets);
+void moe_expert_counts(ExpertIdx idx, int64_t N, int64_t K, int64_t E, int64_t* offsets);
 // probs (N, E) = softmax(logits) in fp32; idx (N, K) the top K by probability (the lower index
 // first among equals), weights (N, K) their probabilities, renormalised to sum 1 if asked
-// (Mixtral; Qwen-MoE's norm_topk_prob).
-void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* logits, int64_t N,
+// (Mixtral; Qwen-MoE's norm_topk_prob). With idx.p and weights null, the probabilities alone
+// (a recomputation that reads the top-k back from where the forward left it).
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float* logits, int64_t N,
                        int64_t E, int64_t K, bool renormalize);
 // dlogits (N, E), overwritten, from dweights (N, K) and, if not null, dprob_all (E): a gradient
 // added to every token's probability of expert e (the load-balancing loss's).
-void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const int32_t* idx,
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
                         const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize);
 // xe (N K, C): row of (token n, slot k) = in[n].
-void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+void moe_dispatch(float* xe, const float* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                   int64_t C);
 // din[n] += the sum of its K rows of dxe.
-void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int64_t N, int64_t K,
+void moe_dispatch_backward(float* din, const float* dxe, ExpertIdx idx, int64_t N, int64_t K,
                            int64_t E, int64_t C);
 // out[n] = sum_k weights[n, k] ye[row(n, k)] (overwrites).
-void moe_combine(float* out, const float* ye, const float* weights, const int32_t* idx, int64_t N,
+void moe_combine(float* out, const float* ye, const float* weights, ExpertIdx idx, int64_t N,
                  int64_t K, int64_t E, int64_t C);
 // dye[row(n, k)] = weights[n, k] dout[n]; dweights[n, k] = dout[n] . ye[row(n, k)] (overwrite).
 void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
-                          const float* weights, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                          const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                           int64_t C);
 // Qwen2-MoE's gated shared expert: out (N, C) = sigmoid(g[n]) x[n] (g one logit per token);
 // backward: dx = sigmoid(g) dout, dg = (dout . x) sigmoid'(g), both overwritten.
