@@ -35,11 +35,17 @@ int blas_dim(int64_t n, std::string_view what) {
   return static_cast<int>(n);
 }
 
-void check_head_norm(int64_t in_row, int64_t NH, int64_t KVH, int64_t HS, std::string_view what) {
-  if (NH <= 0 || KVH <= 0 || HS <= 0 || (NH + KVH) * HS > in_row)
-    throw Error(fmt::format("cpu::{}: {} query and {} key heads of {} in rows of {}", what, NH, KVH,
-                            HS, in_row),
-                "the q and k heads must fit the fused q|k|v row");
+void check_head_norm(const Qkv& in, int64_t NH, int64_t KVH, int64_t HS, std::string_view what) {
+  if (NH <= 0 || KVH <= 0 || HS <= 0 || in.q == nullptr || in.k == nullptr || in.q_row < NH * HS ||
+      in.k_row < KVH * HS)
+    throw Error(fmt::format("cpu::{}: {} query and {} key heads of {} in rows of {} and {}", what, NH,
+                            KVH, HS, in.q_row, in.k_row),
+                "the q and k heads must fit their rows");
+}
+
+// Head j of token r among the NH query heads, then the key heads.
+inline const float* head_of(const Qkv& in, int64_t r, int64_t j, int64_t NH, int64_t HS) {
+  return j < NH ? in.q + r * in.q_row + j * HS : in.k + r * in.k_row + (j - NH) * HS;
 }
 
 int64_t head_size(int64_t C, int64_t NH, std::string_view what) {
@@ -259,14 +265,14 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   }
 }
 
-void head_rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight, float eps,
-                          int64_t N, int64_t in_row, int64_t NH, int64_t KVH, int64_t HS) {
-  check_head_norm(in_row, NH, KVH, HS, "head_rmsnorm_forward");
+void head_rmsnorm_forward(float* out, float* stats, const Qkv& in, const float* weight, float eps,
+                          int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
+  check_head_norm(in, NH, KVH, HS, "head_rmsnorm_forward");
   const int64_t H = NH + KVH;
 #pragma omp parallel for if (N * H * HS > kParallelElems)
   for (int64_t r = 0; r < N; ++r)
     for (int64_t j = 0; j < H; ++j) {
-      const float* x = inp + r * in_row + j * HS;
+      const float* x = head_of(in, r, j, NH, HS);
       const float* w = weight + (j < NH ? 0 : HS);
       float* y = out + (r * H + j) * HS;
       const float rstd = rmsnorm_row_rstd(x, HS, eps);
@@ -275,11 +281,15 @@ void head_rmsnorm_forward(float* out, float* stats, const float* inp, const floa
     }
 }
 
-void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const float* weight,
-                           const float* stats, int64_t N, int64_t in_row, int64_t NH, int64_t KVH,
-                           int64_t HS) {
-  check_head_norm(in_row, NH, KVH, HS, "head_rmsnorm_backward");
+void head_rmsnorm_backward(float* dqkv, int64_t grad_row, float* dweight, const Qkv& in,
+                           const float* weight, const float* stats, int64_t N, int64_t NH,
+                           int64_t KVH, int64_t HS) {
+  check_head_norm(in, NH, KVH, HS, "head_rmsnorm_backward");
   const int64_t H = NH + KVH;
+  if (grad_row < H * HS)
+    throw Error(fmt::format("cpu::head_rmsnorm_backward: gradient rows of {} for {} heads of {}",
+                            grad_row, H, HS),
+                "the q and k heads must fit the fused gradient row");
   // dweight first (it reads the output's gradient, which the next loop overwrites): each of
   // the 2 HS channels sums over rows and its heads in order, so the bits do not depend on the
   // threads.
@@ -289,14 +299,14 @@ void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const 
     float acc = 0.0f;
     for (int64_t r = 0; r < N; ++r)
       for (int64_t j = j0; j < j1; ++j)
-        acc += dqkv[r * in_row + j * HS + i] * inp[r * in_row + j * HS + i] * stats[r * H + j];
+        acc += dqkv[r * grad_row + j * HS + i] * head_of(in, r, j, NH, HS)[i] * stats[r * H + j];
     dweight[c] += acc;
   }
 #pragma omp parallel for if (N * H * HS > kParallelElems)
   for (int64_t r = 0; r < N; ++r)
     for (int64_t j = 0; j < H; ++j) {
-      float* g = dqkv + r * in_row + j * HS;
-      const float* x = inp + r * in_row + j * HS;
+      float* g = dqkv + r * grad_row + j * HS;
+      const float* x = head_of(in, r, j, NH, HS);
       const float* w = weight + (j < NH ? 0 : HS);
       const float rstd = stats[r * H + j];
       const float m = rmsnorm_row_gxhat_mean(g, x, w, 0.0f, rstd, HS);

@@ -33,7 +33,7 @@ void check_moe(int64_t N, int64_t E, int64_t K, std::string_view what) {
 
 // offsets[e] = the first dispatched row of expert e (an exclusive prefix sum of the counts);
 // throws on an index outside [0, E).
-void expert_offsets(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets,
+void expert_offsets(ExpertIdx idx, int64_t N, int64_t K, int64_t E, int64_t* offsets,
                     std::string_view what) {
   std::fill(offsets, offsets + E + 1, int64_t{0});
   for (int64_t i = 0; i < N * K; ++i) {
@@ -48,7 +48,7 @@ void expert_offsets(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t
 
 // Calls f(n, k, row) for every (token, slot) pair in token order, row its dispatched row.
 template <class F>
-void walk_rows(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::string_view what, F&& f) {
+void walk_rows(ExpertIdx idx, int64_t N, int64_t K, int64_t E, std::string_view what, F&& f) {
   int64_t cursor[kMaxExperts + 1];
   expert_offsets(idx, N, K, E, cursor, what);
   for (int64_t n = 0; n < N; ++n)
@@ -63,30 +63,33 @@ std::pair<int64_t, int64_t> my_columns(int64_t C) {
 
 }  // namespace
 
-void moe_expert_counts(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets) {
+void moe_expert_counts(ExpertIdx idx, int64_t N, int64_t K, int64_t E, int64_t* offsets) {
   check_moe(N, E, K, "moe_expert_counts");
   expert_offsets(idx, N, K, E, offsets, "moe_expert_counts");
 }
 
-void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* logits, int64_t N,
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float* logits, int64_t N,
                        int64_t E, int64_t K, bool renormalize) {
   check_moe(N, E, K, "moe_route_forward");
+  const bool top_k = idx.p != nullptr && weights != nullptr;
 #pragma omp parallel for if (N * E > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
     float* p = probs + n * E;
     softmax_row(p, logits + n * E, E);
+    if (!top_k) continue;
     // Top k by probability, the lower index first among equals (a stable selection).
-    int32_t* ix = idx + n * K;
+    int64_t ix[kMaxExperts];
     float* w = weights + n * K;
     float sum = 0.0f;
     for (int64_t k = 0; k < K; ++k) {
-      int32_t best = -1;
+      int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t j = 0; j < k; ++j) taken = taken || ix[j] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
       }
       ix[k] = best;
+      idx.set(n * K + k, best);
       w[k] = p[best];
       sum += p[best];
     }
@@ -95,13 +98,14 @@ void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* 
   }
 }
 
-void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const int32_t* idx,
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
                         const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize) {
   check_moe(N, E, K, "moe_route_backward");
 #pragma omp parallel for if (N * E > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs + n * E;
-    const int32_t* ix = idx + n * K;
+    int64_t ix[kMaxExperts];
+    for (int64_t k = 0; k < K; ++k) ix[k] = idx[n * K + k];
     const float* dw = dweights + n * K;
     float* dl = dlogits + n * E;
     // dL/dp: the top-k weights' gradient (through the renormalisation w_k = p_k / S, S the sum
@@ -122,7 +126,7 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* prob
   }
 }
 
-void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+void moe_dispatch(float* xe, const float* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                   int64_t C) {
   check_moe(N, E, K, "moe_dispatch");
   int64_t probe[kMaxExperts + 1];
@@ -136,7 +140,7 @@ void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int
   }
 }
 
-void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int64_t N, int64_t K,
+void moe_dispatch_backward(float* din, const float* dxe, ExpertIdx idx, int64_t N, int64_t K,
                            int64_t E, int64_t C) {
   check_moe(N, E, K, "moe_dispatch_backward");
   int64_t probe[kMaxExperts + 1];
@@ -152,7 +156,7 @@ void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int
   }
 }
 
-void moe_combine(float* out, const float* ye, const float* weights, const int32_t* idx, int64_t N,
+void moe_combine(float* out, const float* ye, const float* weights, ExpertIdx idx, int64_t N,
                  int64_t K, int64_t E, int64_t C) {
   check_moe(N, E, K, "moe_combine");
   int64_t probe[kMaxExperts + 1];
@@ -173,7 +177,7 @@ void moe_combine(float* out, const float* ye, const float* weights, const int32_
 }
 
 void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
-                          const float* weights, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                          const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                           int64_t C) {
   check_moe(N, E, K, "moe_combine_backward");
   int64_t probe[kMaxExperts + 1];

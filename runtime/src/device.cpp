@@ -343,18 +343,18 @@ class CpuDevice final : public Device {
     cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), qkv(in), cf(out), lse,
                                   shape(B, T, h), p, key);
   }
-  void moe_route_forward(float* probs, int32_t* idx, float* weights, const void* logits, DType t,
+  void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits, DType t,
                          int64_t N, int64_t E, int64_t K, bool renormalize) override {
     fp32_only(t, "Mixture-of-Experts routing");
     cpu::moe_route_forward(probs, idx, weights, cf(logits), N, E, K, renormalize);
   }
   void moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
-                          const int32_t* idx, const float* dprob_all, int64_t N, int64_t E, int64_t K,
+                          ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E, int64_t K,
                           bool renormalize) override {
     fp32_only(t, "Mixture-of-Experts routing");
     cpu::moe_route_backward(f(dlogits), dweights, probs, idx, dprob_all, N, E, K, renormalize);
   }
-  void moe_route_stats(const int32_t* idx, const float* probs, int64_t N, int64_t E, int64_t K,
+  void moe_route_stats(ExpertIdx idx, const float* probs, int64_t N, int64_t E, int64_t K,
                        int64_t* offsets, double* psum) override {
     cpu::moe_expert_counts(idx, N, K, E, offsets);
     if (psum == nullptr) return;
@@ -362,23 +362,23 @@ class CpuDevice final : public Device {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t e = 0; e < E; ++e) psum[e] += probs[n * E + e];
   }
-  void moe_dispatch(void* xe, const void* in, const int32_t* idx, DType t, int64_t N, int64_t K,
+  void moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N, int64_t K,
                     int64_t E, int64_t C) override {
     fp32_only(t, "Mixture-of-Experts dispatch");
     cpu::moe_dispatch(f(xe), cf(in), idx, N, K, E, C);
   }
-  void moe_dispatch_backward(void* din, const void* dxe, const int32_t* idx, DType t, int64_t N,
+  void moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t, int64_t N,
                              int64_t K, int64_t E, int64_t C) override {
     fp32_only(t, "Mixture-of-Experts dispatch");
     cpu::moe_dispatch_backward(f(din), cf(dxe), idx, N, K, E, C);
   }
-  void moe_combine(void* out, const void* ye, const float* weights, const int32_t* idx, DType t,
+  void moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx, DType t,
                    int64_t N, int64_t K, int64_t E, int64_t C) override {
     fp32_only(t, "Mixture-of-Experts combine");
     cpu::moe_combine(f(out), cf(ye), weights, idx, N, K, E, C);
   }
   void moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
-                            const float* weights, const int32_t* idx, DType t, int64_t N, int64_t K,
+                            const float* weights, ExpertIdx idx, DType t, int64_t N, int64_t K,
                             int64_t E, int64_t C) override {
     fp32_only(t, "Mixture-of-Experts combine");
     cpu::moe_combine_backward(f(dye), dweights, cf(dout), cf(ye), weights, idx, N, K, E, C);
@@ -393,17 +393,16 @@ class CpuDevice final : public Device {
     fp32_only(t, "the shared expert's gate");
     cpu::gate_mul_backward(f(dx), f(dg), cf(dout), cf(x), cf(g), N, C);
   }
-  void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight, float eps,
+  void head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight, float eps,
                             DType t, int64_t N, const Heads& h) override {
     fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_forward(f(out), stats, cf(qkv), cf(weight), eps, N, (h.NH + 2 * h.KVH) * h.HS,
-                              h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_forward(f(out), stats, qkv(in), cf(weight), eps, N, h.NH, h.KVH, h.HS);
   }
-  void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+  void head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
                              const float* stats, DType t, int64_t N, const Heads& h) override {
     fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_backward(f(dqkv), f(dweight), cf(qkv), cf(weight), stats, N,
-                               (h.NH + 2 * h.KVH) * h.HS, h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_backward(f(dqkv), (h.NH + 2 * h.KVH) * h.HS, f(dweight), qkv(in), cf(weight), stats,
+                               N, h.NH, h.KVH, h.HS);
   }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);

@@ -130,15 +130,6 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                             "steps; flash attention runs on the cpu backend (fp32 activations) so far",
                             device),
                 "drop --flash-attention, or plan and run with --device cpu");
-  // torchtitan's per-op selective recomputation: GPT-2's fused q|k|v and MLP, the LLaMA
-  // family's separate q, k, v and gate, up projections (one matmul each, as SAC counts them);
-  // not yet Qwen3's q/k norms over those parts, nor MoE layers (SAC keeps int64 top-k indices).
-  if (s.checkpointing == planner::Checkpointing::selective_op &&
-      (m.is_moe() || m.qk_norm != models::QkNorm::none))
-    throw Error(fmt::format("--checkpointing {}: zero-run does not execute it for {} yet ({} are planned, "
-                            "not run)", planner::to_string(s.checkpointing), m.name,
-                            m.is_moe() ? "Mixture-of-Experts layers" : "q/k norms"),
-                "use --checkpointing none, full or selective");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
   if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&
@@ -836,8 +827,8 @@ void Engine::moe_route_done(const Op& op) {
   const int64_t N = B_ * T_;
   std::vector<int64_t> off(static_cast<std::size_t>(n_experts_ + 1));
   std::vector<double> psum(static_cast<std::size_t>(n_experts_));
-  dev_.moe_route_stats(static_cast<const int32_t*>(ptr(op.outputs[1])), static_cast<const float*>(ptr(op.outputs[0])),
-                       N, n_experts_, top_k_, off.data(), psum.data());
+  dev_.moe_route_stats(expert_idx(op.outputs[1]), static_cast<const float*>(ptr(op.outputs[0])), N, n_experts_, top_k_, off.data(),
+                       psum.data());
   for (int64_t e = 0; e < n_experts_; ++e) {
     const auto k = static_cast<std::size_t>(e);
     aux_counts_[k] += static_cast<double>(off[k + 1] - off[k]);
@@ -850,24 +841,24 @@ void Engine::moe_route_done(const Op& op) {
         loss_scale_ * aux_coef_ * static_cast<double>(n_experts_) * aux_counts_[static_cast<std::size_t>(e)] / denom);
 }
 
-// Where an attention op reads q, k and v, from its input `first` on: three projections
-// (torchtitan's per-op recomputation: h.L.attn.q, .k, .v), Qwen3's normed q|k and the fused
-// rows (v), or the fused rows alone; and how many inputs that took.
+// Where an op reads q, k and v, from its input `first` on: Qwen3's normed q|k (then v from
+// what follows: the fused rows or the v projection), three projections (torchtitan's per-op
+// recomputation: h.L.attn.q, .k, .v), or the fused rows; and how many inputs that took. The
+// values' ops and the q/k norms read no normed q|k: they start at the fused rows or q.
 std::pair<Device::QkvIn, std::size_t> Engine::qkv_in(const Op& op, std::size_t first) const {
   const auto id = [&](std::size_t i) { return op.inputs.at(first + i); };
+  const auto is = [&](std::size_t i, std::string_view suffix) { return g_.tensor(id(i)).name.ends_with(suffix); };
   const int64_t NH = heads_.NH, KVH = heads_.KVH, HS = heads_.HS, R = (NH + 2 * KVH) * HS;
   const uint64_t eb = dtype_bytes(adt_);
-  if (g_.tensor(id(0)).name.ends_with(".attn.q"))
-    return {{ptr(id(0)), ptr(id(1)), ptr(id(2)), NH * HS, KVH * HS, KVH * HS}, 3};
-  if (g_.tensor(id(0)).name.ends_with(".attn.qk_norm.out")) {  // the values' ops read v alone
-    std::byte* qk = static_cast<std::byte*>(ptr(id(0)));
-    return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb,
-             static_cast<std::byte*>(ptr(id(1))) + static_cast<uint64_t>((NH + KVH) * HS) * eb,
-             (NH + KVH) * HS, (NH + KVH) * HS, R}, 2};
+  const auto at_elem = [&](TensorId x, int64_t e) { return static_cast<std::byte*>(ptr(x)) + static_cast<uint64_t>(e) * eb; };
+  if (is(0, ".attn.qk_norm.out")) {
+    std::byte* qk = at_elem(id(0), 0);
+    const int64_t QK = (NH + KVH) * HS;
+    if (is(1, ".attn.q")) return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb, ptr(id(3)), QK, QK, KVH * HS}, 4};
+    return {{qk, qk + static_cast<uint64_t>(NH * HS) * eb, at_elem(id(1), (NH + KVH) * HS), QK, QK, R}, 2};
   }
-  std::byte* qkv = static_cast<std::byte*>(ptr(id(0)));
-  return {{qkv, qkv + static_cast<uint64_t>(NH * HS) * eb, qkv + static_cast<uint64_t>((NH + KVH) * HS) * eb,
-           R, R, R}, 1};
+  if (is(0, ".attn.q")) return {{ptr(id(0)), ptr(id(1)), ptr(id(2)), NH * HS, KVH * HS, KVH * HS}, 3};
+  return {{at_elem(id(0), 0), at_elem(id(0), NH * HS), at_elem(id(0), (NH + KVH) * HS), R, R, R}, 1};
 }
 
 // A projection torchtitan's per-op recomputation runs apart from its fused weight: its first
@@ -884,6 +875,13 @@ std::pair<int64_t, int64_t> Engine::projection_rows(const Op& op) const {
   return {0, 0};
 }
 
+// A router's top-k indices: int32, or int64 (torch.topk's, which torchtitan's per-op
+// recomputation keeps).
+ExpertIdx Engine::expert_idx(TensorId t) const {
+  return g_.tensor(t).elem_bytes == 8 ? ExpertIdx(static_cast<int64_t*>(ptr(t)))
+                                      : ExpertIdx(static_cast<int32_t*>(ptr(t)));
+}
+
 // This micro-step's load-balancing loss times its coefficient (0 without one).
 double Engine::aux_loss() const {
   if (aux_coef_ <= 0) return 0.0;
@@ -898,7 +896,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
   auto v = [&](TensorId t) { return ptr(t); };
   auto f = [&](TensorId t) { return static_cast<float*>(ptr(t)); };
   auto i32 = [&](TensorId t) { return static_cast<const int32_t*>(ptr(t)); };
-  auto i32w = [&](TensorId t) { return static_cast<int32_t*>(ptr(t)); };
+  auto eidx = [&](TensorId t) { return expert_idx(t); };
   auto u8 = [&](TensorId t) { return static_cast<uint8_t*>(ptr(t)); };
   const DType t = adt_;
   auto weight = [&](std::size_t k) -> void* { return w32[k] != nullptr ? w32[k] : v(op.params[k]); };
@@ -939,8 +937,8 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
       break;
     }
     case OpKind::rmsnorm:
-      if (is_qk_norm(op)) {  // inputs {qkv}, outputs {qk, stats}
-        dev_.head_rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), weight(0),
+      if (is_qk_norm(op)) {  // inputs {q|k|v sources}, outputs {qk, stats}
+        dev_.head_rmsnorm_forward(v(op.outputs[0]), f(op.outputs[1]), qkv_in(op, 0).first, weight(0),
                                   norm_eps_, t, N, heads_);
         break;
       }
@@ -1095,9 +1093,10 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
         dev_.attention_scores_backward(v(op.outputs[0]), v(op.inputs[0]), v(op.inputs[1]), t, B_, T_, C_, NH_);
       break;
     case OpKind::rmsnorm_bwd:
-      if (is_qk_norm(op)) {  // inputs {d_qkv, qkv, stats}, outputs {d_qkv} (in place)
-        dev_.head_rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[1]), weight(0),
-                                   f(op.inputs[2]), t, N, heads_);
+      if (is_qk_norm(op)) {  // inputs {d_qkv, q|k|v sources, stats}, outputs {d_qkv} (in place)
+        const auto [in, n] = qkv_in(op, 1);
+        dev_.head_rmsnorm_backward(v(op.outputs[0]), dweight(0), in, weight(0), f(op.inputs[1 + n]), t, N,
+                                   heads_);
         break;
       }
       dev_.rmsnorm_backward(v(op.outputs[0]), dweight(0), v(op.inputs[0]), v(op.inputs[1]), weight(0),
@@ -1112,30 +1111,35 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                            numel(op.inputs[1]) / last_dim(op.inputs[1]), last_dim(op.inputs[1]));
       break;
     case OpKind::moe_route:  // {logits} -> {probs, idx, weights}
-      dev_.moe_route_forward(f(op.outputs[0]), i32w(op.outputs[1]), f(op.outputs[2]), v(op.inputs[0]),
+      if (op.outputs.size() == 1) {  // a per-op recomputation: the top-k is read back, {logits, idx, weights} -> {probs}
+        dev_.moe_route_forward(f(op.outputs[0]), ExpertIdx(), nullptr, v(op.inputs[0]), t, N, n_experts_,
+                               top_k_, moe_renorm_);
+        break;
+      }
+      dev_.moe_route_forward(f(op.outputs[0]), eidx(op.outputs[1]), f(op.outputs[2]), v(op.inputs[0]),
                              t, N, n_experts_, top_k_, moe_renorm_);
       moe_route_done(op);
       break;
     case OpKind::moe_dispatch:  // {in, idx} -> {xe}; the layer's expert offsets
-      dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_, n_experts_, C_);
-      dev_.moe_route_stats(i32(op.inputs[1]), nullptr, N, n_experts_, top_k_,
+      dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
+      dev_.moe_route_stats(eidx(op.inputs[1]), nullptr, N, n_experts_, top_k_,
                            expert_off_[static_cast<std::size_t>(op.layer)].data(), nullptr);
       break;
     case OpKind::moe_combine:  // {ye, weights, idx} -> {out}
-      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), i32(op.inputs[2]), t, N,
+      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), eidx(op.inputs[2]), t, N,
                        top_k_, n_experts_, C_);
       break;
     case OpKind::moe_combine_bwd:  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
       dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
-                                f(op.inputs[2]), i32(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+                                f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
       break;
     case OpKind::moe_dispatch_bwd:  // {d_xe, idx} -> {d_in} (accumulated)
-      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), i32(op.inputs[1]), t, N, top_k_,
+      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_,
                                  n_experts_, C_);
       break;
     case OpKind::moe_route_bwd:  // {d_weights, probs, idx} -> {d_logits}
       dev_.moe_route_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]),
-                              i32(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
+                              eidx(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
                               n_experts_, top_k_, moe_renorm_);
       break;
     case OpKind::gate_mul:  // {x, g} -> {out}

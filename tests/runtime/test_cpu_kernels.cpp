@@ -776,8 +776,11 @@ TEST_CASE("head rmsnorm (Qwen3's q/k norms): forward and in-place backward again
     return y;
   };
   Vec out(rows * QK, 1e30f), stats(rows * (NH + KVH), 1e30f);
-  cpu::head_rmsnorm_forward(out.data(), stats.data(), x.data(), w.data(), static_cast<float>(eps), rows, R,
-                            NH, KVH, HS);
+  // The fused rows of 3 + 1 + 1 heads of 4 (AttnShape's layout for these heads).
+  const cpu::AttnShape shape{1, rows, NH, KVH, HS};
+  const cpu::Qkv in = cpu::Qkv::fused(x.data(), shape);
+  cpu::head_rmsnorm_forward(out.data(), stats.data(), in, w.data(), static_cast<float>(eps), rows, NH, KVH,
+                            HS);
   check_close(out, ref(xd, wd), kFwdTol, "head rmsnorm out");
   // Backward, in place in rows of R: the q and k heads hold the output's gradient on entry.
   const Vec dout = randn(rows * QK, 1.0f, rng);
@@ -787,7 +790,7 @@ TEST_CASE("head rmsnorm (Qwen3's q/k norms): forward and in-place backward again
     for (int64_t i = 0; i < QK; ++i) g[r * R + i] = dout[r * QK + i];
   const Vec dw0 = randn(2 * HS, 0.1f, rng);
   Vec dw = dw0;
-  cpu::head_rmsnorm_backward(g.data(), dw.data(), x.data(), w.data(), stats.data(), rows, R, NH, KVH, HS);
+  cpu::head_rmsnorm_backward(g.data(), R, dw.data(), in, w.data(), stats.data(), rows, NH, KVH, HS);
   const DVec want_dx = fd_grad([&](const DVec& v) { return weighted_sum(ref(v, wd), dout); }, xd);
   Vec dx_qk, v_part, v_part0;
   DVec want_qk;
@@ -806,9 +809,21 @@ TEST_CASE("head rmsnorm (Qwen3's q/k norms): forward and in-place backward again
   CHECK(v_part == v_part0);
   check_delta(dw, dw0, fd_grad([&](const DVec& v) { return weighted_sum(ref(xd, v), dout); }, wd), kBwdTol,
               "head rmsnorm dweight");
-  CHECK_THROWS_AS(cpu::head_rmsnorm_forward(out.data(), stats.data(), x.data(), w.data(), 1e-6f, rows, 12,
-                                            NH, KVH, HS),
+  cpu::Qkv narrow = in;  // rows too short for the query heads
+  narrow.q_row = 8;
+  CHECK_THROWS_AS(cpu::head_rmsnorm_forward(out.data(), stats.data(), narrow, w.data(), 1e-6f, rows, NH, KVH, HS),
                   zp::Error);
+  // The same heads read from q and k tensors of their own give the same result.
+  Vec q(rows * NH * HS), k(rows * KVH * HS);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.data() + r * R, NH * HS, q.data() + r * NH * HS);
+    std::copy_n(x.data() + r * R + NH * HS, KVH * HS, k.data() + r * KVH * HS);
+  }
+  Vec out2(rows * QK), stats2(rows * (NH + KVH));
+  cpu::head_rmsnorm_forward(out2.data(), stats2.data(), cpu::Qkv::parts(q.data(), k.data(), k.data(), shape),
+                            w.data(), static_cast<float>(eps), rows, NH, KVH, HS);
+  CHECK(out2 == out);
+  CHECK(stats2 == stats);
 }
 
 TEST_CASE("rope: forward against the complex rotation, backward against finite differences") {

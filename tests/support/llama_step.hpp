@@ -171,8 +171,8 @@ class LlamaStep {
       // q and k: in the fused row, or (q/k norms) normed into a tensor of their own.
       float* qk = a.qkv.data();
       if (d.qk_norm) {
-        cpu::head_rmsnorm_forward(a.qk.data(), a.sqk.data(), a.qkv.data(), p + w.qk_norm, d.eps, N, d.R(),
-                                  d.NH, d.KVH, d.HS);
+        cpu::head_rmsnorm_forward(a.qk.data(), a.sqk.data(), cpu::Qkv::fused(a.qkv.data(), shape),
+                                  p + w.qk_norm, d.eps, N, d.NH, d.KVH, d.HS);
         qk = a.qk.data();
       }
       cpu::rope_forward(qk, inv_freq_.data(), mscale_, d.B, d.T, d.qk_norm ? d.QK() : d.R(), d.NH + d.KVH,
@@ -252,8 +252,8 @@ class LlamaStep {
       cpu::attention_scores_backward(dqkv.data(), datt.data(), qkv_in(a), shape);
       cpu::rope_backward(dqkv.data(), inv_freq_.data(), mscale_, d.B, d.T, d.R(), d.NH + d.KVH, d.HS, rot);
       if (d.qk_norm)
-        cpu::head_rmsnorm_backward(dqkv.data(), g + w.qk_norm, a.qkv.data(), p + w.qk_norm, a.sqk.data(), N,
-                                   d.R(), d.NH, d.KVH, d.HS);
+        cpu::head_rmsnorm_backward(dqkv.data(), d.R(), g + w.qk_norm, cpu::Qkv::fused(a.qkv.data(), shape),
+                                   p + w.qk_norm, a.sqk.data(), N, d.NH, d.KVH, d.HS);
       std::vector<float> dln1(N * d.C, 0.0f);
       cpu::matmul_backward(dln1.data(), g + w.wqkv, w.bqkv >= 0 ? g + w.bqkv : nullptr, dqkv.data(),
                            a.ln1.data(), p + w.wqkv, N, d.C, d.R());

@@ -638,22 +638,22 @@ void CudaDevice::gqa_scores_backward(void*, const void*, const QkvIn&, DType, in
                                      const Heads&) {
   not_on_gpu("grouped-query attention");
 }
-void CudaDevice::moe_route_forward(float*, int32_t*, float*, const void*, DType, int64_t, int64_t,
+void CudaDevice::moe_route_forward(float*, ExpertIdx, float*, const void*, DType, int64_t, int64_t,
                                    int64_t, bool) { not_on_gpu("Mixture-of-Experts routing"); }
-void CudaDevice::moe_route_backward(void*, DType, const float*, const float*, const int32_t*,
+void CudaDevice::moe_route_backward(void*, DType, const float*, const float*, ExpertIdx,
                                     const float*, int64_t, int64_t, int64_t, bool) {
   not_on_gpu("Mixture-of-Experts routing");
 }
-void CudaDevice::moe_route_stats(const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t*,
+void CudaDevice::moe_route_stats(ExpertIdx, const float*, int64_t, int64_t, int64_t, int64_t*,
                                  double*) { not_on_gpu("Mixture-of-Experts routing"); }
-void CudaDevice::moe_dispatch(void*, const void*, const int32_t*, DType, int64_t, int64_t, int64_t,
+void CudaDevice::moe_dispatch(void*, const void*, ExpertIdx, DType, int64_t, int64_t, int64_t,
                               int64_t) { not_on_gpu("Mixture-of-Experts dispatch"); }
-void CudaDevice::moe_dispatch_backward(void*, const void*, const int32_t*, DType, int64_t, int64_t,
+void CudaDevice::moe_dispatch_backward(void*, const void*, ExpertIdx, DType, int64_t, int64_t,
                                        int64_t, int64_t) { not_on_gpu("Mixture-of-Experts dispatch"); }
-void CudaDevice::moe_combine(void*, const void*, const float*, const int32_t*, DType, int64_t,
+void CudaDevice::moe_combine(void*, const void*, const float*, ExpertIdx, DType, int64_t,
                              int64_t, int64_t, int64_t) { not_on_gpu("Mixture-of-Experts combine"); }
 void CudaDevice::moe_combine_backward(void*, float*, const void*, const void*, const float*,
-                                      const int32_t*, DType, int64_t, int64_t, int64_t, int64_t) {
+                                      ExpertIdx, DType, int64_t, int64_t, int64_t, int64_t) {
   not_on_gpu("Mixture-of-Experts combine");
 }
 void CudaDevice::gate_mul_forward(void*, const void*, const void*, DType, int64_t, int64_t) {
@@ -661,9 +661,9 @@ void CudaDevice::gate_mul_forward(void*, const void*, const void*, DType, int64_
 }
 void CudaDevice::gate_mul_backward(void*, void*, const void*, const void*, const void*, DType,
                                    int64_t, int64_t) { not_on_gpu("the shared expert's gate"); }
-void CudaDevice::head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+void CudaDevice::head_rmsnorm_forward(void*, float*, const QkvIn&, const void*, float, DType, int64_t,
                                       const Heads&) { not_on_gpu("q/k norms"); }
-void CudaDevice::head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType,
+void CudaDevice::head_rmsnorm_backward(void*, void*, const QkvIn&, const void*, const float*, DType,
                                        int64_t, const Heads&) { not_on_gpu("q/k norms"); }
 void CudaDevice::flash_attention_forward(void*, float*, const QkvIn&, DType, int64_t, int64_t,
                                          const Heads&, float, uint64_t) {

@@ -97,26 +97,26 @@ class CudaDevice final : public Device {
   void flash_attention_backward(void*, float*, float*, const void*, const QkvIn&, const void*,
                                 const float*, DType, int64_t, int64_t, const Heads&, float,
                                 uint64_t) override;
-  void head_rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
+  void head_rmsnorm_forward(void*, float*, const QkvIn&, const void*, float, DType, int64_t,
                             const Heads&) override;
-  void moe_route_forward(float*, int32_t*, float*, const void*, DType, int64_t, int64_t, int64_t,
+  void moe_route_forward(float*, ExpertIdx, float*, const void*, DType, int64_t, int64_t, int64_t,
                          bool) override;
-  void moe_route_backward(void*, DType, const float*, const float*, const int32_t*, const float*,
+  void moe_route_backward(void*, DType, const float*, const float*, ExpertIdx, const float*,
                           int64_t, int64_t, int64_t, bool) override;
-  void moe_route_stats(const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t*,
+  void moe_route_stats(ExpertIdx, const float*, int64_t, int64_t, int64_t, int64_t*,
                        double*) override;
-  void moe_dispatch(void*, const void*, const int32_t*, DType, int64_t, int64_t, int64_t,
+  void moe_dispatch(void*, const void*, ExpertIdx, DType, int64_t, int64_t, int64_t,
                     int64_t) override;
-  void moe_dispatch_backward(void*, const void*, const int32_t*, DType, int64_t, int64_t, int64_t,
+  void moe_dispatch_backward(void*, const void*, ExpertIdx, DType, int64_t, int64_t, int64_t,
                              int64_t) override;
-  void moe_combine(void*, const void*, const float*, const int32_t*, DType, int64_t, int64_t,
+  void moe_combine(void*, const void*, const float*, ExpertIdx, DType, int64_t, int64_t,
                    int64_t, int64_t) override;
-  void moe_combine_backward(void*, float*, const void*, const void*, const float*, const int32_t*,
+  void moe_combine_backward(void*, float*, const void*, const void*, const float*, ExpertIdx,
                             DType, int64_t, int64_t, int64_t, int64_t) override;
   void gate_mul_forward(void*, const void*, const void*, DType, int64_t, int64_t) override;
   void gate_mul_backward(void*, void*, const void*, const void*, const void*, DType, int64_t,
                          int64_t) override;
-  void head_rmsnorm_backward(void*, void*, const void*, const void*, const float*, DType, int64_t,
+  void head_rmsnorm_backward(void*, void*, const QkvIn&, const void*, const float*, DType, int64_t,
                              const Heads&) override;
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override;
   void gelu_backward(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override;

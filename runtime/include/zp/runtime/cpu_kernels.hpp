@@ -56,46 +56,35 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // checks the indices (zp::Error naming the first outside [0, E)) and E <= kMaxExperts.
 inline constexpr int64_t kMaxExperts = 1024;
 // offsets (E + 1): where each expert's rows start, and N K at the end.
-void moe_expert_counts(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets);
+void moe_expert_counts(ExpertIdx idx, int64_t N, int64_t K, int64_t E, int64_t* offsets);
 // probs (N, E) = softmax(logits) in fp32; idx (N, K) the top K by probability (the lower index
 // first among equals), weights (N, K) their probabilities, renormalised to sum 1 if asked
-// (Mixtral; Qwen-MoE's norm_topk_prob).
-void moe_route_forward(float* probs, int32_t* idx, float* weights, const float* logits, int64_t N,
+// (Mixtral; Qwen-MoE's norm_topk_prob). With idx.p and weights null, the probabilities alone
+// (a recomputation that reads the top-k back from where the forward left it).
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float* logits, int64_t N,
                        int64_t E, int64_t K, bool renormalize);
 // dlogits (N, E), overwritten, from dweights (N, K) and, if not null, dprob_all (E): a gradient
 // added to every token's probability of expert e (the load-balancing loss's).
-void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const int32_t* idx,
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
                         const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize);
 // xe (N K, C): row of (token n, slot k) = in[n].
-void moe_dispatch(float* xe, const float* in, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+void moe_dispatch(float* xe, const float* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                   int64_t C);
 // din[n] += the sum of its K rows of dxe.
-void moe_dispatch_backward(float* din, const float* dxe, const int32_t* idx, int64_t N, int64_t K,
+void moe_dispatch_backward(float* din, const float* dxe, ExpertIdx idx, int64_t N, int64_t K,
                            int64_t E, int64_t C);
 // out[n] = sum_k weights[n, k] ye[row(n, k)] (overwrites).
-void moe_combine(float* out, const float* ye, const float* weights, const int32_t* idx, int64_t N,
+void moe_combine(float* out, const float* ye, const float* weights, ExpertIdx idx, int64_t N,
                  int64_t K, int64_t E, int64_t C);
 // dye[row(n, k)] = weights[n, k] dout[n]; dweights[n, k] = dout[n] . ye[row(n, k)] (overwrite).
 void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
-                          const float* weights, const int32_t* idx, int64_t N, int64_t K, int64_t E,
+                          const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
                           int64_t C);
 // Qwen2-MoE's gated shared expert: out (N, C) = sigmoid(g[n]) x[n] (g one logit per token);
 // backward: dx = sigmoid(g) dout, dg = (dout . x) sigmoid'(g), both overwritten.
 void gate_mul_forward(float* out, const float* x, const float* g, int64_t N, int64_t C);
 void gate_mul_backward(float* dx, float* dg, const float* dout, const float* x, const float* g,
                        int64_t N, int64_t C);
-
-// Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): in
-// each of the N fused rows of in_row elements, the first NH + KVH heads of HS (q's, then k's)
-// are normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads),
-// into out, rows of (NH + KVH) * HS; stats (N, NH + KVH) holds each head's rstd.
-void head_rmsnorm_forward(float* out, float* stats, const float* inp, const float* weight, float eps,
-                          int64_t N, int64_t in_row, int64_t NH, int64_t KVH, int64_t HS);
-// In place over the fused gradient rows: dqkv's q and k heads (the gradient of out) become the
-// gradient of inp's; its v heads are not touched. dweight (2 HS) += sum dout xhat.
-void head_rmsnorm_backward(float* dqkv, float* dweight, const float* inp, const float* weight,
-                           const float* stats, int64_t N, int64_t in_row, int64_t NH, int64_t KVH,
-                           int64_t HS);
 
 // Rotary embeddings, in place: each of the B*T rows (row elements apart) holds n_heads heads
 // of HS values from its start (q's heads then k's in a fused q|k|v row); in each head the
@@ -164,6 +153,19 @@ struct Qkv {
     return {q, k, v, s.NH * s.HS, s.KVH * s.HS, s.KVH * s.HS};
   }
 };
+
+// Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): each
+// of the N tokens' NH query heads (from in.q) and KVH key heads (from in.k), HS wide, is
+// normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads), into
+// out, rows of (NH + KVH) * HS (q heads first); stats (N, NH + KVH) holds each head's rstd.
+void head_rmsnorm_forward(float* out, float* stats, const Qkv& in, const float* weight, float eps,
+                          int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+// In place over the fused gradient rows (grad_row apart, q heads then k heads first): dqkv's q
+// and k heads (the gradient of out) become the gradient of in's; its v heads are not touched.
+// dweight (2 HS) += sum dout xhat.
+void head_rmsnorm_backward(float* dqkv, int64_t grad_row, float* dweight, const Qkv& in,
+                           const float* weight, const float* stats, int64_t N, int64_t NH,
+                           int64_t KVH, int64_t HS);
 
 // The fp32 attention steps on any AttnShape (zp::Error unless NH, KVH, HS > 0 and KVH divides
 // NH). preatt/att (B,NH,T,T) as below. Backward passes parallelise over the key/value heads,

@@ -205,30 +205,31 @@ class Device {
   // gradients fp32, top-k indices int32, the rest stored as t. moe_route_stats writes host
   // memory: offsets (E + 1), where each expert's dispatched rows start, and psum (E, if not
   // null), the column sums of probs in float64; dprob_all (E, or null) is host memory too.
-  virtual void moe_route_forward(float* probs, int32_t* idx, float* weights, const void* logits,
+  virtual void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits,
                                  DType t, int64_t N, int64_t E, int64_t K, bool renormalize) = 0;
   virtual void moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
-                                  const int32_t* idx, const float* dprob_all, int64_t N, int64_t E,
+                                  ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E,
                                   int64_t K, bool renormalize) = 0;
-  virtual void moe_route_stats(const int32_t* idx, const float* probs, int64_t N, int64_t E,
+  virtual void moe_route_stats(ExpertIdx idx, const float* probs, int64_t N, int64_t E,
                                int64_t K, int64_t* offsets, double* psum) = 0;
-  virtual void moe_dispatch(void* xe, const void* in, const int32_t* idx, DType t, int64_t N,
+  virtual void moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N,
                             int64_t K, int64_t E, int64_t C) = 0;
-  virtual void moe_dispatch_backward(void* din, const void* dxe, const int32_t* idx, DType t,
+  virtual void moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t,
                                      int64_t N, int64_t K, int64_t E, int64_t C) = 0;
-  virtual void moe_combine(void* out, const void* ye, const float* weights, const int32_t* idx,
+  virtual void moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx,
                            DType t, int64_t N, int64_t K, int64_t E, int64_t C) = 0;
   virtual void moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
-                                    const float* weights, const int32_t* idx, DType t, int64_t N,
+                                    const float* weights, ExpertIdx idx, DType t, int64_t N,
                                     int64_t K, int64_t E, int64_t C) = 0;
   virtual void gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N,
                                 int64_t C) = 0;
   virtual void gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g,
                                  DType t, int64_t N, int64_t C) = 0;
-  // Per-head RMSNorm of q and k (cpu_kernels.hpp head_rmsnorm_forward / _backward).
-  virtual void head_rmsnorm_forward(void* out, float* stats, const void* qkv, const void* weight,
+  // Per-head RMSNorm of q and k (cpu_kernels.hpp head_rmsnorm_forward / _backward), reading
+  // the q and k of `in`; the backward's dqkv is the fused gradient, rows of (NH + 2 KVH) HS.
+  virtual void head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight,
                                     float eps, DType t, int64_t N, const Heads& h) = 0;
-  virtual void head_rmsnorm_backward(void* dqkv, void* dweight, const void* qkv, const void* weight,
+  virtual void head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
                                      const float* stats, DType t, int64_t N, const Heads& h) = 0;
   virtual void gelu_forward(void* out, const void* inp, DType t, int64_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType t,

@@ -109,4 +109,23 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
   }
 }
 
+// A MoE router's top-k expert indices: int32 (zeroplan's fused router) or int64 (torch.topk's,
+// which torchtitan's per-op recomputation keeps). Built from either pointer type.
+struct ExpertIdx {
+  void* p = nullptr;
+  bool wide = false;  // int64
+  ExpertIdx() = default;
+  ZP_HD ExpertIdx(int32_t* q) : p(q) {}
+  ZP_HD ExpertIdx(const int32_t* q) : p(const_cast<int32_t*>(q)) {}
+  ZP_HD ExpertIdx(int64_t* q) : p(q), wide(true) {}
+  ZP_HD ExpertIdx(const int64_t* q) : p(const_cast<int64_t*>(q)), wide(true) {}
+  ZP_HD int64_t operator[](int64_t i) const {
+    return wide ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+  }
+  ZP_HD void set(int64_t i, int64_t e) const {
+    if (wide) static_cast<int64_t*>(p)[i] = e;
+    else static_cast<int32_t*>(p)[i] = static_cast<int32_t>(e);
+  }
+};
+
 }  // namespace zp::runtime

@@ -296,6 +296,7 @@ class Engine {
   void moe_route_done(const models::Op& op);
   std::pair<Device::QkvIn, std::size_t> qkv_in(const models::Op& op, std::size_t first) const;
   std::pair<int64_t, int64_t> projection_rows(const models::Op& op) const;
+  ExpertIdx expert_idx(models::TensorId t) const;
   double aux_loss() const;
   StepStats optimizer_step();
   // Pieces of the optimizer step. The owned gradient of a group: (pointer, count, dtype).
