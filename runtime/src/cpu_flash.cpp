@@ -12,10 +12,10 @@
 
 #include <fmt/format.h>
 
+#include "cpu_vec.hpp"
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/kernel_math.hpp"
-#include "cpu_vec.hpp"
 
 namespace zp::runtime::cpu {
 
@@ -33,11 +33,12 @@ void check(const AttnShape& s, float p, const Qkv& in, std::string_view what) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0 ||
       s.window < 0 || in.q == nullptr || in.k == nullptr || in.v == nullptr ||
       in.q_row < s.NH * s.HS || in.k_row < s.KVH * s.HS || in.v_row < s.KVH * s.HS)
-    throw Error(fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}, "
-                            "q, k, v rows of {}, {}, {}", what, s.B, s.T, s.NH, s.KVH, s.HS, s.window,
-                            in.q_row, in.k_row, in.v_row),
-                "the query heads must be a positive multiple of the key/value heads, and each row "
-                "must hold all of its heads");
+    throw Error(
+        fmt::format("cpu::{}: B {} T {}, {} query heads, {} key/value heads of {}, window {}, "
+                    "q, k, v rows of {}, {}, {}",
+                    what, s.B, s.T, s.NH, s.KVH, s.HS, s.window, in.q_row, in.k_row, in.v_row),
+        "the query heads must be a positive multiple of the key/value heads, and each row "
+        "must hold all of its heads");
   if (!(p >= 0.0f && p < 1.0f))
     throw Error(fmt::format("cpu::{}: dropout probability {} is outside [0, 1)", what, p),
                 "attention dropout is a probability below 1");
@@ -71,8 +72,8 @@ struct Drop {
 
 }  // namespace
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s,
-                             float p, uint64_t key) {
+void flash_attention_forward(float* out, float* lse, const float* qkv, const AttnShape& s, float p,
+                             uint64_t key) {
   flash_attention_forward(out, lse, Qkv::fused(qkv, s), s, p, key);
 }
 void flash_attention_forward(float* out, float* lse, const Qkv& in, const AttnShape& s, float p,
@@ -141,8 +142,8 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
   flash_attention_backward(dqkv, dq_acc, dsum, dout, Qkv::fused(qkv, s), out, lse, s, p, key);
 }
 void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const float* dout,
-                              const Qkv& in, const float* out, const float* lse,
-                              const AttnShape& s, float p, uint64_t key) {
+                              const Qkv& in, const float* out, const float* lse, const AttnShape& s,
+                              float p, uint64_t key) {
   check(s, p, in, "flash_attention_backward");
   // q, k and v read where `in` has them; dq, dk, dv written in the fused rows of R.
   const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
@@ -184,8 +185,8 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
                 const float* v = in.v + (b * T + t2) * in.v_row + kv * HS;
                 const float pr = std::exp(dot(q, k, HS) * scale - L);
                 const float z = drop.factor(row, t2);
-                pt[t2 - j0] = pr * z;                                   // dV's weight
-                ds[t2 - j0] = pr * (dot(go, v, HS) * z - Dt) * scale;   // dS, scaled
+                pt[t2 - j0] = pr * z;                                  // dV's weight
+                ds[t2 - j0] = pr * (dot(go, v, HS) * z - Dt) * scale;  // dS, scaled
               }
               float* dq = dq_acc + (b * T + t) * O + h * HS;
               for (int64_t t2 = lo; t2 < hi; ++t2)
@@ -206,7 +207,7 @@ void flash_attention_backward(float* dqkv, float* dq_acc, float* dsum, const flo
           }
       }
     }
-  // dq (the q part of dqkv) += dq_acc.
+    // dq (the q part of dqkv) += dq_acc.
 #pragma omp parallel for collapse(2) if (B * T * NH * HS > (1 << 15))
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)

@@ -16,10 +16,10 @@
 
 #include <fmt/format.h>
 
+#include "cpu_vec.hpp"
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/kernel_math.hpp"
-#include "cpu_vec.hpp"
 
 namespace zp::runtime::cpu {
 
@@ -27,8 +27,9 @@ namespace {
 
 void check_moe(int64_t N, int64_t E, int64_t K, std::string_view what) {
   if (N < 0 || E <= 0 || E > kMaxExperts || K <= 0 || K > E)
-    throw Error(fmt::format("cpu::{}: {} tokens, {} experts, top {}", what, N, E, K),
-                fmt::format("the experts must number 1 to {} and top-k at most their number", kMaxExperts));
+    throw Error(
+        fmt::format("cpu::{}: {} tokens, {} experts, top {}", what, N, E, K),
+        fmt::format("the experts must number 1 to {} and top-k at most their number", kMaxExperts));
 }
 
 // offsets[e] = the first dispatched row of expert e (an exclusive prefix sum of the counts);

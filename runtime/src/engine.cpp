@@ -827,8 +827,8 @@ void Engine::moe_route_done(const Op& op) {
   const int64_t N = B_ * T_;
   std::vector<int64_t> off(static_cast<std::size_t>(n_experts_ + 1));
   std::vector<double> psum(static_cast<std::size_t>(n_experts_));
-  dev_.moe_route_stats(expert_idx(op.outputs[1]), static_cast<const float*>(ptr(op.outputs[0])), N, n_experts_, top_k_, off.data(),
-                       psum.data());
+  dev_.moe_route_stats(expert_idx(op.outputs[1]), static_cast<const float*>(ptr(op.outputs[0])), N,
+                       n_experts_, top_k_, off.data(), psum.data());
   for (int64_t e = 0; e < n_experts_; ++e) {
     const auto k = static_cast<std::size_t>(e);
     aux_counts_[k] += static_cast<double>(off[k + 1] - off[k]);
@@ -850,7 +850,9 @@ std::pair<Device::QkvIn, std::size_t> Engine::qkv_in(const Op& op, std::size_t f
   const auto is = [&](std::size_t i, std::string_view suffix) { return g_.tensor(id(i)).name.ends_with(suffix); };
   const int64_t NH = heads_.NH, KVH = heads_.KVH, HS = heads_.HS, R = (NH + 2 * KVH) * HS;
   const uint64_t eb = dtype_bytes(adt_);
-  const auto at_elem = [&](TensorId x, int64_t e) { return static_cast<std::byte*>(ptr(x)) + static_cast<uint64_t>(e) * eb; };
+  const auto at_elem = [&](TensorId x, int64_t e) {
+    return static_cast<std::byte*>(ptr(x)) + static_cast<uint64_t>(e) * eb;
+  };
   if (is(0, ".attn.qk_norm.out")) {
     std::byte* qk = at_elem(id(0), 0);
     const int64_t QK = (NH + KVH) * HS;
@@ -1111,7 +1113,7 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                            numel(op.inputs[1]) / last_dim(op.inputs[1]), last_dim(op.inputs[1]));
       break;
     case OpKind::moe_route:  // {logits} -> {probs, idx, weights}
-      if (op.outputs.size() == 1) {  // a per-op recomputation: the top-k is read back, {logits, idx, weights} -> {probs}
+      if (op.outputs.size() == 1) {  // per-op recomputation reads the top-k back: -> {probs}
         dev_.moe_route_forward(f(op.outputs[0]), ExpertIdx(), nullptr, v(op.inputs[0]), t, N, n_experts_,
                                top_k_, moe_renorm_);
         break;

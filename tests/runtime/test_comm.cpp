@@ -18,8 +18,12 @@ namespace {
 
 // Rank r sends rank d (r + 2 d) % 3 elements: zero-length blocks included, and the counts
 // differ by direction.
-uint64_t count(int r, int d) { return static_cast<uint64_t>((r + 2 * d) % 3); }
-float value(int r, int d, uint64_t i) { return static_cast<float>(1000 * r + 100 * d) + static_cast<float>(i); }
+uint64_t count(int r, int d) {
+  return static_cast<uint64_t>((r + 2 * d) % 3);
+}
+float value(int r, int d, uint64_t i) {
+  return static_cast<float>(1000 * r + 100 * d) + static_cast<float>(i);
+}
 
 // One all-to-all over `c`, in its own rank numbering, checked.
 void check_all_to_all(runtime::Comm& c) {

@@ -11,7 +11,8 @@
 // Tolerances, relative to the tensor's largest |want|: the forward is fp32 over sums of <= 130
 // terms with an online rescaling (a few more roundings per term than the three steps): 1e-5
 // (the kernels' forward bound, kernel_check.hpp's kFwdTol); gradients 3e-5 (kBwdTol).
-// Observed: ~1e-7 (worst 1.8e-7 of the scale). A wrong block boundary, a lost rescale or a missed mask term is off by O(1).
+// Observed: ~1e-7 (worst 1.8e-7 of the scale). A wrong block boundary, a lost rescale or a missed
+// mask term is off by O(1).
 #include <doctest/doctest.h>
 
 #include <omp.h>
@@ -37,7 +38,8 @@ struct Ref {
 };
 Ref reference(const DVec& qkv, const cpu::AttnShape& s) {
   const int64_t R = s.row(), O = s.out_row(), G = s.group();
-  Ref r{DVec(static_cast<std::size_t>(s.B * s.T * O), 0.0), DVec(static_cast<std::size_t>(s.B * s.NH * s.T))};
+  Ref r{DVec(static_cast<std::size_t>(s.B * s.T * O), 0.0),
+        DVec(static_cast<std::size_t>(s.B * s.NH * s.T))};
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.NH; ++h)
       for (int64_t t = 0; t < s.T; ++t) {
@@ -119,7 +121,8 @@ const cpu::AttnShape kShapes[] = {
 
 }  // namespace
 
-TEST_CASE("flash attention: out and lse against float64 attention, gradients by finite differences") {
+TEST_CASE(
+    "flash attention: out and lse against float64 attention, gradients by finite differences") {
   std::mt19937 rng(71);
   for (const cpu::AttnShape& s : kShapes) {
     CAPTURE(s.T);
@@ -185,13 +188,15 @@ TEST_CASE("flash attention equals the three-step attention, with and without att
       if (p > 0.0f) {  // the dropout is real: another key gives another output
         const Flash g = flash(qkv, dout, dqkv0, s, p, key + 1);
         double diff = 0.0;
-        for (std::size_t i = 0; i < g.out.size(); ++i) diff = std::max(diff, double(std::abs(g.out[i] - f.out[i])));
+        for (std::size_t i = 0; i < g.out.size(); ++i)
+          diff = std::max(diff, double(std::abs(g.out[i] - f.out[i])));
         CHECK(diff > 1e-3);
       }
     }
 }
 
-TEST_CASE("flash attention: the same bits on 1 and 2 threads; bad shapes and probabilities refused") {
+TEST_CASE(
+    "flash attention: the same bits on 1 and 2 threads; bad shapes and probabilities refused") {
   std::mt19937 rng(73);
   const cpu::AttnShape s{2, 200, 6, 2, 16, 0};
   const Vec qkv = randn(static_cast<std::size_t>(s.B * s.T * s.row()), 1.0f, rng);
@@ -208,10 +213,12 @@ TEST_CASE("flash attention: the same bits on 1 and 2 threads; bad shapes and pro
   CHECK(one.dqkv == two.dqkv);
 
   Vec x(4096), y(4096), z(4096);
-  CHECK_THROWS_AS(cpu::flash_attention_forward(x.data(), y.data(), z.data(), {1, 4, 4, 3, 2, 0}, 0.0f, 0),
-                  zp::Error);
-  CHECK_THROWS_AS(cpu::flash_attention_forward(x.data(), y.data(), z.data(), {1, 4, 4, 2, 2, 0}, 1.0f, 0),
-                  zp::Error);
+  CHECK_THROWS_AS(
+      cpu::flash_attention_forward(x.data(), y.data(), z.data(), {1, 4, 4, 3, 2, 0}, 0.0f, 0),
+      zp::Error);
+  CHECK_THROWS_AS(
+      cpu::flash_attention_forward(x.data(), y.data(), z.data(), {1, 4, 4, 2, 2, 0}, 1.0f, 0),
+      zp::Error);
   CHECK_THROWS_AS(cpu::flash_attention_backward(x.data(), y.data(), z.data(), x.data(), y.data(),
                                                 z.data(), x.data(), {1, 4, 4, 2, 2, -1}, 0.0f, 0),
                   zp::Error);

@@ -35,14 +35,20 @@ cpu::AttnShape g_shape{1, 2048, 12, 4, 64, 0};
 std::size_t sq(const cpu::AttnShape& s) {  // one (B, NH, T, T) tensor's elements
   return static_cast<std::size_t>(s.B * s.NH * s.T * s.T);
 }
-std::size_t rows(const cpu::AttnShape& s) { return static_cast<std::size_t>(s.B * s.T); }
+std::size_t rows(const cpu::AttnShape& s) {
+  return static_cast<std::size_t>(s.B * s.T);
+}
 
 // Bytes beyond q|k|v, out, dout and dqkv: the three steps keep preatt and att (B,NH,T,T) from
 // the forward and one more for datt (dpreatt is written in place); flash keeps lse (B,NH,T)
-// and its backward's dq_acc (B,T,NH*HS) and dsum (B,NH,T) (the planner's graph.cpp counts the same).
-double three_step_bytes(const cpu::AttnShape& s) { return 3.0 * 4.0 * static_cast<double>(sq(s)); }
+// and its backward's dq_acc (B,T,NH*HS) and dsum (B,NH,T) (the planner's graph.cpp counts the
+// same).
+double three_step_bytes(const cpu::AttnShape& s) {
+  return 3.0 * 4.0 * static_cast<double>(sq(s));
+}
 double flash_bytes(const cpu::AttnShape& s) {
-  return 4.0 * (2.0 * static_cast<double>(s.B * s.NH * s.T) + static_cast<double>(rows(s) * s.out_row()));
+  return 4.0 *
+         (2.0 * static_cast<double>(s.B * s.NH * s.T) + static_cast<double>(rows(s) * s.out_row()));
 }
 
 struct Inputs {
@@ -67,7 +73,8 @@ struct ThreeStep {
     cpu::attention_values(out.data(), att.data(), in.qkv.data(), s);
     std::fill(datt.begin(), datt.end(), 0.0f);
     std::fill(dqkv.begin(), dqkv.end(), 0.0f);
-    cpu::attention_values_backward(datt.data(), dqkv.data(), in.dout.data(), att.data(), in.qkv.data(), s);
+    cpu::attention_values_backward(datt.data(), dqkv.data(), in.dout.data(), att.data(),
+                                   in.qkv.data(), s);
     cpu::attention_softmax_backward(datt.data(), datt.data(), att.data(), s);
     cpu::attention_scores_backward(dqkv.data(), datt.data(), in.qkv.data(), s);
   }
@@ -76,8 +83,11 @@ struct ThreeStep {
 struct Flash {
   std::vector<float> out, lse, dq_acc, dsum, dqkv;
   explicit Flash(const cpu::AttnShape& s)
-      : out(rows(s) * s.out_row()), lse(static_cast<std::size_t>(s.B * s.NH * s.T)),
-        dq_acc(rows(s) * s.out_row()), dsum(lse.size()), dqkv(rows(s) * s.row()) {}
+      : out(rows(s) * s.out_row()),
+        lse(static_cast<std::size_t>(s.B * s.NH * s.T)),
+        dq_acc(rows(s) * s.out_row()),
+        dsum(lse.size()),
+        dqkv(rows(s) * s.row()) {}
   void run(const Inputs& in, const cpu::AttnShape& s) {
     cpu::flash_attention_forward(out.data(), lse.data(), in.qkv.data(), s, 0.0f, 0);
     std::fill(dqkv.begin(), dqkv.end(), 0.0f);
@@ -105,8 +115,10 @@ std::string check_answers(const cpu::AttnShape& s) {
     a.run(in, s);
     f.run(in, s);
     const double eo = rel_error(f.out, a.out), eg = rel_error(f.dqkv, a.dqkv);
-    return eo <= 1e-4 && eg <= 1e-4 ? std::string()
-                                    : fmt::format("flash disagrees with the three steps: out {:.2e}, dqkv {:.2e}", eo, eg);
+    return eo <= 1e-4 && eg <= 1e-4
+               ? std::string()
+               : fmt::format("flash disagrees with the three steps: out {:.2e}, dqkv {:.2e}", eo,
+                             eg);
   }();
   return verdict;
 }
@@ -141,9 +153,11 @@ void print_ratios(const zp::bench::RatioReporter& r) {
              s.B, s.T, s.NH, s.KVH, s.HS, omp_get_max_threads());
   fmt::print("  flash time / three-step time (forward + backward): {:.2f}x (goal <= 1.5x: {})\n",
              ratio, ratio <= 1.5 ? "met" : "NOT met");
-  fmt::print("  attention memory: flash {:.2f} MiB (O(T)), three steps {:.1f} MiB (O(T^2)): {:.0f}x less\n",
-             flash_bytes(s) / 1048576.0, three_step_bytes(s) / 1048576.0,
-             three_step_bytes(s) / flash_bytes(s));
+  fmt::print(
+      "  attention memory: flash {:.2f} MiB (O(T)), three steps {:.1f} MiB (O(T^2)): {:.0f}x "
+      "less\n",
+      flash_bytes(s) / 1048576.0, three_step_bytes(s) / 1048576.0,
+      three_step_bytes(s) / flash_bytes(s));
 }
 
 int64_t env_int(const char* name, int64_t fallback) {
