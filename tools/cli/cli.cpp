@@ -49,7 +49,8 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "eager (softmax of T x T scores kept for backward, transformers' "
                  "attn_implementation=\"eager\"), sdpa (PyTorch's fused scaled_dot_product_"
                  "attention, transformers' default: no T x T tensor kept) or flash (the same "
-                 "memory) [sdpa with --profile deepspeed, eager with zeroplan: zero-run's kernels]")
+                 "memory; zero-run runs it on the cpu backend) [sdpa with --profile deepspeed, "
+                 "eager with zeroplan: zero-run's three-step kernels, which its CUDA backend runs too]")
       ->group(g);
   app.add_flag("--flash-attention", f.flash_attention, "the same as --attention flash")->group(g);
   app.add_option("--offload-optimizer", f.offload_optimizer,
