@@ -91,6 +91,13 @@ void run(const std::string& variant, const zp::models::RopeSpec& rope) {
   });
 }
 
+// transformers' default rotary table (rope_type "default") of base theta.
+zp::models::RopeSpec default_rope(double theta) {
+  zp::models::RopeSpec r;
+  r.theta = theta;
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("a tiny LLaMA (GQA, llama3 rotary table, RMSNorm, SwiGLU, untied head) matches PyTorch") {
@@ -105,37 +112,25 @@ TEST_CASE("a tiny LLaMA (GQA, llama3 rotary table, RMSNorm, SwiGLU, untied head)
 }
 
 TEST_CASE("a tiny Mistral (a sliding window of 5 keys) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("mistral", r);
+  run("mistral", default_rope(1000000.0));
 }
 
 TEST_CASE("a tiny Qwen2 (q/k/v biases, default rotary table) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("qwen2", r);
+  run("qwen2", default_rope(1000000.0));
 }
 
 TEST_CASE("a tiny Qwen3 (per-head q/k norms before the rotation) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("qwen3", r);
+  run("qwen3", default_rope(1000000.0));
 }
 
 TEST_CASE("a tiny Mixtral (4 experts, top 2 renormalised, load-balancing loss) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("mixtral", r);
+  run("mixtral", default_rope(1000000.0));
 }
 
 TEST_CASE("a tiny Qwen2-MoE (a dense layer, a gated shared expert, top 2 as routed) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("qwen2_moe", r);
+  run("qwen2_moe", default_rope(1000000.0));
 }
 
 TEST_CASE("a tiny Qwen3-MoE (q/k norms, top 2 renormalised) matches PyTorch") {
-  zp::models::RopeSpec r;
-  r.theta = 1000000.0;
-  run("qwen3_moe", r);
+  run("qwen3_moe", default_rope(1000000.0));
 }
