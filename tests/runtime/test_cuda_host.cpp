@@ -9,7 +9,10 @@
 
 #include "process.hpp"
 #include "zp/error.hpp"
+#include "zp/models/model_spec.hpp"
+#include "zp/planner/plan.hpp"
 #include "zp/runtime/cuda.hpp"
+#include "zp/runtime/engine.hpp"
 
 #ifdef ZP_TEST_NCCL_TYPES
 #include "nccl_types.hpp"
@@ -95,3 +98,13 @@ TEST_CASE("NCCL types: fp32, fp16 and bf16 map to the NCCL types of the same enc
   }
 }
 #endif
+
+TEST_CASE("the CUDA backend refuses Mixture-of-Experts plans before allocating, naming them") {
+  const zp::models::ModelSpec m = zp::models::load_model("mixtral-tiny");
+  zp::planner::Strategy s;
+  s.seq = 32;
+  const zp::planner::Plan plan = zp::planner::make_plan(m, s, {zp::planner::Profile::zeroplan, zp::planner::Backend::cpu}, 1);
+  CHECK_THROWS_WITH_AS(Engine::check(plan, "cuda", 1),
+                       doctest::Contains("does not run Mixture-of-Experts layers yet"), zp::Error);
+  CHECK_NOTHROW(Engine::check(plan, "cpu", 1));
+}

@@ -109,6 +109,22 @@ struct Both {
       d->copy(dev, h.data(), p.n * sizeof(U));
     }
   }
+  // Zero what lies outside each row's keys first_key(t)..t of (rows, T, T) score matrices
+  // (cpu::AttnShape::first_key with a sliding window; window 0 is zero_upper).
+  template <class U>
+  void zero_outside(const Pair<U>& p, int64_t t_len, int64_t window) {
+    for (Device* d : {cpu.get(), gpu.get()}) {
+      U* dev = d == cpu.get() ? p.c : p.g;
+      std::vector<U> h = get(*d, dev, p.n);
+      for (std::size_t i = 0; i < p.n; ++i) {
+        const auto k = static_cast<int64_t>(i);
+        const int64_t t2 = k % t_len, t = k / t_len % t_len;
+        const int64_t lo = window > 0 && t >= window ? t - window + 1 : 0;
+        if (t2 > t || t2 < lo) h[i] = U{};
+      }
+      d->copy(dev, h.data(), p.n * sizeof(U));
+    }
+  }
   template <class T>
   bool identical(const Pair<T>& p) {
     const std::vector<T> c = get(*cpu, p.c, p.n), g = get(*gpu, p.g, p.n);
@@ -217,6 +233,157 @@ TEST_CASE("cuda attention, three steps forward and backward, equals the cpu back
   b.cpu->attention_scores_backward(dqkv.c, datt.c, qkv.c, DType::fp32, B, T, C, NH);
   b.gpu->attention_scores_backward(dqkv.g, datt.g, qkv.g, DType::fp32, B, T, C, NH);
   CHECK_CLOSE(b, dqkv, kReorder);
+}
+
+// ---- LLaMA-family blocks (fp32) -------------------------------------------------------------
+// Grouped-query shapes: 6 query heads over 2 key/value heads of 40 (a head crosses a warp's 32
+// lanes), fused q|k|v rows and separate tensors, sliding windows of 5 and none.
+namespace {
+constexpr int64_t LNH = 6, LKVH = 2, LHS = 40, LR = (LNH + 2 * LKVH) * LHS;
+}  // namespace
+
+TEST_CASE("cuda RMSNorm, q/k head norms, RoPE, SwiGLU and the sigmoid gate equal the cpu backend") {
+  Both b;
+  const int64_t Cl = 72;
+  const auto x = b.rand(N * Cl, 2.0f), w = b.rand(Cl);
+  auto y = b.rand(N * Cl), stats = b.rand(N);
+  b.cpu->rmsnorm_forward(y.c, stats.c, x.c, w.c, 1e-6f, DType::fp32, N, Cl);
+  b.gpu->rmsnorm_forward(y.g, stats.g, x.g, w.g, 1e-6f, DType::fp32, N, Cl);
+  CHECK_CLOSE(b, y, kReorder);
+  CHECK_CLOSE(b, stats, kReorder);
+  auto dx = b.rand(N * Cl), dw = b.rand(Cl);  // accumulated into
+  const auto dy = b.rand(N * Cl);
+  const auto rs = b.put(b.get(*b.cpu, stats.c, stats.n));  // both read the cpu's stats
+  b.cpu->rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rs.c, DType::fp32, N, Cl);
+  b.gpu->rmsnorm_backward(dx.g, dw.g, dy.g, x.g, w.g, rs.g, DType::fp32, N, Cl);
+  CHECK_CLOSE(b, dx, kReorder);
+  CHECK_CLOSE(b, dw, kReorder);
+
+  // Qwen3's per-head norms over the q and k heads of fused rows, then in place backward.
+  const auto qkv = b.rand(N * LR);
+  const Device::Heads h{LNH, LKVH, LHS, 0};
+  const Device::QkvIn fc{qkv.c, qkv.c + LNH * LHS, qkv.c + (LNH + LKVH) * LHS, LR, LR, LR};
+  const Device::QkvIn fg{qkv.g, qkv.g + LNH * LHS, qkv.g + (LNH + LKVH) * LHS, LR, LR, LR};
+  const auto hw = b.rand(2 * LHS);
+  auto qk = b.rand(N * (LNH + LKVH) * LHS), hstats = b.rand(N * (LNH + LKVH));
+  b.cpu->head_rmsnorm_forward(qk.c, hstats.c, fc, hw.c, 1e-6f, DType::fp32, N, h);
+  b.gpu->head_rmsnorm_forward(qk.g, hstats.g, fg, hw.g, 1e-6f, DType::fp32, N, h);
+  CHECK_CLOSE(b, qk, kReorder);
+  CHECK_CLOSE(b, hstats, kReorder);
+  auto dqkv = b.rand(N * LR), dhw = b.rand(2 * LHS);
+  const auto same = b.put(b.get(*b.cpu, hstats.c, hstats.n));  // both read the cpu's stats
+  b.cpu->head_rmsnorm_backward(dqkv.c, dhw.c, fc, hw.c, same.c, DType::fp32, N, h);
+  b.gpu->head_rmsnorm_backward(dqkv.g, dhw.g, fg, hw.g, same.g, DType::fp32, N, h);
+  CHECK_CLOSE(b, dqkv, kReorder);  // v heads untouched, q and k rewritten
+  CHECK_CLOSE(b, dhw, kReorder);
+
+  // RoPE in place over the q and k heads of fused rows, partial rotation (24 of 40 dims), a
+  // YaRN-like mscale; the same fp32 angles, cos and sin rounded once from double on both.
+  const int64_t rot = 24;
+  std::vector<float> inv_freq(rot / 2);
+  for (int64_t i = 0; i < rot / 2; ++i)
+    inv_freq[static_cast<std::size_t>(i)] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / rot);
+  auto r = b.rand(N * LR);
+  b.cpu->rope_forward(r.c, inv_freq.data(), 1.1f, DType::fp32, B, T, LR, LNH + LKVH, LHS, rot);
+  b.gpu->rope_forward(r.g, inv_freq.data(), 1.1f, DType::fp32, B, T, LR, LNH + LKVH, LHS, rot);
+  CHECK_CLOSE(b, r, kUlps);
+  b.cpu->rope_backward(r.c, inv_freq.data(), 1.1f, DType::fp32, B, T, LR, LNH + LKVH, LHS, rot);
+  b.gpu->rope_backward(r.g, inv_freq.data(), 1.1f, DType::fp32, B, T, LR, LNH + LKVH, LHS, rot);
+  CHECK_CLOSE(b, r, kUlps);
+
+  const int64_t F = 37;
+  const auto gate = b.rand(N * F, 3.0f), up = b.rand(N * F), go = b.rand(N * F);
+  auto act = b.rand(N * F), dgu = b.rand(N * 2 * F);
+  b.cpu->swiglu_forward(act.c, gate.c, up.c, DType::fp32, N * F);
+  b.gpu->swiglu_forward(act.g, gate.g, up.g, DType::fp32, N * F);
+  CHECK_CLOSE(b, act, kUlps);
+  b.cpu->swiglu_backward(dgu.c, go.c, gate.c, up.c, DType::fp32, N, F);
+  b.gpu->swiglu_backward(dgu.g, go.g, gate.g, up.g, DType::fp32, N, F);
+  CHECK_CLOSE(b, dgu, kUlps);
+
+  const auto gl = b.rand(N, 2.0f);
+  auto gm = b.rand(N * F), gdx = b.rand(N * F), gdg = b.rand(N);
+  b.cpu->gate_mul_forward(gm.c, up.c, gl.c, DType::fp32, N, F);
+  b.gpu->gate_mul_forward(gm.g, up.g, gl.g, DType::fp32, N, F);
+  CHECK_CLOSE(b, gm, kUlps);
+  b.cpu->gate_mul_backward(gdx.c, gdg.c, go.c, up.c, gl.c, DType::fp32, N, F);
+  b.gpu->gate_mul_backward(gdx.g, gdg.g, go.g, up.g, gl.g, DType::fp32, N, F);
+  CHECK_CLOSE(b, gdx, kUlps);
+  CHECK_CLOSE(b, gdg, kReorder);
+}
+
+TEST_CASE("cuda grouped-query attention (cuBLAS, shared key/value heads) equals the cpu backend") {
+  Both b;
+  const int64_t A = B * LNH * T * T, O = LNH * LHS;
+  for (int64_t window : {int64_t{0}, int64_t{5}})
+    for (bool fused : {true, false}) {
+      CAPTURE(window);
+      CAPTURE(fused);
+      const Device::Heads h{LNH, LKVH, LHS, window};
+      const auto qkv = b.rand(N * LR);
+      const auto q = b.rand(N * LNH * LHS), k = b.rand(N * LKVH * LHS), v = b.rand(N * LKVH * LHS);
+      const Device::QkvIn ic = fused ? Device::QkvIn{qkv.c, qkv.c + LNH * LHS, qkv.c + (LNH + LKVH) * LHS, LR, LR, LR}
+                                     : Device::QkvIn{q.c, k.c, v.c, LNH * LHS, LKVH * LHS, LKVH * LHS};
+      const Device::QkvIn ig = fused ? Device::QkvIn{qkv.g, qkv.g + LNH * LHS, qkv.g + (LNH + LKVH) * LHS, LR, LR, LR}
+                                     : Device::QkvIn{q.g, k.g, v.g, LNH * LHS, LKVH * LHS, LKVH * LHS};
+      auto preatt = b.rand(A);
+      b.cpu->gqa_scores(preatt.c, ic, DType::fp32, B, T, h);
+      b.gpu->gqa_scores(preatt.g, ig, DType::fp32, B, T, h);
+      b.zero_outside(preatt, T, window);  // defined on each row's keys only
+      CHECK_CLOSE(b, preatt, kReorder);
+      auto att = b.rand(A);
+      b.cpu->gqa_softmax(att.c, preatt.c, DType::fp32, B, T, h);
+      b.gpu->gqa_softmax(att.g, preatt.g, DType::fp32, B, T, h);
+      CHECK_CLOSE(b, att, kReorder);
+      auto out = b.rand(N * O);
+      b.cpu->gqa_values(out.c, att.c, ic, DType::fp32, B, T, h);
+      b.gpu->gqa_values(out.g, att.g, ig, DType::fp32, B, T, h);
+      CHECK_CLOSE(b, out, kReorder);
+      const auto dout = b.rand(N * O);
+      auto datt = b.rand(A), dqkv = b.rand(N * LR);
+      b.cpu->gqa_values_backward(datt.c, dqkv.c, dout.c, att.c, ic, DType::fp32, B, T, h);
+      b.gpu->gqa_values_backward(datt.g, dqkv.g, dout.g, att.g, ig, DType::fp32, B, T, h);
+      b.zero_outside(datt, T, window);
+      CHECK_CLOSE(b, datt, kReorder);
+      CHECK_CLOSE(b, dqkv, kReorder);
+      b.cpu->gqa_softmax_backward(datt.c, datt.c, att.c, DType::fp32, B, T, h);  // in place
+      b.gpu->gqa_softmax_backward(datt.g, datt.g, att.g, DType::fp32, B, T, h);
+      CHECK_CLOSE(b, datt, kReorder);
+      b.cpu->gqa_scores_backward(dqkv.c, datt.c, ic, DType::fp32, B, T, h);
+      b.gpu->gqa_scores_backward(dqkv.g, datt.g, ig, DType::fp32, B, T, h);
+      CHECK_CLOSE(b, dqkv, kReorder);
+    }
+}
+
+TEST_CASE("cuda flash attention forward and backward equal the cpu backend's, with dropout") {
+  Both b;
+  // 70 queries: three chunks of 32 keys, the last partial; windows of 5 and 40 and none.
+  const int64_t Tf = 70, Nf = B * Tf, O = LNH * LHS;
+  for (int64_t window : {int64_t{0}, int64_t{5}, int64_t{40}})
+    for (float p : {0.0f, 0.1f}) {
+      CAPTURE(window);
+      CAPTURE(p);
+      const Device::Heads h{LNH, LKVH, LHS, window};
+      const auto qkv = b.rand(Nf * LR);
+      const Device::QkvIn ic{qkv.c, qkv.c + LNH * LHS, qkv.c + (LNH + LKVH) * LHS, LR, LR, LR};
+      const Device::QkvIn ig{qkv.g, qkv.g + LNH * LHS, qkv.g + (LNH + LKVH) * LHS, LR, LR, LR};
+      auto out = b.rand(Nf * O), lse = b.rand(B * LNH * Tf);
+      b.cpu->flash_attention_forward(out.c, lse.c, ic, DType::fp32, B, Tf, h, p, 777);
+      b.gpu->flash_attention_forward(out.g, lse.g, ig, DType::fp32, B, Tf, h, p, 777);
+      CHECK_CLOSE(b, out, kReorder);
+      CHECK_CLOSE(b, lse, kReorder);
+      // The backward from the cpu's forward on both (one op's differences do not feed the next).
+      const auto same_out = b.put(b.get(*b.cpu, out.c, out.n));
+      const auto same_lse = b.put(b.get(*b.cpu, lse.c, lse.n));
+      const auto dout = b.rand(Nf * O);
+      auto dqkv = b.rand(Nf * LR), dq_acc = b.rand(Nf * O), dsum = b.rand(B * LNH * Tf);
+      b.cpu->flash_attention_backward(dqkv.c, dq_acc.c, dsum.c, dout.c, ic, same_out.c, same_lse.c,
+                                      DType::fp32, B, Tf, h, p, 777);
+      b.gpu->flash_attention_backward(dqkv.g, dq_acc.g, dsum.g, dout.g, ig, same_out.g, same_lse.g,
+                                      DType::fp32, B, Tf, h, p, 777);
+      CHECK_CLOSE(b, dqkv, kReorder);
+      CHECK_CLOSE(b, dsum, kReorder);
+    }
 }
 
 TEST_CASE("cuda gelu, residual and cross-entropy equal the cpu backend") {

@@ -319,7 +319,7 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
     }
   };
   const std::string base = tiny_config(false);
-  refuses(base, planner::Backend::cuda, "cpu backend in fp32 only");
+  refuses(base, planner::Backend::cuda, "fp32 activations only so far");
   std::string dropout = base;
   dropout.insert(dropout.size() - 1, R"(, "attention_dropout": 0.1)");
   refuses(dropout, planner::Backend::cpu, "attention dropout");

@@ -597,47 +597,152 @@ void CudaDevice::add_f32(float* dst, const void* src, DType t, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += load_as_f32(src, static_cast<std::size_t>(i), t);
 }
 
-// ---- LLaMA-family blocks: not on the GPU yet -----------------------------------------------
+// ---- LLaMA-family blocks: kernels_llama.cu, and grouped-query attention on cuBLAS ----------
 
 namespace {
-[[noreturn]] void not_on_gpu(const char* op) {
-  throw Error(fmt::format("the CUDA backend does not run {} yet (LLaMA-family blocks)", op),
-              "run LLaMA-family plans with --device cpu for now");
+cuda::QkvRows rows_of(const Device::QkvIn& in) {
+  return {in.q, in.k, in.v, in.q_row, in.k_row, in.v_row};
+}
+cuda::AttnDims dims_of(int64_t B, int64_t T, const Device::Heads& h) {
+  return {B, T, h.NH, h.KVH, h.HS, h.window};
+}
+void check_gqa(const Device::QkvIn& in, const Device::Heads& h, const char* what) {
+  if (h.NH <= 0 || h.KVH <= 0 || h.HS <= 0 || h.NH % h.KVH != 0 || h.window < 0 ||
+      in.q_row < h.NH * h.HS || in.k_row < h.KVH * h.HS || in.v_row < h.KVH * h.HS)
+    throw Error(fmt::format("cuda {}: {} query heads, {} key/value heads of {}, rows of {}, {}, {}",
+                            what, h.NH, h.KVH, h.HS, in.q_row, in.k_row, in.v_row),
+                "the query heads must be a positive multiple of the key/value heads, and each row "
+                "must hold all of its heads");
 }
 }  // namespace
 
-void CudaDevice::rmsnorm_forward(void*, float*, const void*, const void*, float, DType, int64_t,
-                                 int64_t) { not_on_gpu("rmsnorm"); }
-void CudaDevice::rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*,
-                                  DType, int64_t, int64_t) { not_on_gpu("rmsnorm"); }
-void CudaDevice::rope_forward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t,
-                              int64_t, int64_t) { not_on_gpu("rope"); }
-void CudaDevice::rope_backward(void*, const float*, float, DType, int64_t, int64_t, int64_t, int64_t,
-                               int64_t, int64_t) { not_on_gpu("rope"); }
-void CudaDevice::swiglu_forward(void*, const void*, const void*, DType, int64_t) { not_on_gpu("swiglu"); }
-void CudaDevice::swiglu_backward(void*, const void*, const void*, const void*, DType, int64_t,
-                                 int64_t) { not_on_gpu("swiglu"); }
-void CudaDevice::gqa_scores(void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight,
+                                 float eps, DType t, int64_t N, int64_t C) {
+  cuda::rmsnorm_forward(compute(), out, stats, inp, weight, eps, t, N, C);
 }
-void CudaDevice::gqa_softmax(void*, const void*, DType, int64_t, int64_t, const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                  const void* weight, const float* stats, DType t, int64_t N,
+                                  int64_t C) {
+  cuda::rmsnorm_backward(compute(), dinp, dweight, dout, inp, weight, stats, t, N, C);
 }
-void CudaDevice::gqa_softmax_backward(void*, const void*, const void*, DType, int64_t, int64_t,
-                                      const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B,
+                              int64_t T, int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  cuda::rope(compute(), true, x, inv_freq, mscale, t, B, T, row, n_heads, HS, rot);
 }
-void CudaDevice::gqa_values(void*, const void*, const QkvIn&, DType, int64_t, int64_t, const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B,
+                               int64_t T, int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  cuda::rope(compute(), false, dx, inv_freq, mscale, t, B, T, row, n_heads, HS, rot);
 }
-void CudaDevice::gqa_values_backward(void*, void*, const void*, const void*, const QkvIn&, DType,
-                                     int64_t, int64_t, const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) {
+  cuda::swiglu_forward(compute(), out, gate, up, t, n);
 }
-void CudaDevice::gqa_scores_backward(void*, const void*, const QkvIn&, DType, int64_t, int64_t,
-                                     const Heads&) {
-  not_on_gpu("grouped-query attention");
+void CudaDevice::swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up,
+                                 DType t, int64_t N, int64_t F) {
+  cuda::swiglu_backward(compute(), dgate_up, dout, gate, up, t, N, F);
 }
+
+// Grouped-query attention's products, as attention_scores & co. above, with query head h
+// reading key/value head h / G (G = NH / KVH): per sequence and key/value head, one
+// strided-batched GEMM over the group's G query heads whose key (or value) operand has stride 0,
+// so the group shares it without a copy. The gradients of a shared key/value head are sums over
+// the group's query heads: G GEMMs in head order, each adding into it (beta = 1). The score
+// products fill whole T x T matrices (unspecified outside each row's keys: the softmax and its
+// backward read only first_key(t)..t and write zeros elsewhere).
+void CudaDevice::gqa_scores(void* preatt, const QkvIn& in, DType t, int64_t B, int64_t T,
+                            const Heads& h) {
+  check_gqa(in, h, "gqa_scores");
+  if (B * T == 0) return;
+  const int64_t G = h.NH / h.KVH, HS = h.HS, eb = static_cast<int64_t>(dtype_bytes(t));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kv = 0; kv < h.KVH; ++kv) {
+      const auto* q = static_cast<const std::byte*>(in.q) + (b * T * in.q_row + kv * G * HS) * eb;
+      const auto* k = static_cast<const std::byte*>(in.k) + (b * T * in.k_row + kv * HS) * eb;
+      // S_h (T,T) = Q_h K^T * scale:  S^T = K Q^T  [K: col-major (HS,T), transposed]
+      gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, scale, k, in.k_row, 0, q, in.q_row, HS, 0.0f,
+                   static_cast<std::byte*>(preatt) + (b * h.NH + kv * G) * T * T * eb, T, T * T, G, t,
+                   "gqa_scores");
+    }
+}
+void CudaDevice::gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
+                             const Heads& h) {
+  cuda::attention_softmax(compute(), att, preatt, t, B, h.NH, T, h.window);
+}
+void CudaDevice::gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                      int64_t B, int64_t T, const Heads& h) {
+  cuda::attention_softmax_backward(compute(), dpreatt, datt, att, t, B, h.NH, T, h.window);
+}
+void CudaDevice::gqa_values(void* out, const void* att, const QkvIn& in, DType t, int64_t B,
+                            int64_t T, const Heads& h) {
+  check_gqa(in, h, "gqa_values");
+  if (B * T == 0) return;
+  const int64_t G = h.NH / h.KVH, HS = h.HS, O = h.NH * HS, eb = static_cast<int64_t>(dtype_bytes(t));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kv = 0; kv < h.KVH; ++kv) {
+      const auto* v = static_cast<const std::byte*>(in.v) + (b * T * in.v_row + kv * HS) * eb;
+      // O_h (T,HS) = A_h (T,T) V (T,HS):  O^T = V^T A^T
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, 1.0f, v, in.v_row, 0,
+                   static_cast<const std::byte*>(att) + (b * h.NH + kv * G) * T * T * eb, T, T * T,
+                   0.0f, static_cast<std::byte*>(out) + (b * T * O + kv * G * HS) * eb, O, HS, G, t,
+                   "gqa_values");
+    }
+}
+void CudaDevice::gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                                     const QkvIn& in, DType t, int64_t B, int64_t T,
+                                     const Heads& h) {
+  check_gqa(in, h, "gqa_values_backward");
+  if (B * T == 0) return;
+  const int64_t G = h.NH / h.KVH, HS = h.HS, O = h.NH * HS, R = (h.NH + 2 * h.KVH) * HS;
+  const int64_t eb = static_cast<int64_t>(dtype_bytes(t));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kv = 0; kv < h.KVH; ++kv) {
+      const auto* v = static_cast<const std::byte*>(in.v) + (b * T * in.v_row + kv * HS) * eb;
+      const auto* g = static_cast<const std::byte*>(dout) + (b * T * O + kv * G * HS) * eb;
+      // dA_h (T,T) += dO_h V^T:  dA^T += V dO^T  [V: col-major (HS,T), transposed]
+      gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, 1.0f, v, in.v_row, 0, g, O, HS, 1.0f,
+                   static_cast<std::byte*>(datt) + (b * h.NH + kv * G) * T * T * eb, T, T * T, G, t,
+                   "gqa_values_backward datt");
+      // dV (T,HS) += A_h^T dO_h over the group's heads in order:  dV^T += dO_h^T A_h
+      auto* dv = static_cast<std::byte*>(dqkv) + (b * T * R + (h.NH + h.KVH) * HS + kv * HS) * eb;
+      for (int64_t j = 0; j < G; ++j)
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, 1.0f, g + j * HS * eb, O, HS,
+                     static_cast<const std::byte*>(att) + (b * h.NH + kv * G + j) * T * T * eb, T,
+                     T * T, 1.0f, dv, R, HS, 1, t, "gqa_values_backward dv");
+    }
+}
+void CudaDevice::gqa_scores_backward(void* dqkv, const void* dpreatt, const QkvIn& in, DType t,
+                                     int64_t B, int64_t T, const Heads& h) {
+  check_gqa(in, h, "gqa_scores_backward");
+  if (B * T == 0) return;
+  const int64_t G = h.NH / h.KVH, HS = h.HS, R = (h.NH + 2 * h.KVH) * HS;
+  const int64_t eb = static_cast<int64_t>(dtype_bytes(t));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kv = 0; kv < h.KVH; ++kv) {
+      const auto* q = static_cast<const std::byte*>(in.q) + (b * T * in.q_row + kv * G * HS) * eb;
+      const auto* k = static_cast<const std::byte*>(in.k) + (b * T * in.k_row + kv * HS) * eb;
+      const auto* d = static_cast<const std::byte*>(dpreatt) + (b * h.NH + kv * G) * T * T * eb;
+      auto* dq = static_cast<std::byte*>(dqkv) + (b * T * R + kv * G * HS) * eb;
+      auto* dk = static_cast<std::byte*>(dqkv) + (b * T * R + h.NH * HS + kv * HS) * eb;
+      // dQ_h (T,HS) += dS_h K * scale:  dQ^T += K^T dS^T
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, scale, k, in.k_row, 0, d, T, T * T, 1.0f,
+                   dq, R, HS, G, t, "gqa_scores_backward dq");
+      // dK (T,HS) += dS_h^T Q_h * scale over the group's heads in order:  dK^T += Q_h^T dS_h
+      for (int64_t j = 0; j < G; ++j)
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, scale, q + j * HS * eb, in.q_row, HS,
+                     d + j * T * T * eb, T, T * T, 1.0f, dk, R, HS, 1, t, "gqa_scores_backward dk");
+    }
+}
+
+// ---- Mixture of experts: not on the GPU yet (zero-run refuses such plans on --device cuda) ----
+
+namespace {
+[[noreturn]] void not_on_gpu(const char* op) {
+  throw Error(fmt::format("the CUDA backend does not run {} yet", op),
+              "run Mixture-of-Experts plans with --device cpu for now");
+}
+}  // namespace
+
 void CudaDevice::moe_route_forward(float*, ExpertIdx, float*, const void*, DType, int64_t, int64_t,
                                    int64_t, bool) { not_on_gpu("Mixture-of-Experts routing"); }
 void CudaDevice::moe_route_backward(void*, DType, const float*, const float*, ExpertIdx,
@@ -656,25 +761,33 @@ void CudaDevice::moe_combine_backward(void*, float*, const void*, const void*, c
                                       ExpertIdx, DType, int64_t, int64_t, int64_t, int64_t) {
   not_on_gpu("Mixture-of-Experts combine");
 }
-void CudaDevice::gate_mul_forward(void*, const void*, const void*, DType, int64_t, int64_t) {
-  not_on_gpu("the shared expert's gate");
+void CudaDevice::gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N,
+                                  int64_t C) {
+  cuda::gate_mul_forward(compute(), out, x, g, t, N, C);
 }
-void CudaDevice::gate_mul_backward(void*, void*, const void*, const void*, const void*, DType,
-                                   int64_t, int64_t) { not_on_gpu("the shared expert's gate"); }
-void CudaDevice::head_rmsnorm_forward(void*, float*, const QkvIn&, const void*, float, DType, int64_t,
-                                      const Heads&) { not_on_gpu("q/k norms"); }
-void CudaDevice::head_rmsnorm_backward(void*, void*, const QkvIn&, const void*, const float*, DType,
-                                       int64_t, const Heads&) { not_on_gpu("q/k norms"); }
-void CudaDevice::flash_attention_forward(void*, float*, const QkvIn&, DType, int64_t, int64_t,
-                                         const Heads&, float, uint64_t) {
-  throw Error("the CUDA backend does not run flash attention yet",
-              "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
+void CudaDevice::gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g,
+                                   DType t, int64_t N, int64_t C) {
+  cuda::gate_mul_backward(compute(), dx, dg, dout, x, g, t, N, C);
 }
-void CudaDevice::flash_attention_backward(void*, float*, float*, const void*, const QkvIn&,
-                                          const void*, const float*, DType, int64_t, int64_t,
-                                          const Heads&, float, uint64_t) {
-  throw Error("the CUDA backend does not run flash attention yet",
-              "drop --flash-attention for --device cuda plans, or run the plan with --device cpu");
+void CudaDevice::head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight,
+                                      float eps, DType t, int64_t N, const Heads& h) {
+  cuda::head_rmsnorm_forward(compute(), out, stats, rows_of(in), weight, eps, t, N, h.NH, h.KVH, h.HS);
+}
+void CudaDevice::head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
+                                       const float* stats, DType t, int64_t N, const Heads& h) {
+  cuda::head_rmsnorm_backward(compute(), dqkv, (h.NH + 2 * h.KVH) * h.HS, dweight, rows_of(in), weight,
+                              stats, t, N, h.NH, h.KVH, h.HS);
+}
+void CudaDevice::flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
+                                         int64_t T, const Heads& h, float p, uint64_t key) {
+  cuda::flash_attention_forward(compute(), out, lse, rows_of(in), t, dims_of(B, T, h), p, key);
+}
+void CudaDevice::flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
+                                          const QkvIn& in, const void* out, const float* lse, DType t,
+                                          int64_t B, int64_t T, const Heads& h, float p,
+                                          uint64_t key) {
+  cuda::flash_attention_backward(compute(), dqkv, dq_acc, dsum, dout, rows_of(in), out, lse, t,
+                                 dims_of(B, T, h), p, key);
 }
 
 // ---- the optimizer ---------------------------------------------------------------------------

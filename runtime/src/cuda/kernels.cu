@@ -15,89 +15,16 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "kernel_common.cuh"
 #include "kernels.hpp"
 #include "zp/error.hpp"
 #include "zp/runtime/kernel_math.hpp"
 
 namespace zp::runtime::cuda {
 
+using namespace common;
+
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = kThreads / kWarp;
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// Blocks for n independent items, one per thread; grid-stride loops cover the rest beyond
-// the cap (the x dimension allows 2^31 - 1 blocks; 2^20 keeps every loop index in int64).
-unsigned blocks_for(int64_t n, int64_t per_block = kThreads) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, int64_t{1} << 20));
-}
-
-#define ZP_LAUNCH_CHECK() ZP_CUDA_CHECK(cudaGetLastError())
-
-__device__ int64_t global_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
-template <typename F>
-__device__ F warp_sum(F v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-__device__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
-template <typename F>
-__device__ F block_sum(F v) {
-  __shared__ F partial[kWarp];
-  v = warp_sum(v);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();  // a previous call's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / kWarp) ? partial[lane] : F(0);
-  return warp_sum(v);
-}
-__device__ float block_max(float v) {
-  __shared__ float partial[kWarp];
-  v = warp_max(v);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / kWarp) ? partial[lane] : -INFINITY;
-  return warp_max(v);
-}
-
-// Loads and stores of storage type D (a compile-time constant: the switch in load_as_f32 /
-// store_from_f32 folds away).
-template <DType D>
-__device__ __forceinline__ float ld(const void* p, int64_t i) {
-  return load_as_f32(p, static_cast<std::size_t>(i), D);
-}
-template <DType D>
-__device__ __forceinline__ void st(void* p, int64_t i, float v) {
-  store_from_f32(p, static_cast<std::size_t>(i), D, v);
-}
-
-// An accumulation into one output element by its one owner thread, in the order of the CPU
-// kernels of the same type: fp32 from the old value on, one addition at a time (the in-place
-// updates of cpu_kernels.cpp's fp32 kernels); 16-bit as the fp32 sum of the contributions,
-// added to the old value once and rounded once (its 16-bit kernels).
-template <DType D>
-struct Acc {
-  float s;
-  __device__ Acc(const void* p, int64_t i) : s(D == DType::fp32 ? ld<D>(p, i) : 0.0f) {}
-  __device__ void add(float v) { s += v; }
-  __device__ void store(void* p, int64_t i) const {
-    st<D>(p, i, D == DType::fp32 ? s : ld<D>(p, i) + s);
-  }
-};
 
 // ---- Embedding ------------------------------------------------------------------------------
 
@@ -262,44 +189,44 @@ __global__ void broadcast_rows_k(void* out, DType out_t, const void* bias, DType
 // the diagonal, as its backward does; one warp per row.
 
 
-// One warp per row r of (B*NH*T): softmax over keys 0..t, zeros above. softmax_row's
-// arithmetic, each output stored once: expf(x - max) is summed, then written times 1 / sum.
+// One warp per row r of (B*NH*T): softmax over keys lo..t, zeros elsewhere (lo = first_key(t):
+// 0, or t - window + 1 with a sliding window). softmax_row's arithmetic, each output stored
+// once: expf(x - max) is summed, then written times 1 / sum.
 template <DType D>
-__global__ void attention_softmax_k(void* att, const void* preatt, int64_t n_rows, int64_t T) {
+__global__ void attention_softmax_k(void* att, const void* preatt, int64_t n_rows, int64_t T,
+                                    int64_t window) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= n_rows) return;
-  const int64_t t = r % T, row = r * T;
+  const int64_t t = r % T, row = r * T, lo = first_key(t, window);
   float maxv = -INFINITY;
-  for (int64_t i = lane; i <= t; i += kWarp) maxv = fmaxf(maxv, ld<D>(preatt, row + i));
+  for (int64_t i = lo + lane; i <= t; i += kWarp) maxv = fmaxf(maxv, ld<D>(preatt, row + i));
   maxv = warp_max(maxv);
   float sum = 0.0f;
-  for (int64_t i = lane; i <= t; i += kWarp) sum += expf(ld<D>(preatt, row + i) - maxv);
+  for (int64_t i = lo + lane; i <= t; i += kWarp) sum += expf(ld<D>(preatt, row + i) - maxv);
   const float inv = 1.0f / warp_sum(sum);
-  for (int64_t i = lane; i <= t; i += kWarp) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
+  for (int64_t i = lo + lane; i <= t; i += kWarp) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
+  for (int64_t i = lane; i < lo; i += kWarp) st<D>(att, row + i, 0.0f);
   for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(att, row + i, 0.0f);
 }
 
-
-
-
-// One warp per row: dx = y (dy - sum y dy) on keys 0..t, zeros above. In place allowed: the
-// dot is complete (warp_sum) before any write, and each lane writes only what it read.
+// One warp per row: dx = y (dy - sum y dy) on keys lo..t, zeros elsewhere. In place allowed:
+// the dot is complete (warp_sum) before any write, and each lane writes only what it read.
 template <DType D>
 __global__ void attention_softmax_backward_k(void* dpreatt, const void* datt, const void* att,
-                                             int64_t n_rows, int64_t T) {
+                                             int64_t n_rows, int64_t T, int64_t window) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= n_rows) return;
-  const int64_t t = r % T, row = r * T;
+  const int64_t t = r % T, row = r * T, lo = first_key(t, window);
   float dot = 0.0f;
-  for (int64_t i = lane; i <= t; i += kWarp) dot += ld<D>(att, row + i) * ld<D>(datt, row + i);
+  for (int64_t i = lo + lane; i <= t; i += kWarp) dot += ld<D>(att, row + i) * ld<D>(datt, row + i);
   dot = warp_sum(dot);
-  for (int64_t i = lane; i <= t; i += kWarp)
+  for (int64_t i = lo + lane; i <= t; i += kWarp)
     st<D>(dpreatt, row + i, ld<D>(att, row + i) * (ld<D>(datt, row + i) - dot));
+  for (int64_t i = lane; i < lo; i += kWarp) st<D>(dpreatt, row + i, 0.0f);
   for (int64_t i = t + 1 + lane; i < T; i += kWarp) st<D>(dpreatt, row + i, 0.0f);
 }
-
 
 // ---- GELU, residual, dropout -----------------------------------------------------------------
 
@@ -476,22 +403,10 @@ __global__ void sgd_k(float* master, float* momentum_buf, const void* grads, DTy
 }
 
 
-unsigned rows_blocks(int64_t n_rows) { return blocks_for(n_rows, kWarpsPerBlock); }
-
-// Rows per launch of the one-warp-per-row kernels: rows_blocks caps the grid at 2^20 blocks.
-void check_rows(int64_t n_rows, const char* what) {
-  if (n_rows > (int64_t{1} << 20) * kWarpsPerBlock)
-    throw Error(std::string("cuda ") + what + ": " + std::to_string(n_rows) + " rows exceed one launch",
-                "use fewer tokens per micro-batch");
-}
-
 }  // namespace
 
 // ---- launchers ---------------------------------------------------------------------------------
 
-// Runs the statement with the storage type t as the compile-time constant D.
-#define ZP_TYPED(t, ...) \
-  dispatch_dtype((t), [&](auto zp_type_tag_) { constexpr DType D = decltype(zp_type_tag_)::value; __VA_ARGS__; })
 
 void embedding_forward(cudaStream_t s, void* out, const int32_t* tokens, const void* wte,
                        const void* wpe, DType t, int64_t B, int64_t T, int64_t C) {
@@ -549,22 +464,23 @@ void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int
 
 
 void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
-                       int64_t NH, int64_t T) {
+                       int64_t NH, int64_t T, int64_t window) {
   const int64_t rows = B * NH * T;
   if (rows == 0) return;
   check_rows(rows, "attention_softmax");
-  ZP_TYPED(t, attention_softmax_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(att, preatt, rows, T));
+  ZP_TYPED(t, attention_softmax_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(att, preatt, rows, T, window));
   ZP_LAUNCH_CHECK();
 }
 
 
 
 void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
-                                const void* att, DType t, int64_t B, int64_t NH, int64_t T) {
+                                const void* att, DType t, int64_t B, int64_t NH, int64_t T,
+                                int64_t window) {
   const int64_t rows = B * NH * T;
   if (rows == 0) return;
   check_rows(rows, "attention_softmax_backward");
-  ZP_TYPED(t, attention_softmax_backward_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(dpreatt, datt, att, rows, T));
+  ZP_TYPED(t, attention_softmax_backward_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(dpreatt, datt, att, rows, T, window));
   ZP_LAUNCH_CHECK();
 }
 

@@ -31,10 +31,13 @@ void broadcast_rows(cudaStream_t s, void* out, DType out_t, const void* bias, DT
                     int64_t OC);
 // dbias (OC) += column sums of dout (N,OC), one owner per column.
 void column_sums_add(cudaStream_t s, void* dbias, const void* dout, DType t, int64_t N, int64_t OC);
+// Over keys first_key(t)..t of each row (window 0: keys 0..t; cpu::AttnShape::first_key),
+// zeros elsewhere.
 void attention_softmax(cudaStream_t s, void* att, const void* preatt, DType t, int64_t B,
-                       int64_t NH, int64_t T);
+                       int64_t NH, int64_t T, int64_t window = 0);
 void attention_softmax_backward(cudaStream_t s, void* dpreatt, const void* datt,
-                                const void* att, DType t, int64_t B, int64_t NH, int64_t T);
+                                const void* att, DType t, int64_t B, int64_t NH, int64_t T,
+                                int64_t window = 0);
 void gelu_forward(cudaStream_t s, void* out, const void* inp, DType t, int64_t n);
 void gelu_backward(cudaStream_t s, void* dinp, const void* inp, const void* dout, DType t,
                    int64_t n);
@@ -70,5 +73,49 @@ void adam_step(cudaStream_t s, const detail::AdamCoeffs& c, const AdamTensors& t
 void sgd_step(cudaStream_t s, float* master, float* momentum_buf, const void* grads,
               DType grad_dtype, void* param_out, DType param_dtype, float lr, float momentum,
               float weight_decay, float grad_scale, uint64_t n);
+
+// ---- LLaMA-family blocks (kernels_llama.cu), as cpu_kernels.hpp states them ------------------
+
+// Where an attention reads q, k and v (cpu::Qkv's layout in elements of the storage type).
+struct QkvRows {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+};
+// cpu::AttnShape: NH query heads over KVH key/value heads of HS, an optional sliding window.
+struct AttnDims {
+  int64_t B = 0, T = 0, NH = 0, KVH = 0, HS = 0, window = 0;
+};
+// The heads the flash kernels hold per lane: HS at most 32 x kFlashPerLane.
+inline constexpr int64_t kFlashMaxHead = 256;
+// RoPE's inverse frequencies travel as a kernel argument: rot / 2 at most this.
+inline constexpr int64_t kRopeMaxHalf = 256;
+
+void rmsnorm_forward(cudaStream_t s, void* out, float* stats, const void* inp, const void* weight,
+                     float eps, DType t, int64_t N, int64_t C);
+void rmsnorm_backward(cudaStream_t s, void* dinp, void* dweight, const void* dout, const void* inp,
+                      const void* weight, const float* stats, DType t, int64_t N, int64_t C);
+void head_rmsnorm_forward(cudaStream_t s, void* out, float* stats, const QkvRows& in,
+                          const void* weight, float eps, DType t, int64_t N, int64_t NH,
+                          int64_t KVH, int64_t HS);
+void head_rmsnorm_backward(cudaStream_t s, void* dqkv, int64_t grad_row, void* dweight,
+                           const QkvRows& in, const void* weight, const float* stats, DType t,
+                           int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+// inv_freq: rot / 2 values in host memory (copied into the launch's arguments).
+void rope(cudaStream_t s, bool forward, void* x, const float* inv_freq, float mscale, DType t,
+          int64_t B, int64_t T, int64_t row, int64_t n_heads, int64_t HS, int64_t rot);
+void swiglu_forward(cudaStream_t s, void* out, const void* gate, const void* up, DType t, int64_t n);
+void swiglu_backward(cudaStream_t s, void* dgate_up, const void* dout, const void* gate,
+                     const void* up, DType t, int64_t N, int64_t F);
+void gate_mul_forward(cudaStream_t s, void* out, const void* x, const void* g, DType t, int64_t N,
+                      int64_t C);
+void gate_mul_backward(cudaStream_t s, void* dx, void* dg, const void* dout, const void* x,
+                       const void* g, DType t, int64_t N, int64_t C);
+void flash_attention_forward(cudaStream_t s, void* out, float* lse, const QkvRows& in, DType t,
+                             const AttnDims& a, float p, uint64_t key);
+void flash_attention_backward(cudaStream_t s, void* dqkv, float* dq_acc, float* dsum,
+                              const void* dout, const QkvRows& in, const void* out,
+                              const float* lse, DType t, const AttnDims& a, float p, uint64_t key);
 
 }  // namespace zp::runtime::cuda
