@@ -35,12 +35,20 @@ int blas_dim(int64_t n, std::string_view what) {
   return static_cast<int>(n);
 }
 
-void check_head_norm(const Qkv& in, int64_t NH, int64_t KVH, int64_t HS, std::string_view what) {
+template <class Q>  // Qkv or QkvT
+void check_head_norm(const Q& in, int64_t NH, int64_t KVH, int64_t HS, std::string_view what) {
   if (NH <= 0 || KVH <= 0 || HS <= 0 || in.q == nullptr || in.k == nullptr || in.q_row < NH * HS ||
       in.k_row < KVH * HS)
     throw Error(fmt::format("cpu::{}: {} query and {} key heads of {} in rows of {} and {}", what, NH,
                             KVH, HS, in.q_row, in.k_row),
                 "the q and k heads must fit their rows");
+}
+
+void check_grad_row(int64_t grad_row, int64_t H, int64_t HS) {
+  if (grad_row < H * HS)
+    throw Error(fmt::format("cpu::head_rmsnorm_backward: gradient rows of {} for {} heads of {}",
+                            grad_row, H, HS),
+                "the q and k heads must fit the fused gradient row");
 }
 
 // Head j of token r among the NH query heads, then the key heads.
@@ -63,23 +71,12 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, std::string_vie
                   "targets must be token ids below the vocabulary size");
 }
 
+using vec::add_st;
 using vec::axpy;
 using vec::dot;
-
-// Element i of a buffer stored as D, as fp32 (the switch folds away: D is a constant).
-template <DType D>
-inline float ld(const void* p, int64_t i) {
-  return load_as_f32(p, static_cast<std::size_t>(i), D);
-}
-template <DType D>
-inline void st(void* p, int64_t i, float v) {
-  store_from_f32(p, static_cast<std::size_t>(i), D, v);
-}
-// p[i] = round(p[i] + v): one accumulation, one rounding.
-template <DType D>
-inline void add_st(void* p, int64_t i, float v) {
-  st<D>(p, i, ld<D>(p, i) + v);
-}
+using vec::elem;
+using vec::ld;
+using vec::st;
 
 // a[ia..ia+n) . b[ib..ib+n): fp32 storage vectorised (dot above), 16-bit storage sequential
 // (the CUDA kernels' order).
@@ -286,10 +283,7 @@ void head_rmsnorm_backward(float* dqkv, int64_t grad_row, float* dweight, const 
                            int64_t KVH, int64_t HS) {
   check_head_norm(in, NH, KVH, HS, "head_rmsnorm_backward");
   const int64_t H = NH + KVH;
-  if (grad_row < H * HS)
-    throw Error(fmt::format("cpu::head_rmsnorm_backward: gradient rows of {} for {} heads of {}",
-                            grad_row, H, HS),
-                "the q and k heads must fit the fused gradient row");
+  check_grad_row(grad_row, H, HS);
   // dweight first (it reads the output's gradient, which the next loop overwrites): each of
   // the 2 HS channels sums over rows and its heads in order, so the bits do not depend on the
   // threads.
@@ -325,9 +319,10 @@ void check_rope(int64_t HS, int64_t rot, int64_t row, int64_t n_heads) {
                 "rot must be even, at most the head size, and the heads must fit the row");
 }
 
-// cos and sin of the fp32 angle t inv_freq[i], each rounded once, times mscale.
-template <bool kForward>
-void rope_apply(float* x, const float* inv_freq, float mscale, int64_t B, int64_t T, int64_t row,
+// cos and sin of the fp32 angle t inv_freq[i], each rounded once, times mscale; x stored as D
+// (each pair loaded, turned in fp32 and stored once).
+template <DType D, bool kForward>
+void rope_apply(void* x, const float* inv_freq, float mscale, int64_t B, int64_t T, int64_t row,
                 int64_t n_heads, int64_t HS, int64_t rot) {
   check_rope(HS, rot, row, n_heads);
   const int64_t half = rot / 2;
@@ -339,8 +334,11 @@ void rope_apply(float* x, const float* inv_freq, float mscale, int64_t B, int64_
       const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
       const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
       for (int64_t h = 0; h < n_heads; ++h) {
-        float* head = x + r * row + h * HS;
-        rope_pair(head + i, head + i + half, c, kForward ? s : -s);
+        const int64_t e = r * row + h * HS + i;
+        float a = ld<D>(x, e), b = ld<D>(x, e + half);
+        rope_pair(&a, &b, c, kForward ? s : -s);
+        st<D>(x, e, a);
+        st<D>(x, e + half, b);
       }
     }
   }
@@ -350,12 +348,12 @@ void rope_apply(float* x, const float* inv_freq, float mscale, int64_t B, int64_
 
 void rope_forward(float* x, const float* inv_freq, float mscale, int64_t B, int64_t T,
                   int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
-  rope_apply<true>(x, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  rope_apply<DType::fp32, true>(x, inv_freq, mscale, B, T, row, n_heads, HS, rot);
 }
 
 void rope_backward(float* dx, const float* inv_freq, float mscale, int64_t B, int64_t T,
                    int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
-  rope_apply<false>(dx, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  rope_apply<DType::fp32, false>(dx, inv_freq, mscale, B, T, row, n_heads, HS, rot);
 }
 
 // transformers' _compute_default_rope_parameters: 1 / base^(arange(0, dim, 2) / dim) in fp32
@@ -371,19 +369,38 @@ std::vector<float> rope_default_inv_freq(double theta, int64_t rot) {
 
 // ---- SwiGLU ----------------------------------------------------------------------------------
 
-void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+namespace {
+
+// Stored as D (the fp32 instance: the fp32 kernels).
+template <DType D>
+void swiglu_forward_t(void* out, const void* gate, const void* up, int64_t n) {
 #pragma omp parallel for if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) out[i] = swiglu(gate[i], up[i]);
+  for (int64_t i = 0; i < n; ++i) st<D>(out, i, swiglu(ld<D>(gate, i), ld<D>(up, i)));
 }
 
-void swiglu_backward(float* dgate_up, const float* dout, const float* gate, const float* up,
-                     int64_t N, int64_t F) {
+template <DType D>
+void swiglu_backward_t(void* dgate_up, const void* dout, const void* gate, const void* up,
+                       int64_t N, int64_t F) {
 #pragma omp parallel for if (N * F > kParallelElems)
   for (int64_t r = 0; r < N; ++r)
     for (int64_t i = 0; i < F; ++i) {
       const int64_t k = r * F + i;
-      swiglu_grad(gate[k], up[k], dout[k], dgate_up + r * 2 * F + i, dgate_up + r * 2 * F + F + i);
+      float dg, du;
+      swiglu_grad(ld<D>(gate, k), ld<D>(up, k), ld<D>(dout, k), &dg, &du);
+      st<D>(dgate_up, r * 2 * F + i, dg);
+      st<D>(dgate_up, r * 2 * F + F + i, du);
     }
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  swiglu_forward_t<DType::fp32>(out, gate, up, n);
+}
+
+void swiglu_backward(float* dgate_up, const float* dout, const float* gate, const float* up,
+                     int64_t N, int64_t F) {
+  swiglu_backward_t<DType::fp32>(dgate_up, dout, gate, up, N, F);
 }
 
 // ---- Linear layers (OpenBLAS) ---------------------------------------------------------------
@@ -891,33 +908,41 @@ void matmul_backward16(void* dinp, void* dweight, void* dbias, const void* dout,
   }
 }
 
-// ---- 16-bit attention: the layout of the fp32 kernels; each (b, h) pair touches only its own
-// slices, so the loops split over (b, h).
+// ---- 16-bit attention over any AttnShape (grouped-query heads, sliding windows), q, k and v
+// where a QkvT has them. GPT-2's heads are the case {NH, NH, C / NH}, window 0, fused rows.
+// Backward passes run over (b, key/value head), as the fp32 kernels: the group's query heads
+// add into its shared key and value gradient in head order.
 
-// softmax_row's arithmetic (the max, then expf(x - max) summed in order, then each expf(x -
-// max) * (1 / sum)), with every output stored once.
 template <DType D>
-void attention_softmax16(void* att, const void* preatt, int64_t B, int64_t NH, int64_t T) {
-  const int64_t n_rows = B * NH * T;
+QkvT fused16(const void* qkv, const AttnShape& s) {
+  return {qkv, elem<D>(qkv, s.k_off()), elem<D>(qkv, s.v_off()), s.row(), s.row(), s.row()};
+}
+
+// softmax_row's arithmetic over keys first_key(t)..t (the max, then expf(x - max) summed in
+// order, then each expf(x - max) * (1 / sum)), zeros elsewhere, every output stored once.
+template <DType D>
+void attention_softmax16(void* att, const void* preatt, const AttnShape& s) {
+  const int64_t T = s.T, n_rows = s.B * s.NH * T;
 #pragma omp parallel for if (n_rows * T > kParallelElems)
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t t = r % T, row = r * T;
-    float maxv = ld<D>(preatt, row);
-    for (int64_t i = 1; i <= t; ++i) maxv = std::max(maxv, ld<D>(preatt, row + i));
+    const int64_t t = r % T, lo = s.first_key(t), row = r * T;
+    float maxv = ld<D>(preatt, row + lo);
+    for (int64_t i = lo + 1; i <= t; ++i) maxv = std::max(maxv, ld<D>(preatt, row + i));
     float sum = 0.0f;
-    for (int64_t i = 0; i <= t; ++i) sum += expf(ld<D>(preatt, row + i) - maxv);
+    for (int64_t i = lo; i <= t; ++i) sum += expf(ld<D>(preatt, row + i) - maxv);
     const float inv = 1.0f / sum;
-    for (int64_t i = 0; i <= t; ++i) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
+    for (int64_t i = 0; i < lo; ++i) st<D>(att, row + i, 0.0f);
+    for (int64_t i = lo; i <= t; ++i) st<D>(att, row + i, expf(ld<D>(preatt, row + i) - maxv) * inv);
     for (int64_t i = t + 1; i < T; ++i) st<D>(att, row + i, 0.0f);
   }
 }
 
-// out[b,t,h] = sum over t2 <= t, ascending, of att[t,t2] v[t2] (as the fp32 kernel's axpys).
+// out[b,t,h] = sum over keys first_key(t)..t, ascending, of att[t,t2] v[t2] (as the fp32
+// kernel's axpys).
 template <DType D>
-void attention_values16(void* out, const void* att, const void* qkv, int64_t B, int64_t T,
-                        int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_values");
-  const int64_t C3 = 3 * C;
+void attention_values16(void* out, const void* att, const QkvT& in, const AttnShape& s) {
+  check_shape(s, "attention_values");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -925,86 +950,185 @@ void attention_values16(void* out, const void* att, const void* qkv, int64_t B, 
         for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
           const int64_t n = std::min(kCols, HS - j0);
           float acc[kCols] = {};
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
+          for (int64_t t2 = s.first_key(t); t2 <= t; ++t2) {
             const float a = ld<D>(att, ((b * NH + h) * T + t) * T + t2);
-            const int64_t v = (b * T + t2) * C3 + 2 * C + h * HS + j0;
-            for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(qkv, v + j);
+            const int64_t v = (b * T + t2) * in.v_row + h / G * HS + j0;
+            for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(in.v, v + j);
           }
-          for (int64_t j = 0; j < n; ++j) st<D>(out, (b * T + t) * C + h * HS + j0 + j, acc[j]);
+          for (int64_t j = 0; j < n; ++j) st<D>(out, (b * T + t) * O + h * HS + j0 + j, acc[j]);
         }
 }
 
-// datt[t,t2] += dout[t] . v[t2]; dv[t2] += sum over t >= t2, ascending, of att[t,t2] dout[t].
+// datt[t,t2] += dout[t] . v[t2]; dv[t2] += the sum over the group's query heads in order, then
+// over the queries t >= t2 that see key t2, ascending, of att[t,t2] dout[t].
 template <DType D>
 void attention_values_backward16(void* datt, void* dqkv, const void* dout, const void* att,
-                                 const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_values_backward");
-  const int64_t C3 = 3 * C;
+                                 const QkvT& in, const AttnShape& s) {
+  check_shape(s, "attention_values_backward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), O = s.out_row(), G = s.group();
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t t2 = 0; t2 <= t; ++t2)
-          add_st<D>(datt, ((b * NH + h) * T + t) * T + t2,
-                    dot_t<D>(dout, (b * T + t) * C + h * HS, qkv, (b * T + t2) * C3 + 2 * C + h * HS, HS));
+    for (int64_t kv = 0; kv < s.KVH; ++kv) {
+      for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t t2 = s.first_key(t); t2 <= t; ++t2)
+            add_st<D>(datt, ((b * NH + h) * T + t) * T + t2,
+                      dot_t<D>(dout, (b * T + t) * O + h * HS, in.v, (b * T + t2) * in.v_row + kv * HS, HS));
       for (int64_t t2 = 0; t2 < T; ++t2)
         for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
           const int64_t n = std::min(kCols, HS - j0);
           float acc[kCols] = {};
-          for (int64_t t = t2; t < T; ++t) {
-            const float a = ld<D>(att, ((b * NH + h) * T + t) * T + t2);
-            for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(dout, (b * T + t) * C + h * HS + j0 + j);
-          }
-          for (int64_t j = 0; j < n; ++j) add_st<D>(dqkv, (b * T + t2) * C3 + 2 * C + h * HS + j0 + j, acc[j]);
+          for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
+            for (int64_t t = t2; t < T && s.first_key(t) <= t2; ++t) {
+              const float a = ld<D>(att, ((b * NH + h) * T + t) * T + t2);
+              for (int64_t j = 0; j < n; ++j) acc[j] += a * ld<D>(dout, (b * T + t) * O + h * HS + j0 + j);
+            }
+          for (int64_t j = 0; j < n; ++j) add_st<D>(dqkv, (b * T + t2) * R + s.v_off() + kv * HS + j0 + j, acc[j]);
         }
     }
 }
 
-// dx = y (dy - sum y dy) per row; overwrites; in place allowed (the sum comes first).
+// dx = y (dy - sum y dy) over keys first_key(t)..t, zeros elsewhere; overwrites; in place
+// allowed (the sum comes first).
 template <DType D>
-void attention_softmax_backward16(void* dpreatt, const void* datt, const void* att, int64_t B,
-                                  int64_t NH, int64_t T) {
-  const int64_t n_rows = B * NH * T;
+void attention_softmax_backward16(void* dpreatt, const void* datt, const void* att, const AttnShape& s) {
+  const int64_t T = s.T, n_rows = s.B * s.NH * T;
 #pragma omp parallel for if (n_rows * T > kParallelElems)
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t t = r % T, row = r * T;
-    const float d = dot_t<D>(att, row, datt, row, t + 1);
-    for (int64_t i = 0; i <= t; ++i)
+    const int64_t t = r % T, lo = s.first_key(t), row = r * T;
+    const float d = dot_t<D>(att, row + lo, datt, row + lo, t - lo + 1);
+    for (int64_t i = lo; i <= t; ++i)
       st<D>(dpreatt, row + i, ld<D>(att, row + i) * (ld<D>(datt, row + i) - d));
+    for (int64_t i = 0; i < lo; ++i) st<D>(dpreatt, row + i, 0.0f);
     for (int64_t i = t + 1; i < T; ++i) st<D>(dpreatt, row + i, 0.0f);
   }
 }
 
-// dq[t] += sum over t2 <= t of g[t,t2] k[t2]; dk[t2] += sum over t >= t2 of g[t,t2] q[t];
-// g = dpreatt * scale; both sums ascending.
+// g = dpreatt * scale; dq[t] += the sum over keys t2 = first_key(t)..t ascending of g[t,t2]
+// k[t2]; dk[t2] += the sum over the group's query heads in order, then the queries t >= t2
+// that see key t2, ascending, of g[t,t2] q[t].
 template <DType D>
-void attention_scores_backward16(void* dqkv, const void* dpreatt, const void* qkv, int64_t B,
-                                 int64_t T, int64_t C, int64_t NH) {
-  const int64_t HS = head_size(C, NH, "attention_scores_backward");
+void attention_scores_backward16(void* dqkv, const void* dpreatt, const QkvT& in, const AttnShape& s) {
+  check_shape(s, "attention_scores_backward");
+  const int64_t B = s.B, T = s.T, NH = s.NH, HS = s.HS, R = s.row(), G = s.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t C3 = 3 * C;
 #pragma omp parallel for collapse(2) if (B * NH * T * T * HS > kParallelElems)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t grid = (b * NH + h) * T * T;
+    for (int64_t kv = 0; kv < s.KVH; ++kv)
       for (int64_t t0 = 0; t0 < T; ++t0)
         for (int64_t j0 = 0; j0 < HS; j0 += kCols) {
           const int64_t n = std::min(kCols, HS - j0);
-          float dq[kCols] = {}, dk[kCols] = {};
-          for (int64_t t2 = 0; t2 <= t0; ++t2) {  // q of token t0
-            const float g = ld<D>(dpreatt, grid + t0 * T + t2) * scale;
-            for (int64_t j = 0; j < n; ++j) dq[j] += g * ld<D>(qkv, (b * T + t2) * C3 + C + h * HS + j0 + j);
+          for (int64_t h = kv * G; h < (kv + 1) * G; ++h) {  // q of token t0, head h
+            const int64_t grid = (b * NH + h) * T * T;
+            float dq[kCols] = {};
+            for (int64_t t2 = s.first_key(t0); t2 <= t0; ++t2) {
+              const float g = ld<D>(dpreatt, grid + t0 * T + t2) * scale;
+              const int64_t k = (b * T + t2) * in.k_row + kv * HS + j0;
+              for (int64_t j = 0; j < n; ++j) dq[j] += g * ld<D>(in.k, k + j);
+            }
+            for (int64_t j = 0; j < n; ++j) add_st<D>(dqkv, (b * T + t0) * R + h * HS + j0 + j, dq[j]);
           }
-          for (int64_t t = t0; t < T; ++t) {  // k of token t0
-            const float g = ld<D>(dpreatt, grid + t * T + t0) * scale;
-            for (int64_t j = 0; j < n; ++j) dk[j] += g * ld<D>(qkv, (b * T + t) * C3 + h * HS + j0 + j);
+          float dk[kCols] = {};  // k of token t0, the group's key head
+          for (int64_t h = kv * G; h < (kv + 1) * G; ++h) {
+            const int64_t grid = (b * NH + h) * T * T;
+            for (int64_t t = t0; t < T && s.first_key(t) <= t0; ++t) {
+              const float g = ld<D>(dpreatt, grid + t * T + t0) * scale;
+              const int64_t q = (b * T + t) * in.q_row + h * HS + j0;
+              for (int64_t j = 0; j < n; ++j) dk[j] += g * ld<D>(in.q, q + j);
+            }
           }
-          const int64_t q = (b * T + t0) * C3 + h * HS + j0;
-          for (int64_t j = 0; j < n; ++j) {
-            add_st<D>(dqkv, q + j, dq[j]);
-            add_st<D>(dqkv, q + C + j, dk[j]);
-          }
+          for (int64_t j = 0; j < n; ++j)
+            add_st<D>(dqkv, (b * T + t0) * R + s.k_off() + kv * HS + j0 + j, dk[j]);
         }
+}
+
+// ---- 16-bit LLaMA-family kernels: RMSNorm (rows and heads), rotary (rope_apply above) and
+// SwiGLU (swiglu_*_t above). cpu_kernels.hpp states their sums and roundings.
+
+template <DType D>
+void rmsnorm_forward16(void* out, float* stats, const void* inp, const void* weight, float eps,
+                       int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float rstd = rmsnorm_row_rstd<D>(elem<D>(inp, r * C), C, eps);
+    stats[r] = rstd;
+    for (int64_t i = 0; i < C; ++i) st<D>(out, r * C + i, ld<D>(inp, r * C + i) * rstd * ld<D>(weight, i));
+  }
+}
+
+template <DType D>
+void rmsnorm_backward16(void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const float* stats, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float rstd = stats[r];
+    const float m = rmsnorm_row_gxhat_mean<D>(elem<D>(dout, r * C), elem<D>(inp, r * C), weight, 0.0f, rstd, C);
+    for (int64_t i = 0; i < C; ++i)
+      add_st<D>(dinp, r * C + i, rmsnorm_dinp(ld<D>(dout, r * C + i), ld<D>(inp, r * C + i), ld<D>(weight, i), rstd, m));
+  }
+  // dweight += the fp32 sum over rows of dout xhat: a block of channels per owner.
+  const int64_t n_blocks = (C + kCols - 1) / kCols;
+#pragma omp parallel for if (N * C > kParallelElems)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t c0 = blk * kCols, n = std::min(kCols, C - c0);
+    float acc[kCols] = {};
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < n; ++i) acc[i] += ld<D>(dout, r * C + c0 + i) * ld<D>(inp, r * C + c0 + i) * stats[r];
+    for (int64_t i = 0; i < n; ++i) add_st<D>(dweight, c0 + i, acc[i]);
+  }
+}
+
+// Head j of token r among the NH query heads, then the key heads: its buffer and first element.
+inline std::pair<const void*, int64_t> head_at(const QkvT& in, int64_t r, int64_t j, int64_t NH, int64_t HS) {
+  return j < NH ? std::pair{in.q, r * in.q_row + j * HS} : std::pair{in.k, r * in.k_row + (j - NH) * HS};
+}
+
+template <DType D>
+void head_rmsnorm_forward16(void* out, float* stats, const QkvT& in, const void* weight, float eps,
+                            int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
+  check_head_norm(in, NH, KVH, HS, "head_rmsnorm_forward");
+  const int64_t H = NH + KVH;
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      const auto [x, x0] = head_at(in, r, j, NH, HS);
+      const int64_t w0 = j < NH ? 0 : HS;
+      const float rstd = rmsnorm_row_rstd<D>(elem<D>(x, x0), HS, eps);
+      stats[r * H + j] = rstd;
+      for (int64_t i = 0; i < HS; ++i)
+        st<D>(out, (r * H + j) * HS + i, ld<D>(x, x0 + i) * rstd * ld<D>(weight, w0 + i));
+    }
+}
+
+template <DType D>
+void head_rmsnorm_backward16(void* dqkv, int64_t grad_row, void* dweight, const QkvT& in,
+                             const void* weight, const float* stats, int64_t N, int64_t NH,
+                             int64_t KVH, int64_t HS) {
+  check_head_norm(in, NH, KVH, HS, "head_rmsnorm_backward");
+  const int64_t H = NH + KVH;
+  check_grad_row(grad_row, H, HS);
+  // dweight first (as the fp32 kernel): rows, then each row's heads in order, added once.
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t c = 0; c < 2 * HS; ++c) {
+    const int64_t i = c % HS, j0 = c < HS ? 0 : NH, j1 = c < HS ? NH : H;
+    float acc = 0.0f;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = j0; j < j1; ++j) {
+        const auto [x, x0] = head_at(in, r, j, NH, HS);
+        acc += ld<D>(dqkv, r * grad_row + j * HS + i) * ld<D>(x, x0 + i) * stats[r * H + j];
+      }
+    add_st<D>(dweight, c, acc);
+  }
+#pragma omp parallel for if (N * H * HS > kParallelElems)
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t g0 = r * grad_row + j * HS, w0 = j < NH ? 0 : HS;
+      const auto [x, x0] = head_at(in, r, j, NH, HS);
+      const float rstd = stats[r * H + j];
+      const float m = rmsnorm_row_gxhat_mean<D>(elem<D>(dqkv, g0), elem<D>(x, x0), elem<D>(weight, w0), 0.0f,
+                                                rstd, HS);
+      for (int64_t i = 0; i < HS; ++i)
+        st<D>(dqkv, g0 + i, rmsnorm_dinp(ld<D>(dqkv, g0 + i), ld<D>(x, x0 + i), ld<D>(weight, w0 + i), rstd, m));
     }
 }
 
@@ -1091,7 +1215,7 @@ void attention_scores(void* preatt, const void* qkv, DType t, int64_t B, int64_t
 void attention_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t NH, int64_t T) {
   if (t == DType::fp32)
     return attention_softmax(static_cast<float*>(att), static_cast<const float*>(preatt), B, NH, T);
-  dispatch16(t, [&](auto d) { attention_softmax16<decltype(d)::value>(att, preatt, B, NH, T); });
+  dispatch16(t, [&](auto d) { attention_softmax16<decltype(d)::value>(att, preatt, AttnShape{B, T, NH, NH, 1}); });
 }
 
 void attention_values(void* out, const void* att, const void* qkv, DType t, int64_t B, int64_t T,
@@ -1099,7 +1223,11 @@ void attention_values(void* out, const void* att, const void* qkv, DType t, int6
   if (t == DType::fp32)
     return attention_values(static_cast<float*>(out), static_cast<const float*>(att),
                             static_cast<const float*>(qkv), B, T, C, NH);
-  dispatch16(t, [&](auto d) { attention_values16<decltype(d)::value>(out, att, qkv, B, T, C, NH); });
+  const AttnShape s = gpt2_shape(B, T, C, NH, "attention_values");
+  dispatch16(t, [&](auto d) {
+    constexpr DType D = decltype(d)::value;
+    attention_values16<D>(out, att, fused16<D>(qkv, s), s);
+  });
 }
 
 void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
@@ -1109,8 +1237,10 @@ void attention_values_backward(void* datt, void* dqkv, const void* dout, const v
     return attention_values_backward(static_cast<float*>(datt), static_cast<float*>(dqkv),
                                      static_cast<const float*>(dout), static_cast<const float*>(att),
                                      static_cast<const float*>(qkv), B, T, C, NH);
+  const AttnShape s = gpt2_shape(B, T, C, NH, "attention_values_backward");
   dispatch16(t, [&](auto d) {
-    attention_values_backward16<decltype(d)::value>(datt, dqkv, dout, att, qkv, B, T, C, NH);
+    constexpr DType D = decltype(d)::value;
+    attention_values_backward16<D>(datt, dqkv, dout, att, fused16<D>(qkv, s), s);
   });
 }
 
@@ -1120,7 +1250,7 @@ void attention_softmax_backward(void* dpreatt, const void* datt, const void* att
     return attention_softmax_backward(static_cast<float*>(dpreatt), static_cast<const float*>(datt),
                                       static_cast<const float*>(att), B, NH, T);
   dispatch16(t, [&](auto d) {
-    attention_softmax_backward16<decltype(d)::value>(dpreatt, datt, att, B, NH, T);
+    attention_softmax_backward16<decltype(d)::value>(dpreatt, datt, att, AttnShape{B, T, NH, NH, 1});
   });
 }
 
@@ -1129,9 +1259,127 @@ void attention_scores_backward(void* dqkv, const void* dpreatt, const void* qkv,
   if (t == DType::fp32)
     return attention_scores_backward(static_cast<float*>(dqkv), static_cast<const float*>(dpreatt),
                                      static_cast<const float*>(qkv), B, T, C, NH);
+  const AttnShape s = gpt2_shape(B, T, C, NH, "attention_scores_backward");
   dispatch16(t, [&](auto d) {
-    attention_scores_backward16<decltype(d)::value>(dqkv, dpreatt, qkv, B, T, C, NH);
+    constexpr DType D = decltype(d)::value;
+    attention_scores_backward16<D>(dqkv, dpreatt, fused16<D>(qkv, s), s);
   });
+}
+
+// ---- LLaMA-family typed kernels: fp32 goes to the fp32 kernels (Qkv for QkvT: the same
+// pointers), fp16 and bf16 to the kernels above.
+
+namespace {
+Qkv f32_qkv(const QkvT& in) {
+  return {static_cast<const float*>(in.q), static_cast<const float*>(in.k), static_cast<const float*>(in.v),
+          in.q_row, in.k_row, in.v_row};
+}
+}  // namespace
+
+void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight, float eps,
+                     DType t, int64_t N, int64_t C) {
+  if (t == DType::fp32)
+    return rmsnorm_forward(static_cast<float*>(out), stats, static_cast<const float*>(inp),
+                           static_cast<const float*>(weight), 0.0f, eps, N, C);
+  dispatch16(t, [&](auto d) { rmsnorm_forward16<decltype(d)::value>(out, stats, inp, weight, eps, N, C); });
+}
+
+void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                      const void* weight, const float* stats, DType t, int64_t N, int64_t C) {
+  if (t == DType::fp32)
+    return rmsnorm_backward(static_cast<float*>(dinp), static_cast<float*>(dweight),
+                            static_cast<const float*>(dout), static_cast<const float*>(inp),
+                            static_cast<const float*>(weight), 0.0f, stats, N, C);
+  dispatch16(t, [&](auto d) {
+    rmsnorm_backward16<decltype(d)::value>(dinp, dweight, dout, inp, weight, stats, N, C);
+  });
+}
+
+void head_rmsnorm_forward(void* out, float* stats, const QkvT& in, const void* weight, float eps,
+                          DType t, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
+  if (t == DType::fp32)
+    return head_rmsnorm_forward(static_cast<float*>(out), stats, f32_qkv(in),
+                                static_cast<const float*>(weight), eps, N, NH, KVH, HS);
+  dispatch16(t, [&](auto d) {
+    head_rmsnorm_forward16<decltype(d)::value>(out, stats, in, weight, eps, N, NH, KVH, HS);
+  });
+}
+
+void head_rmsnorm_backward(void* dqkv, int64_t grad_row, void* dweight, const QkvT& in,
+                           const void* weight, const float* stats, DType t, int64_t N, int64_t NH,
+                           int64_t KVH, int64_t HS) {
+  if (t == DType::fp32)
+    return head_rmsnorm_backward(static_cast<float*>(dqkv), grad_row, static_cast<float*>(dweight),
+                                 f32_qkv(in), static_cast<const float*>(weight), stats, N, NH, KVH, HS);
+  dispatch16(t, [&](auto d) {
+    head_rmsnorm_backward16<decltype(d)::value>(dqkv, grad_row, dweight, in, weight, stats, N, NH, KVH, HS);
+  });
+}
+
+void rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                  int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  dispatch_dtype(t, [&](auto d) {
+    rope_apply<decltype(d)::value, true>(x, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  });
+}
+
+void rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                   int64_t row, int64_t n_heads, int64_t HS, int64_t rot) {
+  dispatch_dtype(t, [&](auto d) {
+    rope_apply<decltype(d)::value, false>(dx, inv_freq, mscale, B, T, row, n_heads, HS, rot);
+  });
+}
+
+void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) {
+  dispatch_dtype(t, [&](auto d) { swiglu_forward_t<decltype(d)::value>(out, gate, up, n); });
+}
+
+void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up, DType t,
+                     int64_t N, int64_t F) {
+  dispatch_dtype(t, [&](auto d) { swiglu_backward_t<decltype(d)::value>(dgate_up, dout, gate, up, N, F); });
+}
+
+void attention_scores(void* preatt, const QkvT& in, DType t, const AttnShape& s) {
+  dispatch_dtype(t, [&](auto d) {
+    attention_scores_t<decltype(d)::value>(preatt, in.q, 0, in.q_row, in.k, 0, in.k_row, s);
+  });
+}
+
+void attention_softmax(void* att, const void* preatt, DType t, const AttnShape& s) {
+  if (t == DType::fp32)
+    return attention_softmax(static_cast<float*>(att), static_cast<const float*>(preatt), s);
+  dispatch16(t, [&](auto d) { attention_softmax16<decltype(d)::value>(att, preatt, s); });
+}
+
+void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                const AttnShape& s) {
+  if (t == DType::fp32)
+    return attention_softmax_backward(static_cast<float*>(dpreatt), static_cast<const float*>(datt),
+                                      static_cast<const float*>(att), s);
+  dispatch16(t, [&](auto d) { attention_softmax_backward16<decltype(d)::value>(dpreatt, datt, att, s); });
+}
+
+void attention_values(void* out, const void* att, const QkvT& in, DType t, const AttnShape& s) {
+  if (t == DType::fp32)
+    return attention_values(static_cast<float*>(out), static_cast<const float*>(att), f32_qkv(in), s);
+  dispatch16(t, [&](auto d) { attention_values16<decltype(d)::value>(out, att, in, s); });
+}
+
+void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                               const QkvT& in, DType t, const AttnShape& s) {
+  if (t == DType::fp32)
+    return attention_values_backward(static_cast<float*>(datt), static_cast<float*>(dqkv),
+                                     static_cast<const float*>(dout), static_cast<const float*>(att),
+                                     f32_qkv(in), s);
+  dispatch16(t, [&](auto d) { attention_values_backward16<decltype(d)::value>(datt, dqkv, dout, att, in, s); });
+}
+
+void attention_scores_backward(void* dqkv, const void* dpreatt, const QkvT& in, DType t,
+                               const AttnShape& s) {
+  if (t == DType::fp32)
+    return attention_scores_backward(static_cast<float*>(dqkv), static_cast<const float*>(dpreatt),
+                                     f32_qkv(in), s);
+  dispatch16(t, [&](auto d) { attention_scores_backward16<decltype(d)::value>(dqkv, dpreatt, in, s); });
 }
 
 void gelu_forward(void* out, const void* inp, DType t, int64_t n) {

@@ -69,14 +69,30 @@ void moe_expert_counts(ExpertIdx idx, int64_t N, int64_t K, int64_t E, int64_t* 
   expert_offsets(idx, N, K, E, offsets, "moe_expert_counts");
 }
 
-void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float* logits, int64_t N,
-                       int64_t E, int64_t K, bool renormalize) {
+namespace {
+
+using vec::add_st;
+using vec::ld;
+using vec::st;
+
+// The kernels over logits, rows and gradients stored as D (their fp32 instances: the fp32
+// kernels below). Accumulating outputs add the fp32 sum of their contributions once.
+
+template <DType D>
+void moe_route_forward_t(float* probs, ExpertIdx idx, float* weights, const void* logits, int64_t N,
+                         int64_t E, int64_t K, bool renormalize) {
   check_moe(N, E, K, "moe_route_forward");
   const bool top_k = idx.p != nullptr && weights != nullptr;
 #pragma omp parallel for if (N * E > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
     float* p = probs + n * E;
-    softmax_row(p, logits + n * E, E);
+    // The logits as fp32: read in place, or loaded into the probabilities' row (softmax_row
+    // may run in place).
+    const float* x = p;
+    if constexpr (D == DType::fp32) x = static_cast<const float*>(logits) + n * E;
+    else
+      for (int64_t e = 0; e < E; ++e) p[e] = ld<D>(logits, n * E + e);
+    softmax_row(p, x, E);
     if (!top_k) continue;
     // Top k by probability, the lower index first among equals (a stable selection).
     int64_t ix[kMaxExperts];
@@ -99,8 +115,9 @@ void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float*
   }
 }
 
-void moe_route_backward(float* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
-                        const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize) {
+template <DType D>
+void moe_route_backward_t(void* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
+                          const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize) {
   check_moe(N, E, K, "moe_route_backward");
 #pragma omp parallel for if (N * E > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
@@ -108,7 +125,10 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* prob
     int64_t ix[kMaxExperts];
     for (int64_t k = 0; k < K; ++k) ix[k] = idx[n * K + k];
     const float* dw = dweights + n * K;
-    float* dl = dlogits + n * E;
+    // The row's gradient in fp32: dlogits' row itself, or a local row stored once at the end.
+    float local[D == DType::fp32 ? 1 : kMaxExperts];
+    float* dl = local;
+    if constexpr (D == DType::fp32) dl = static_cast<float*>(dlogits) + n * E;
     // dL/dp: the top-k weights' gradient (through the renormalisation w_k = p_k / S, S the sum
     // of the chosen p: dp_k = (dw_k - sum_j dw_j w_j) / S), plus the load-balancing term.
     for (int64_t e = 0; e < E; ++e) dl[e] = dprob_all ? dprob_all[e] : 0.0f;
@@ -124,62 +144,107 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* prob
     float s = 0.0f;
     for (int64_t e = 0; e < E; ++e) s += p[e] * dl[e];
     for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - s);
+    if constexpr (D != DType::fp32)
+      for (int64_t e = 0; e < E; ++e) st<D>(dlogits, n * E + e, dl[e]);
   }
 }
 
-void moe_dispatch(float* xe, const float* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
-                  int64_t C) {
+template <DType D>
+void moe_dispatch_t(void* xe, const void* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
+                    int64_t C) {
   check_moe(N, E, K, "moe_dispatch");
   int64_t probe[kMaxExperts + 1];
   expert_offsets(idx, N, K, E, probe, "moe_dispatch");  // indices checked before the threads
+  constexpr auto eb = static_cast<int64_t>(dtype_bytes(D));
 #pragma omp parallel if (N * K * C > (1 << 15))
   {
     const auto [c0, c1] = my_columns(C);
     walk_rows(idx, N, K, E, "moe_dispatch", [&](int64_t n, int64_t, int64_t r) {
-      std::memcpy(xe + r * C + c0, in + n * C + c0, static_cast<std::size_t>(c1 - c0) * 4);
+      std::memcpy(static_cast<std::byte*>(xe) + (r * C + c0) * eb,
+                  static_cast<const std::byte*>(in) + (n * C + c0) * eb,
+                  static_cast<std::size_t>((c1 - c0) * eb));
     });
   }
 }
 
-void moe_dispatch_backward(float* din, const float* dxe, ExpertIdx idx, int64_t N, int64_t K,
-                           int64_t E, int64_t C) {
+// A token's K rows come one after another in walk_rows: fp32 adds each into din (as ever);
+// 16-bit sums them in fp32, kCols columns at a time, and adds the sum once.
+constexpr int64_t kCols = 64;
+
+template <DType D>
+void moe_dispatch_backward_t(void* din, const void* dxe, ExpertIdx idx, int64_t N, int64_t K,
+                             int64_t E, int64_t C) {
   check_moe(N, E, K, "moe_dispatch_backward");
   int64_t probe[kMaxExperts + 1];
   expert_offsets(idx, N, K, E, probe, "moe_dispatch_backward");
 #pragma omp parallel if (N * K * C > (1 << 15))
   {
     const auto [c0, c1] = my_columns(C);
-    walk_rows(idx, N, K, E, "moe_dispatch_backward", [&](int64_t n, int64_t, int64_t r) {
-      float* d = din + n * C;
-      const float* g = dxe + r * C;
-      for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
-    });
+    if constexpr (D == DType::fp32) {
+      walk_rows(idx, N, K, E, "moe_dispatch_backward", [&](int64_t n, int64_t, int64_t r) {
+        float* d = static_cast<float*>(din) + n * C;
+        const float* g = static_cast<const float*>(dxe) + r * C;
+        for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
+      });
+    } else {
+      for (int64_t b0 = c0; b0 < c1; b0 += kCols) {
+        const int64_t nc = std::min(kCols, c1 - b0);
+        float acc[kCols] = {};
+        walk_rows(idx, N, K, E, "moe_dispatch_backward", [&](int64_t n, int64_t k, int64_t r) {
+          for (int64_t c = 0; c < nc; ++c) acc[c] += ld<D>(dxe, r * C + b0 + c);
+          if (k < K - 1) return;
+          for (int64_t c = 0; c < nc; ++c) {
+            add_st<D>(din, n * C + b0 + c, acc[c]);
+            acc[c] = 0.0f;
+          }
+        });
+      }
+    }
   }
 }
 
-void moe_combine(float* out, const float* ye, const float* weights, ExpertIdx idx, int64_t N,
-                 int64_t K, int64_t E, int64_t C) {
+// out[n] = w_0 ye[row(n, 0)] + w_1 ye[row(n, 1)] + ... in fp32, slot by slot, stored once.
+template <DType D>
+void moe_combine_t(void* out, const void* ye, const float* weights, ExpertIdx idx, int64_t N,
+                   int64_t K, int64_t E, int64_t C) {
   check_moe(N, E, K, "moe_combine");
   int64_t probe[kMaxExperts + 1];
   expert_offsets(idx, N, K, E, probe, "moe_combine");
 #pragma omp parallel if (N * K * C > (1 << 15))
   {
     const auto [c0, c1] = my_columns(C);
-    walk_rows(idx, N, K, E, "moe_combine", [&](int64_t n, int64_t k, int64_t r) {
-      float* o = out + n * C;
-      const float* y = ye + r * C;
-      const float w = weights[n * K + k];
-      if (k == 0)
-        for (int64_t c = c0; c < c1; ++c) o[c] = w * y[c];
-      else
-        for (int64_t c = c0; c < c1; ++c) o[c] += w * y[c];
-    });
+    if constexpr (D == DType::fp32) {
+      walk_rows(idx, N, K, E, "moe_combine", [&](int64_t n, int64_t k, int64_t r) {
+        float* o = static_cast<float*>(out) + n * C;
+        const float* y = static_cast<const float*>(ye) + r * C;
+        const float w = weights[n * K + k];
+        if (k == 0)
+          for (int64_t c = c0; c < c1; ++c) o[c] = w * y[c];
+        else
+          for (int64_t c = c0; c < c1; ++c) o[c] += w * y[c];
+      });
+    } else {
+      for (int64_t b0 = c0; b0 < c1; b0 += kCols) {
+        const int64_t nc = std::min(kCols, c1 - b0);
+        float acc[kCols];
+        walk_rows(idx, N, K, E, "moe_combine", [&](int64_t n, int64_t k, int64_t r) {
+          const float w = weights[n * K + k];
+          if (k == 0)
+            for (int64_t c = 0; c < nc; ++c) acc[c] = w * ld<D>(ye, r * C + b0 + c);
+          else
+            for (int64_t c = 0; c < nc; ++c) acc[c] += w * ld<D>(ye, r * C + b0 + c);
+          if (k == K - 1)
+            for (int64_t c = 0; c < nc; ++c) st<D>(out, n * C + b0 + c, acc[c]);
+        });
+      }
+    }
   }
 }
 
-void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
-                          const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
-                          int64_t C) {
+template <DType D>
+void moe_combine_backward_t(void* dye, float* dweights, const void* dout, const void* ye,
+                            const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
+                            int64_t C) {
   check_moe(N, E, K, "moe_combine_backward");
   int64_t probe[kMaxExperts + 1];
   expert_offsets(idx, N, K, E, probe, "moe_combine_backward");
@@ -188,39 +253,128 @@ void moe_combine_backward(float* dye, float* dweights, const float* dout, const 
     const auto [c0, c1] = my_columns(C);
     walk_rows(idx, N, K, E, "moe_combine_backward", [&](int64_t n, int64_t k, int64_t r) {
       const float w = weights[n * K + k];
-      const float* g = dout + n * C;
-      float* d = dye + r * C;
-      for (int64_t c = c0; c < c1; ++c) d[c] = w * g[c];
+      for (int64_t c = c0; c < c1; ++c) st<D>(dye, r * C + c, w * ld<D>(dout, n * C + c));
     });
   }
-  // dw[n, k] = dout[n] . ye[row]: whole rows, one pass in order.
+  // dw[n, k] = dout[n] . ye[row]: whole rows, one pass in order (16-bit: a sequential sum).
   walk_rows(idx, N, K, E, "moe_combine_backward", [&](int64_t n, int64_t k, int64_t r) {
-    const float* g = dout + n * C;
-    const float* y = ye + r * C;
-    dweights[n * K + k] = vec::dot(g, y, C);
+    if constexpr (D == DType::fp32) {
+      dweights[n * K + k] =
+          vec::dot(static_cast<const float*>(dout) + n * C, static_cast<const float*>(ye) + r * C, C);
+    } else {
+      float s = 0.0f;
+      for (int64_t c = 0; c < C; ++c) s += ld<D>(dout, n * C + c) * ld<D>(ye, r * C + c);
+      dweights[n * K + k] = s;
+    }
+  });
+}
+
+// Qwen2-MoE's gated shared expert, stored as D.
+template <DType D>
+void gate_mul_forward_t(void* out, const void* x, const void* g, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-ld<D>(g, n)));
+    for (int64_t c = 0; c < C; ++c) st<D>(out, n * C + c, s * ld<D>(x, n * C + c));
+  }
+}
+
+template <DType D>
+void gate_mul_backward_t(void* dx, void* dg, const void* dout, const void* x, const void* g,
+                         int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-ld<D>(g, n)));
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      const float go = ld<D>(dout, n * C + c);
+      dot += go * ld<D>(x, n * C + c);
+      st<D>(dx, n * C + c, s * go);
+    }
+    st<D>(dg, n, dot * s * (1.0f - s));
+  }
+}
+
+}  // namespace
+
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const float* logits, int64_t N,
+                       int64_t E, int64_t K, bool renormalize) {
+  moe_route_forward_t<DType::fp32>(probs, idx, weights, logits, N, E, K, renormalize);
+}
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits, DType t,
+                       int64_t N, int64_t E, int64_t K, bool renormalize) {
+  dispatch_dtype(t, [&](auto d) {
+    moe_route_forward_t<decltype(d)::value>(probs, idx, weights, logits, N, E, K, renormalize);
+  });
+}
+
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, ExpertIdx idx,
+                        const float* dprob_all, int64_t N, int64_t E, int64_t K, bool renormalize) {
+  moe_route_backward_t<DType::fp32>(dlogits, dweights, probs, idx, dprob_all, N, E, K, renormalize);
+}
+void moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
+                        ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E, int64_t K,
+                        bool renormalize) {
+  dispatch_dtype(t, [&](auto d) {
+    moe_route_backward_t<decltype(d)::value>(dlogits, dweights, probs, idx, dprob_all, N, E, K,
+                                             renormalize);
+  });
+}
+
+void moe_dispatch(float* xe, const float* in, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
+                  int64_t C) {
+  moe_dispatch_t<DType::fp32>(xe, in, idx, N, K, E, C);
+}
+void moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N, int64_t K,
+                  int64_t E, int64_t C) {
+  dispatch_dtype(t, [&](auto d) { moe_dispatch_t<decltype(d)::value>(xe, in, idx, N, K, E, C); });
+}
+
+void moe_dispatch_backward(float* din, const float* dxe, ExpertIdx idx, int64_t N, int64_t K,
+                           int64_t E, int64_t C) {
+  moe_dispatch_backward_t<DType::fp32>(din, dxe, idx, N, K, E, C);
+}
+void moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t, int64_t N,
+                           int64_t K, int64_t E, int64_t C) {
+  dispatch_dtype(t, [&](auto d) { moe_dispatch_backward_t<decltype(d)::value>(din, dxe, idx, N, K, E, C); });
+}
+
+void moe_combine(float* out, const float* ye, const float* weights, ExpertIdx idx, int64_t N,
+                 int64_t K, int64_t E, int64_t C) {
+  moe_combine_t<DType::fp32>(out, ye, weights, idx, N, K, E, C);
+}
+void moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx, DType t,
+                 int64_t N, int64_t K, int64_t E, int64_t C) {
+  dispatch_dtype(t, [&](auto d) { moe_combine_t<decltype(d)::value>(out, ye, weights, idx, N, K, E, C); });
+}
+
+void moe_combine_backward(float* dye, float* dweights, const float* dout, const float* ye,
+                          const float* weights, ExpertIdx idx, int64_t N, int64_t K, int64_t E,
+                          int64_t C) {
+  moe_combine_backward_t<DType::fp32>(dye, dweights, dout, ye, weights, idx, N, K, E, C);
+}
+void moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
+                          const float* weights, ExpertIdx idx, DType t, int64_t N, int64_t K,
+                          int64_t E, int64_t C) {
+  dispatch_dtype(t, [&](auto d) {
+    moe_combine_backward_t<decltype(d)::value>(dye, dweights, dout, ye, weights, idx, N, K, E, C);
   });
 }
 
 void gate_mul_forward(float* out, const float* x, const float* g, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > (1 << 15))
-  for (int64_t n = 0; n < N; ++n) {
-    const float s = 1.0f / (1.0f + std::exp(-g[n]));
-    for (int64_t c = 0; c < C; ++c) out[n * C + c] = s * x[n * C + c];
-  }
+  gate_mul_forward_t<DType::fp32>(out, x, g, N, C);
+}
+void gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N, int64_t C) {
+  dispatch_dtype(t, [&](auto d) { gate_mul_forward_t<decltype(d)::value>(out, x, g, N, C); });
 }
 
 void gate_mul_backward(float* dx, float* dg, const float* dout, const float* x, const float* g,
                        int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > (1 << 15))
-  for (int64_t n = 0; n < N; ++n) {
-    const float s = 1.0f / (1.0f + std::exp(-g[n]));
-    float dot = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      dot += dout[n * C + c] * x[n * C + c];
-      dx[n * C + c] = s * dout[n * C + c];
-    }
-    dg[n] = dot * s * (1.0f - s);
-  }
+  gate_mul_backward_t<DType::fp32>(dx, dg, dout, x, g, N, C);
+}
+void gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g,
+                       DType t, int64_t N, int64_t C) {
+  dispatch_dtype(t, [&](auto d) { gate_mul_backward_t<decltype(d)::value>(dx, dg, dout, x, g, N, C); });
 }
 
 }  // namespace zp::runtime::cpu

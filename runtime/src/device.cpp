@@ -269,90 +269,74 @@ class CpuDevice final : public Device {
                                  int64_t B, int64_t T, int64_t C, int64_t NH) override {
     cpu::attention_scores_backward(dqkv, dpreatt, qkv, t, B, T, C, NH);
   }
-  // LLaMA-family blocks: fp32 (the planner's cpu graph) only, for now.
+  // LLaMA-family blocks: fp32 (the planner's cpu graph) or 16-bit (its cuda graph).
   void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight, float eps,
                        DType t, int64_t N, int64_t C) override {
-    fp32_only(t, "rmsnorm");
-    cpu::rmsnorm_forward(f(out), stats, cf(inp), cf(weight), 0.0f, eps, N, C);
+    cpu::rmsnorm_forward(out, stats, inp, weight, eps, t, N, C);
   }
   void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
                         const void* weight, const float* stats, DType t, int64_t N,
                         int64_t C) override {
-    fp32_only(t, "rmsnorm");
-    cpu::rmsnorm_backward(f(dinp), f(dweight), cf(dout), cf(inp), cf(weight), 0.0f, stats, N, C);
+    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, stats, t, N, C);
   }
   void rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
                     int64_t row, int64_t n_heads, int64_t HS, int64_t rot) override {
-    fp32_only(t, "rope");
-    cpu::rope_forward(f(x), inv_freq, mscale, B, T, row, n_heads, HS, rot);
+    cpu::rope_forward(x, inv_freq, mscale, t, B, T, row, n_heads, HS, rot);
   }
   void rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
                      int64_t row, int64_t n_heads, int64_t HS, int64_t rot) override {
-    fp32_only(t, "rope");
-    cpu::rope_backward(f(dx), inv_freq, mscale, B, T, row, n_heads, HS, rot);
+    cpu::rope_backward(dx, inv_freq, mscale, t, B, T, row, n_heads, HS, rot);
   }
   void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n) override {
-    fp32_only(t, "swiglu");
-    cpu::swiglu_forward(f(out), cf(gate), cf(up), n);
+    cpu::swiglu_forward(out, gate, up, t, n);
   }
   void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up, DType t,
                        int64_t N, int64_t F) override {
-    fp32_only(t, "swiglu");
-    cpu::swiglu_backward(f(dgate_up), cf(dout), cf(gate), cf(up), N, F);
+    cpu::swiglu_backward(dgate_up, dout, gate, up, t, N, F);
   }
   void gqa_scores(void* preatt, const QkvIn& in, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_scores(f(preatt), qkv(in), shape(B, T, h));
+    cpu::attention_scores(preatt, qkv(in), t, shape(B, T, h));
   }
   void gqa_softmax(void* att, const void* preatt, DType t, int64_t B, int64_t T,
                    const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_softmax(f(att), cf(preatt), shape(B, T, h));
+    cpu::attention_softmax(att, preatt, t, shape(B, T, h));
   }
   void gqa_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t, int64_t B,
                             int64_t T, const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_softmax_backward(f(dpreatt), cf(datt), cf(att), shape(B, T, h));
+    cpu::attention_softmax_backward(dpreatt, datt, att, t, shape(B, T, h));
   }
   void gqa_values(void* out, const void* att, const QkvIn& in, DType t, int64_t B, int64_t T,
                   const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_values(f(out), cf(att), qkv(in), shape(B, T, h));
+    cpu::attention_values(out, att, qkv(in), t, shape(B, T, h));
   }
   void gqa_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
                            const QkvIn& in, DType t, int64_t B, int64_t T, const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_values_backward(f(datt), f(dqkv), cf(dout), cf(att), qkv(in), shape(B, T, h));
+    cpu::attention_values_backward(datt, dqkv, dout, att, qkv(in), t, shape(B, T, h));
   }
   void gqa_scores_backward(void* dqkv, const void* dpreatt, const QkvIn& in, DType t, int64_t B,
                            int64_t T, const Heads& h) override {
-    fp32_only(t, "grouped-query attention");
-    cpu::attention_scores_backward(f(dqkv), cf(dpreatt), qkv(in), shape(B, T, h));
+    cpu::attention_scores_backward(dqkv, dpreatt, qkv(in), t, shape(B, T, h));
   }
   void flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
                                int64_t T, const Heads& h, float p, uint64_t key) override {
-    fp32_only(t, "flash attention");
-    cpu::flash_attention_forward(f(out), lse, qkv(in), shape(B, T, h), p, key);
+    cpu::flash_attention_forward(out, lse, qkv(in), t, shape(B, T, h), p, key);
   }
   void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
                                 const QkvIn& in, const void* out, const float* lse, DType t,
                                 int64_t B, int64_t T, const Heads& h, float p,
                                 uint64_t key) override {
-    fp32_only(t, "flash attention");
-    cpu::flash_attention_backward(f(dqkv), dq_acc, dsum, cf(dout), qkv(in), cf(out), lse,
-                                  shape(B, T, h), p, key);
+    cpu::flash_attention_backward(dqkv, dq_acc, dsum, dout, qkv(in), out, lse, t, shape(B, T, h), p,
+                                  key);
   }
   void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits, DType t,
                          int64_t N, int64_t E, int64_t K, bool renormalize) override {
-    fp32_only(t, "Mixture-of-Experts routing");
-    cpu::moe_route_forward(probs, idx, weights, cf(logits), N, E, K, renormalize);
+    cpu::moe_route_forward(probs, idx, weights, logits, t, N, E, K, renormalize);
   }
   void moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
                           ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E, int64_t K,
                           bool renormalize) override {
-    fp32_only(t, "Mixture-of-Experts routing");
-    cpu::moe_route_backward(f(dlogits), dweights, probs, idx, dprob_all, N, E, K, renormalize);
+    cpu::moe_route_backward(dlogits, t, dweights, probs, idx, dprob_all, N, E, K, renormalize);
   }
   void moe_route_stats(ExpertIdx idx, const float* probs, int64_t N, int64_t E, int64_t K,
                        int64_t* offsets, double* psum) override {
@@ -364,45 +348,37 @@ class CpuDevice final : public Device {
   }
   void moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N, int64_t K,
                     int64_t E, int64_t C) override {
-    fp32_only(t, "Mixture-of-Experts dispatch");
-    cpu::moe_dispatch(f(xe), cf(in), idx, N, K, E, C);
+    cpu::moe_dispatch(xe, in, idx, t, N, K, E, C);
   }
   void moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t, int64_t N,
                              int64_t K, int64_t E, int64_t C) override {
-    fp32_only(t, "Mixture-of-Experts dispatch");
-    cpu::moe_dispatch_backward(f(din), cf(dxe), idx, N, K, E, C);
+    cpu::moe_dispatch_backward(din, dxe, idx, t, N, K, E, C);
   }
   void moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx, DType t,
                    int64_t N, int64_t K, int64_t E, int64_t C) override {
-    fp32_only(t, "Mixture-of-Experts combine");
-    cpu::moe_combine(f(out), cf(ye), weights, idx, N, K, E, C);
+    cpu::moe_combine(out, ye, weights, idx, t, N, K, E, C);
   }
   void moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
                             const float* weights, ExpertIdx idx, DType t, int64_t N, int64_t K,
                             int64_t E, int64_t C) override {
-    fp32_only(t, "Mixture-of-Experts combine");
-    cpu::moe_combine_backward(f(dye), dweights, cf(dout), cf(ye), weights, idx, N, K, E, C);
+    cpu::moe_combine_backward(dye, dweights, dout, ye, weights, idx, t, N, K, E, C);
   }
   void gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N,
                         int64_t C) override {
-    fp32_only(t, "the shared expert's gate");
-    cpu::gate_mul_forward(f(out), cf(x), cf(g), N, C);
+    cpu::gate_mul_forward(out, x, g, t, N, C);
   }
   void gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g, DType t,
                          int64_t N, int64_t C) override {
-    fp32_only(t, "the shared expert's gate");
-    cpu::gate_mul_backward(f(dx), f(dg), cf(dout), cf(x), cf(g), N, C);
+    cpu::gate_mul_backward(dx, dg, dout, x, g, t, N, C);
   }
   void head_rmsnorm_forward(void* out, float* stats, const QkvIn& in, const void* weight, float eps,
                             DType t, int64_t N, const Heads& h) override {
-    fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_forward(f(out), stats, qkv(in), cf(weight), eps, N, h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_forward(out, stats, qkv(in), weight, eps, t, N, h.NH, h.KVH, h.HS);
   }
   void head_rmsnorm_backward(void* dqkv, void* dweight, const QkvIn& in, const void* weight,
                              const float* stats, DType t, int64_t N, const Heads& h) override {
-    fp32_only(t, "q/k norms");
-    cpu::head_rmsnorm_backward(f(dqkv), (h.NH + 2 * h.KVH) * h.HS, f(dweight), qkv(in), cf(weight), stats,
-                               N, h.NH, h.KVH, h.HS);
+    cpu::head_rmsnorm_backward(dqkv, (h.NH + 2 * h.KVH) * h.HS, dweight, qkv(in), weight, stats, t, N,
+                               h.NH, h.KVH, h.HS);
   }
   void gelu_forward(void* out, const void* inp, DType t, int64_t n) override {
     cpu::gelu_forward(out, inp, t, n);
@@ -471,19 +447,10 @@ class CpuDevice final : public Device {
   // scratch of fixed size outside the arenas, as OpenBLAS's packing buffers are, not a tensor.
   std::vector<float> gemm_panels_ = std::vector<float>(cpu::kGemmWorkspaceFloats);
   double loss_acc_ = 0.0;  // loss_accumulate's running total
-  static float* f(void* p) { return static_cast<float*>(p); }
-  static const float* cf(const void* p) { return static_cast<const float*>(p); }
   static cpu::AttnShape shape(int64_t B, int64_t T, const Heads& h) {
     return {B, T, h.NH, h.KVH, h.HS, h.window};
   }
-  static cpu::Qkv qkv(const QkvIn& in) {
-    return {cf(in.q), cf(in.k), cf(in.v), in.q_row, in.k_row, in.v_row};
-  }
-  static void fp32_only(DType t, const char* what) {
-    if (t != DType::fp32)
-      throw Error(fmt::format("the cpu backend runs {} in fp32 only so far, not {}", what, to_string(t)),
-                  "plan LLaMA-family models for --device cpu (fp32 activations)");
-  }
+  static cpu::QkvT qkv(const QkvIn& in) { return {in.q, in.k, in.v, in.q_row, in.k_row, in.v_row}; }
   CopyStream copies_;  // declared last: its destructor finishes copies into the regions
 };
 

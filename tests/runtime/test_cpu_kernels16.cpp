@@ -340,3 +340,236 @@ TEST_CASE("16-bit logits gradient: (probs - onehot) * dloss of the fp32 probabil
     check_exact(g16, logits, t);
   }
 }
+
+// ---- LLaMA-family and MoE kernels (the typed overloads of cpu_kernels.hpp's LLaMA section):
+// the same comparison, fp32 kernels on the 16-bit inputs' exact values. Accumulating outputs
+// start from noise, so the old value's one addition is compared too.
+
+namespace {
+
+// The exact fp32 values of a 16-bit buffer (both sides then read the same inputs).
+Vec values(const Bits& h, DType t) {
+  Vec f(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) f[i] = load_as_f32(h.data(), i, t);
+  return f;
+}
+void reload(Half& x, DType t) { x.f = values(x.h, t); }
+
+cpu::QkvT fused16(const Bits& qkv, const cpu::AttnShape& s) {
+  const uint16_t* p = qkv.data();
+  return {p, p + s.k_off(), p + s.v_off(), s.row(), s.row(), s.row()};
+}
+
+}  // namespace
+
+TEST_CASE("16-bit RMSNorm: forward and input gradient exact, weight gradient rounded once") {
+  std::mt19937 rng(21);
+  const int64_t N = 37, C = 130;  // C > one 64-wide block of the weight gradient
+  for (DType t : kTypes) {
+    const Half x = half(N * C, 2.0f, t, rng), w = half(C, 1.0f, t, rng);
+    Bits y16(N * C);
+    Vec y32(N * C), s16(N), s32(N);
+    cpu::rmsnorm_forward(y16.data(), s16.data(), x.h.data(), w.h.data(), 1e-5f, t, N, C);
+    cpu::rmsnorm_forward(y32.data(), s32.data(), x.f.data(), w.f.data(), 0.0f, 1e-5f, N, C);
+    check_exact(y16, y32, t);
+    CHECK(s16 == s32);
+    const Half dy = half(N * C, 1.0f, t, rng);
+    Half dx = half(N * C, 1.0f, t, rng), dw = half(C, 1.0f, t, rng);
+    cpu::rmsnorm_backward(dx.h.data(), dw.h.data(), dy.h.data(), x.h.data(), w.h.data(), s32.data(),
+                          t, N, C);
+    cpu::rmsnorm_backward(dx.f.data(), dw.f.data(), dy.f.data(), x.f.data(), w.f.data(), 0.0f,
+                          s32.data(), N, C);
+    check_exact(dx.h, dx.f, t);
+    check_once(dw.h, dw.f, t);
+  }
+}
+
+TEST_CASE("16-bit head RMSNorm (q/k norms): exact, over the fused rows and over q|k apart") {
+  std::mt19937 rng(22);
+  const int64_t N = 11, NH = 4, KVH = 2, HS = 8, R = (NH + 2 * KVH) * HS, H = NH + KVH;
+  for (DType t : kTypes) {
+    const Half qkv = half(N * R, 2.0f, t, rng), w = half(2 * HS, 1.0f, t, rng);
+    const cpu::AttnShape s{1, N, NH, KVH, HS};
+    const cpu::QkvT in16 = fused16(qkv.h, s);
+    const cpu::Qkv in32 = cpu::Qkv::fused(qkv.f.data(), s);
+    Bits y16(N * H * HS);
+    Vec y32(N * H * HS), s16(N * H), s32(N * H);
+    cpu::head_rmsnorm_forward(y16.data(), s16.data(), in16, w.h.data(), 1e-6f, t, N, NH, KVH, HS);
+    cpu::head_rmsnorm_forward(y32.data(), s32.data(), in32, w.f.data(), 1e-6f, N, NH, KVH, HS);
+    check_exact(y16, y32, t);
+    CHECK(s16 == s32);
+    // In place over the fused gradient: q and k heads overwritten, v heads untouched.
+    Half dqkv = half(N * R, 1.0f, t, rng), dw = half(2 * HS, 1.0f, t, rng);
+    cpu::head_rmsnorm_backward(dqkv.h.data(), R, dw.h.data(), in16, w.h.data(), s32.data(), t, N, NH,
+                               KVH, HS);
+    cpu::head_rmsnorm_backward(dqkv.f.data(), R, dw.f.data(), in32, w.f.data(), s32.data(), N, NH,
+                               KVH, HS);
+    check_exact(dqkv.h, dqkv.f, t);
+    check_exact(dw.h, dw.f, t);  // the fp32 kernel also sums from 0 and adds once
+  }
+}
+
+TEST_CASE("16-bit rotary embeddings and SwiGLU: exact") {
+  std::mt19937 rng(23);
+  const int64_t B = 2, T = 9, NH = 4, KVH = 2, HS = 8, R = (NH + 2 * KVH) * HS;
+  const std::vector<float> inv_freq = cpu::rope_default_inv_freq(10000.0, 6);  // partial: 6 of 8
+  for (DType t : kTypes) {
+    Half x = half(B * T * R, 1.0f, t, rng);
+    cpu::rope_forward(x.h.data(), inv_freq.data(), 1.25f, t, B, T, R, NH + KVH, HS, 6);
+    cpu::rope_forward(x.f.data(), inv_freq.data(), 1.25f, B, T, R, NH + KVH, HS, 6);
+    check_exact(x.h, x.f, t);
+    reload(x, t);
+    cpu::rope_backward(x.h.data(), inv_freq.data(), 1.25f, t, B, T, R, NH + KVH, HS, 6);
+    cpu::rope_backward(x.f.data(), inv_freq.data(), 1.25f, B, T, R, NH + KVH, HS, 6);
+    check_exact(x.h, x.f, t);
+
+    const int64_t N = 7, F = 70;
+    const Half g = half(N * F, 2.0f, t, rng), u = half(N * F, 1.0f, t, rng), dy = half(N * F, 1.0f, t, rng);
+    Bits o16(N * F), d16(N * 2 * F);
+    Vec o32(N * F), d32(N * 2 * F);
+    cpu::swiglu_forward(o16.data(), g.h.data(), u.h.data(), t, N * F);
+    cpu::swiglu_forward(o32.data(), g.f.data(), u.f.data(), N * F);
+    check_exact(o16, o32, t);
+    cpu::swiglu_backward(d16.data(), dy.h.data(), g.h.data(), u.h.data(), t, N, F);
+    cpu::swiglu_backward(d32.data(), dy.f.data(), g.f.data(), u.f.data(), N, F);
+    check_exact(d16, d32, t);
+  }
+}
+
+TEST_CASE("16-bit grouped-query attention with sliding windows: the three steps, rounded once") {
+  std::mt19937 rng(24);
+  const int64_t B = 2, T = 13, NH = 4, KVH = 2, HS = 70;  // HS > one 64-wide block
+  for (int64_t window : {int64_t{0}, int64_t{5}})
+    for (DType t : kTypes) {
+      CAPTURE(window);
+      const cpu::AttnShape s{B, T, NH, KVH, HS, window};
+      const int64_t A = B * NH * T * T, R = s.row();
+      const Half qkv = half(B * T * R, 0.3f, t, rng);
+      const cpu::QkvT in16 = fused16(qkv.h, s);
+      const cpu::Qkv in32 = cpu::Qkv::fused(qkv.f.data(), s);
+      Half preatt = half(A, 1.0f, t, rng);  // noise: the entries the kernel leaves alone too
+      cpu::attention_scores(preatt.h.data(), in16, t, s);
+      cpu::attention_scores(preatt.f.data(), in32, s);
+      check_once(preatt.h, preatt.f, t);
+      reload(preatt, t);
+      Half att = half(A, 1.0f, t, rng);
+      cpu::attention_softmax(att.h.data(), preatt.h.data(), t, s);
+      cpu::attention_softmax(att.f.data(), preatt.f.data(), s);
+      check_exact(att.h, att.f, t);
+      reload(att, t);
+      Half out = half(B * T * NH * HS, 1.0f, t, rng);
+      cpu::attention_values(out.h.data(), att.h.data(), in16, t, s);
+      cpu::attention_values(out.f.data(), att.f.data(), in32, s);
+      check_exact(out.h, out.f, t);
+
+      const Half dout = half(B * T * NH * HS, 1.0f, t, rng);
+      Half datt = half(A, 1.0f, t, rng), dqkv = half(B * T * R, 1.0f, t, rng);
+      cpu::attention_values_backward(datt.h.data(), dqkv.h.data(), dout.h.data(), att.h.data(), in16, t, s);
+      cpu::attention_values_backward(datt.f.data(), dqkv.f.data(), dout.f.data(), att.f.data(), in32, s);
+      check_once(datt.h, datt.f, t);
+      check_once(dqkv.h, dqkv.f, t);
+      reload(datt, t);
+      reload(dqkv, t);
+      cpu::attention_softmax_backward(datt.h.data(), datt.h.data(), att.h.data(), t, s);  // in place
+      cpu::attention_softmax_backward(datt.f.data(), datt.f.data(), att.f.data(), s);
+      check_exact(datt.h, datt.f, t);
+      reload(datt, t);
+      cpu::attention_scores_backward(dqkv.h.data(), datt.h.data(), in16, t, s);
+      cpu::attention_scores_backward(dqkv.f.data(), datt.f.data(), in32, s);
+      check_once(dqkv.h, dqkv.f, t);
+    }
+}
+
+TEST_CASE("16-bit flash attention (GQA, windows, dropout): out and dqkv rounded once") {
+  std::mt19937 rng(25);
+  const int64_t B = 2, T = 70, NH = 4, KVH = 2, HS = 8;  // T > one 64-query block
+  for (int64_t window : {int64_t{0}, int64_t{20}})
+    for (float p : {0.0f, 0.1f})
+      for (DType t : kTypes) {
+        CAPTURE(window);
+        CAPTURE(p);
+        const cpu::AttnShape s{B, T, NH, KVH, HS, window};
+        const int64_t R = s.row(), O = B * T * NH * HS;
+        const Half qkv = half(B * T * R, 0.5f, t, rng);
+        const cpu::QkvT in16 = fused16(qkv.h, s);
+        const cpu::Qkv in32 = cpu::Qkv::fused(qkv.f.data(), s);
+        Bits o16(O);
+        Vec o32(O), lse16(B * NH * T), lse32(B * NH * T);
+        cpu::flash_attention_forward(o16.data(), lse16.data(), in16, t, s, p, 99);
+        cpu::flash_attention_forward(o32.data(), lse32.data(), in32, s, p, 99);
+        check_once(o16, o32, t);
+        check_reordered(lse16, lse32);
+        // The backward from the same stored output and log-sum-exp on both sides.
+        const Vec out = values(o16, t);
+        const Half dout = half(O, 1.0f, t, rng);
+        Half dqkv = half(B * T * R, 1.0f, t, rng);
+        Vec dq_acc(O), dsum(B * NH * T);
+        cpu::flash_attention_backward(dqkv.h.data(), dq_acc.data(), dsum.data(), dout.h.data(), in16,
+                                      o16.data(), lse32.data(), t, s, p, 99);
+        cpu::flash_attention_backward(dqkv.f.data(), dq_acc.data(), dsum.data(), dout.f.data(), in32,
+                                      out.data(), lse32.data(), s, p, 99);
+        check_once(dqkv.h, dqkv.f, t);
+      }
+}
+
+TEST_CASE("16-bit MoE routing, dispatch, combine and the shared expert's gate: rounded once") {
+  std::mt19937 rng(26);
+  const int64_t N = 11, E = 5, K = 2, C = 70;  // C > one 64-wide block
+  for (DType t : kTypes) {
+    const Half logits = half(N * E, 1.0f, t, rng);
+    Vec p16(N * E), p32(N * E), w16(N * K), w32(N * K);
+    std::vector<int32_t> i16(N * K), i32(N * K);
+    cpu::moe_route_forward(p16.data(), i16.data(), w16.data(), logits.h.data(), t, N, E, K, true);
+    cpu::moe_route_forward(p32.data(), i32.data(), w32.data(), logits.f.data(), N, E, K, true);
+    CHECK(p16 == p32);
+    CHECK(i16 == i32);
+    CHECK(w16 == w32);
+    const Vec dw = [&] {
+      Vec v(N * K);
+      std::normal_distribution<float> d;
+      for (float& x : v) x = d(rng);
+      return v;
+    }();
+    const Vec dprob(E, 0.25f);
+    Bits dl16(N * E);
+    Vec dl32(N * E);
+    cpu::moe_route_backward(dl16.data(), t, dw.data(), p32.data(), i32.data(), dprob.data(), N, E, K, true);
+    cpu::moe_route_backward(dl32.data(), dw.data(), p32.data(), i32.data(), dprob.data(), N, E, K, true);
+    check_exact(dl16, dl32, t);
+
+    const Half in = half(N * C, 1.0f, t, rng), ye = half(N * K * C, 1.0f, t, rng),
+               dout = half(N * C, 1.0f, t, rng);
+    Bits xe16(N * K * C);
+    Vec xe32(N * K * C);
+    cpu::moe_dispatch(xe16.data(), in.h.data(), i32.data(), t, N, K, E, C);
+    cpu::moe_dispatch(xe32.data(), in.f.data(), i32.data(), N, K, E, C);
+    check_exact(xe16, xe32, t);
+    Half din = half(N * C, 1.0f, t, rng);
+    cpu::moe_dispatch_backward(din.h.data(), ye.h.data(), i32.data(), t, N, K, E, C);
+    cpu::moe_dispatch_backward(din.f.data(), ye.f.data(), i32.data(), N, K, E, C);
+    check_once(din.h, din.f, t);
+    Half out = half(N * C, 1.0f, t, rng);
+    cpu::moe_combine(out.h.data(), ye.h.data(), w32.data(), i32.data(), t, N, K, E, C);
+    cpu::moe_combine(out.f.data(), ye.f.data(), w32.data(), i32.data(), N, K, E, C);
+    check_exact(out.h, out.f, t);
+    Bits dye16(N * K * C);
+    Vec dye32(N * K * C), dw16(N * K), dw32(N * K);
+    cpu::moe_combine_backward(dye16.data(), dw16.data(), dout.h.data(), ye.h.data(), w32.data(),
+                              i32.data(), t, N, K, E, C);
+    cpu::moe_combine_backward(dye32.data(), dw32.data(), dout.f.data(), ye.f.data(), w32.data(),
+                              i32.data(), N, K, E, C);
+    check_exact(dye16, dye32, t);
+    check_reordered(dw16, dw32);
+
+    const Half x = half(N * C, 1.0f, t, rng), g = half(N, 2.0f, t, rng);
+    Bits y16(N * C), dx16(N * C), dg16(N);
+    Vec y32(N * C), dx32(N * C), dg32(N);
+    cpu::gate_mul_forward(y16.data(), x.h.data(), g.h.data(), t, N, C);
+    cpu::gate_mul_forward(y32.data(), x.f.data(), g.f.data(), N, C);
+    check_exact(y16, y32, t);
+    cpu::gate_mul_backward(dx16.data(), dg16.data(), dout.h.data(), x.h.data(), g.h.data(), t, N, C);
+    cpu::gate_mul_backward(dx32.data(), dg32.data(), dout.f.data(), x.f.data(), g.f.data(), N, C);
+    check_exact(dx16, dx32, t);
+    check_exact(dg16, dg32, t);
+  }
+}

@@ -154,6 +154,15 @@ struct Qkv {
   }
 };
 
+// Qkv for any storage type (the typed kernels below): q, k and v stored as the kernel's t, rows
+// in elements of t (Device::QkvIn's layout).
+struct QkvT {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+};
+
 // Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before the rotary embeddings): each
 // of the N tokens' NH query heads (from in.q) and KVH key heads (from in.k), HS wide, is
 // normalised over HS with weight[0, HS) (query heads) or weight[HS, 2 HS) (key heads), into
@@ -310,6 +319,75 @@ void dropout_backward(void* dinp, const void* dout, const uint8_t* mask, DType t
 // is fp32 (then it is the in-place kernel above).
 void crossentropy_backward(void* dlogits, DType t, const float* probs, const int32_t* targets,
                            float dloss, int64_t N, int64_t V);
+
+// LLaMA-family and Mixture-of-Experts kernels, typed the same way (the fp32 kernels above for
+// t = fp32, bit for bit). For fp16 and bf16:
+// - RMSNorm (whole rows, and per head): rstd = 1/sqrtf(sum x^2 / C + eps) in fp32 (the sum in
+//   ascending order, stats fp32), out = round(x rstd w). Backward: dinp = round(dinp + dx),
+//   dx from rmsnorm_row_gxhat_mean's mean; dweight = round(dweight + the fp32 sum over rows
+//   in ascending order) (per head: rows, then the rows' heads in order; the per-head input
+//   gradient overwrites the q and k heads of dqkv).
+// - Rotary embeddings: each pair rotated in fp32 by the fp32 kernel's cos and sin, stored once.
+// - SwiGLU, gate_mul: elementwise in fp32, each output stored once (the backwards overwrite).
+// - Attention over AttnShape (GQA, sliding windows): scores stored once; softmax as the fp32
+//   softmax_row over keys first_key(t)..t, zeros elsewhere; values: out = the fp32 sum over keys
+//   ascending. values_backward: datt = round(datt + dot), dv = round(dv + the fp32 sum over the
+//   group's query heads in order, then queries ascending). scores_backward: dq = round(dq +
+//   the sum over keys ascending), dk = round(dk + the sum over the group's heads in order,
+//   then queries ascending). Dots and sums sequential (16-bit) in fp32.
+// - Flash attention: the fp32 algorithm on q, k, v, dout and out converted to fp32 block by
+//   block; the running output in an fp32 tile, stored once; lse, dq_acc and dsum fp32; dk and
+//   dv summed in fp32 over the whole backward and added into dqkv once, as is dq_acc.
+// - MoE: probabilities, top-k weights and their gradients fp32; dispatch copies rows; combine
+//   stores the fp32 sum over a token's slots once; dispatch_backward adds the fp32 sum over a
+//   token's slots once; combine_backward's dweights are sequential fp32 dots.
+void rmsnorm_forward(void* out, float* stats, const void* inp, const void* weight, float eps,
+                     DType t, int64_t N, int64_t C);
+void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                      const void* weight, const float* stats, DType t, int64_t N, int64_t C);
+void head_rmsnorm_forward(void* out, float* stats, const QkvT& in, const void* weight, float eps,
+                          DType t, int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+void head_rmsnorm_backward(void* dqkv, int64_t grad_row, void* dweight, const QkvT& in,
+                           const void* weight, const float* stats, DType t, int64_t N, int64_t NH,
+                           int64_t KVH, int64_t HS);
+void rope_forward(void* x, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                  int64_t row, int64_t n_heads, int64_t HS, int64_t rot);
+void rope_backward(void* dx, const float* inv_freq, float mscale, DType t, int64_t B, int64_t T,
+                   int64_t row, int64_t n_heads, int64_t HS, int64_t rot);
+void swiglu_forward(void* out, const void* gate, const void* up, DType t, int64_t n);
+void swiglu_backward(void* dgate_up, const void* dout, const void* gate, const void* up, DType t,
+                     int64_t N, int64_t F);
+void attention_scores(void* preatt, const QkvT& in, DType t, const AttnShape& s);
+void attention_softmax(void* att, const void* preatt, DType t, const AttnShape& s);
+void attention_softmax_backward(void* dpreatt, const void* datt, const void* att, DType t,
+                                const AttnShape& s);
+void attention_values(void* out, const void* att, const QkvT& in, DType t, const AttnShape& s);
+void attention_values_backward(void* datt, void* dqkv, const void* dout, const void* att,
+                               const QkvT& in, DType t, const AttnShape& s);
+void attention_scores_backward(void* dqkv, const void* dpreatt, const QkvT& in, DType t,
+                               const AttnShape& s);
+void flash_attention_forward(void* out, float* lse, const QkvT& in, DType t, const AttnShape& s,
+                             float p, uint64_t key);
+void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
+                              const QkvT& in, const void* out, const float* lse, DType t,
+                              const AttnShape& s, float p, uint64_t key);
+void moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits, DType t,
+                       int64_t N, int64_t E, int64_t K, bool renormalize);
+void moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
+                        ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E, int64_t K,
+                        bool renormalize);
+void moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N, int64_t K,
+                  int64_t E, int64_t C);
+void moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t, int64_t N,
+                           int64_t K, int64_t E, int64_t C);
+void moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx, DType t,
+                 int64_t N, int64_t K, int64_t E, int64_t C);
+void moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
+                          const float* weights, ExpertIdx idx, DType t, int64_t N, int64_t K,
+                          int64_t E, int64_t C);
+void gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N, int64_t C);
+void gate_mul_backward(void* dx, void* dg, const void* dout, const void* x, const void* g,
+                       DType t, int64_t N, int64_t C);
 
 // Conversions for 16-bit storage: dst[i] = src[i] as fp32, and back with rounding to nearest
 // even; accumulate_to adds fp32 values into a 16-bit or fp32 buffer (dst += src).

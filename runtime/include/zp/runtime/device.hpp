@@ -149,9 +149,10 @@ class Device {
                                          DType t, int64_t B, int64_t T, int64_t C,
                                          int64_t NH) = 0;
   // LLaMA-family blocks, as cpu_kernels.hpp states them (the fused q|k|v rows of grouped-query
-  // attention: NH query heads, then KVH key and KVH value heads, each HS wide). For now the cpu
-  // backend runs them in fp32 only and the CUDA backend not at all: both throw zp::Error naming
-  // the op otherwise (zero-run refuses such plans before anything runs).
+  // attention: NH query heads, then KVH key and KVH value heads, each HS wide). The cpu backend
+  // runs them with t fp32, fp16 or bf16 (the contract above; cpu_kernels.hpp states each op's
+  // sums and roundings). A backend throws zp::Error naming an op it cannot run (zero-run
+  // refuses such plans before anything runs).
   struct Heads {
     int64_t NH = 0, KVH = 0, HS = 0;
     int64_t window = 0;  // a sliding window's keys (cpu::AttnShape::window); 0: none
@@ -194,7 +195,7 @@ class Device {
   // _backward; GPT-2's heads are {NH, NH, C / NH}): out and lse (fp32, (B,NH,T)); the backward
   // adds into dqkv and overwrites its two fp32 workspaces, dq_acc (B,T,NH*HS) and dsum
   // (B,NH,T). Attention dropout p with the three steps' mask under `key`. The cpu backend
-  // runs it in fp32; the CUDA backend throws zp::Error (not yet).
+  // runs it with fp32 or 16-bit storage (fp32 running sums, each output stored once).
   virtual void flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
                                        int64_t T, const Heads& h, float p, uint64_t key) = 0;
   virtual void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,

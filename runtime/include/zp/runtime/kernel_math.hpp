@@ -97,18 +97,37 @@ ZP_HD inline float layernorm_dinp(float dout, float x, float w, float mean, floa
 // ---- RMSNorm over one row of C values (Zhang & Sennrich 2019; LLaMA's norm, transformers'
 // LlamaRMSNorm): y = x rstd (w + offset), rstd = 1/sqrt(mean(x^2) + eps); offset 1 is Gemma's
 // (1 + weight), 0 everyone else's.
-ZP_HD inline float rmsnorm_row_rstd(const float* x, int64_t C, float eps) {
+// x[0..C) stored as D, the squares summed in ascending order (the float overload: the fp32
+// instance).
+template <DType D>
+ZP_HD inline float rmsnorm_row_rstd(const void* x, int64_t C, float eps) {
   float sq = 0.0f;
-  for (int64_t i = 0; i < C; ++i) sq += x[i] * x[i];
+  for (int64_t i = 0; i < C; ++i) {
+    const float v = load_as_f32(x, static_cast<std::size_t>(i), D);
+    sq += v * v;
+  }
   return 1.0f / sqrtf(sq / static_cast<float>(C) + eps);
+}
+ZP_HD inline float rmsnorm_row_rstd(const float* x, int64_t C, float eps) {
+  return rmsnorm_row_rstd<DType::fp32>(x, C, eps);
 }
 // Backward of one row, with xhat = x rstd and g = (w + offset) dout:
 //   dx_i = rstd (g_i - xhat_i mean_j(g_j xhat_j)).
-ZP_HD inline float rmsnorm_row_gxhat_mean(const float* dout, const float* x, const float* w,
+// The mean's sum in ascending order, each term ((w + offset) dout) x rstd; dout, x, w stored
+// as D.
+template <DType D>
+ZP_HD inline float rmsnorm_row_gxhat_mean(const void* dout, const void* x, const void* w,
                                           float w_offset, float rstd, int64_t C) {
   float s = 0.0f;
-  for (int64_t i = 0; i < C; ++i) s += (w[i] + w_offset) * dout[i] * x[i] * rstd;
+  for (int64_t i = 0; i < C; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    s += (load_as_f32(w, k, D) + w_offset) * load_as_f32(dout, k, D) * load_as_f32(x, k, D) * rstd;
+  }
   return s / static_cast<float>(C);
+}
+ZP_HD inline float rmsnorm_row_gxhat_mean(const float* dout, const float* x, const float* w,
+                                          float w_offset, float rstd, int64_t C) {
+  return rmsnorm_row_gxhat_mean<DType::fp32>(dout, x, w, w_offset, rstd, C);
 }
 ZP_HD inline float rmsnorm_dinp(float dout, float x, float w_eff, float rstd, float gxhat_mean) {
   return rstd * (w_eff * dout - x * rstd * gxhat_mean);
