@@ -109,9 +109,10 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                               "qwen3, and the MoE mixtral, qwen2_moe, qwen3_moe); {} is {}: {}",
                               m.name, m.family_name(), why),
                   "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
-    if (plan.options.backend != planner::Backend::cpu)
-      throw Error(fmt::format("{}: zero-run runs LLaMA-family blocks with fp32 activations only so "
-                              "far (the planner's cpu graph)", m.name),
+    // The cpu backend runs them with fp32 or 16-bit activations (the planner's cpu or cuda graph).
+    if (plan.options.backend != planner::Backend::cpu && device != "cpu")
+      throw Error(fmt::format("{}: zero-run's {} backend runs LLaMA-family blocks with fp32 activations "
+                              "only so far (the planner's cpu graph)", m.name, device),
                   "plan with --device cpu (zero-plan plan --device cpu), then run the plan on either "
                   "device");
     // The CUDA backend runs the dense blocks and flash attention (kernels_llama.cu); the
@@ -129,9 +130,9 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
-  // Flash attention: fp32 activations so far (cpu_flash.cpp on the cpu, kernels_llama.cu on a
-  // GPU): the planner's cpu graph, or its cuda graph in fp32.
-  if (s.flash_attention && plan.options.backend != planner::Backend::cpu &&
+  // Flash attention: fp32 or 16-bit activations on the cpu (cpu_flash.cpp), fp32 so far on a GPU
+  // (kernels_llama.cu): the planner's cpu graph, or its cuda graph in fp32.
+  if (s.flash_attention && device != "cpu" && plan.options.backend != planner::Backend::cpu &&
       s.precision != Precision::fp32)
     throw Error(fmt::format("--flash-attention: zero-run runs flash attention with fp32 activations "
                             "only so far; this plan stores them as {}", planner::to_string(s.precision)),

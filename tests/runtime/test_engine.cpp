@@ -203,13 +203,17 @@ TEST_CASE("engine with 16-bit activations: gradients within 16-bit rounding of f
   // head), whose errors add up roughly as a random walk: sqrt(24) u ~ 5u. The allowed error,
   // 8u of the tensor's largest gradient (3% bf16, 0.4% fp16), leaves room for that and stays
   // far below what a kernel that drops or doubles a term gives (test_cpu_kernels16 holds each
-  // kernel to one rounding). Observed: about 1.3u for both types.
+  // kernel to one rounding). Observed: about 1.3u for both types. Flash attention (16-bit
+  // q, k, v and output, fp32 running sums) is held to the same.
+  for (bool flash : {false, true})
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp16})
     for (int stage : {0, 3}) {
+      CAPTURE(flash);
       CAPTURE(static_cast<int>(prec));
       CAPTURE(stage);
       planner::Strategy s = fd_strategy(stage);
       s.precision = prec;
+      s.flash_attention = flash;
       const planner::Plan plan = planner::make_plan(models::load_model("gpt2-tiny"), s,
                                                     {planner::Profile::zeroplan, planner::Backend::cuda}, 1234);
       const double u = prec == planner::Precision::bf16 ? 0x1.0p-8 : 0x1.0p-11;
@@ -222,12 +226,11 @@ TEST_CASE("engine memory: measured per category equals the plan, bf16 and fp32")
   // scratch copies of 16-bit weights) and its cuda graph (activations in the training
   // precision, dropout masks, the LM head's 16-bit logits gradient), here with dropout on.
   const models::ModelSpec dropout_model = test::tiny_model_with_dropout(0.1, 0.1, 0.1);
-  // Flash attention (the cpu graph only: the cuda graph's 16-bit activations have no flash
-  // kernel yet): its output and log-sum-exp saved, its backward's fp32 workspaces, no T x T.
+  // Flash attention (either graph; the cuda graph's in 16 bits too): its output and
+  // log-sum-exp saved, its backward's fp32 workspaces, no T x T.
   for (auto backend : {planner::Backend::cpu, planner::Backend::cuda})
   for (bool flash : {false, true})
   for (auto prec : {planner::Precision::bf16, planner::Precision::fp32, planner::Precision::fp16}) {
-    if (flash && backend != planner::Backend::cpu) continue;
     for (int stage : {0, 1, 2, 3}) {
       for (auto ck : {planner::Checkpointing::none, planner::Checkpointing::full,
                       planner::Checkpointing::selective}) {

@@ -319,11 +319,61 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
     }
   };
   const std::string base = tiny_config(false);
-  refuses(base, planner::Backend::cuda, "fp32 activations only so far");
   std::string dropout = base;
   dropout.insert(dropout.size() - 1, R"(, "attention_dropout": 0.1)");
   refuses(dropout, planner::Backend::cpu, "attention dropout");
   std::string longrope = base;
   longrope.replace(longrope.find("\"llama3\""), 8, "\"longrope\"");
   refuses(longrope, planner::Backend::cpu, "longrope");
+}
+
+TEST_CASE("engine on the planner's cuda graph in 16 bits (LLaMA, Mistral + flash, Qwen3, MoE): "
+          "memory equals the plan, losses within 16-bit rounding of fp32") {
+  // The graph made for GPUs (Backend::cuda): activations, weights and gradients stored in
+  // bf16 or fp16, every kernel rounding its outputs once (test_cpu_kernels16 holds each to
+  // that), the LM head's logits fp32. Against the cpu graph in fp32 from the same seed, three
+  // SGD steps: the loss (near ln 256 = 5.5) is a mean over 32 tokens of terms each computed
+  // through ~two dozen rounded tensors, whose independent errors of at most u (2^-8 bf16,
+  // 2^-11 fp16) mostly cancel in the mean; it must stay within u of fp32's, relative (0.4%
+  // bf16, 0.05% fp16; observed at most 0.02 u bf16, 0.07 u fp16). The three steps lower the
+  // loss by ~4% (10 u bf16), and a kernel that drops or doubles a term moves it by O(1).
+  struct Case {
+    const char* name;
+    std::string config;
+    bool flash;
+  };
+  const Case cases[] = {{"llama", tiny_config(false), false},
+                        {"llama flash", tiny_config(false), true},
+                        {"mistral flash", tiny_mistral(), true},
+                        {"qwen3", tiny_qwen3(), false},
+                        {"mixtral", tiny_moe("mixtral"), false},
+                        {"qwen2_moe flash", tiny_moe("qwen2_moe"), true},
+                        {"qwen3_moe", tiny_moe("qwen3_moe"), false}};
+  for (const Case& c : cases)
+    for (auto prec : {planner::Precision::bf16, planner::Precision::fp16}) {
+      CAPTURE(c.name);
+      CAPTURE(planner::to_string(prec));
+      const models::ModelSpec m = models::parse_hf_config(c.config, "tiny.json");
+      const planner::Plan fp32 = plan_for(m, 0, planner::Checkpointing::none, c.flash);
+      planner::Strategy s = fp32.strategy;
+      s.precision = prec;
+      for (int stage : {0, 3}) {
+        CAPTURE(stage);
+        s.stage = stage;
+        const planner::Plan p16 =
+            planner::make_plan(m, s, {planner::Profile::zeroplan, planner::Backend::cuda}, 1234);
+        const Run a = train(fp32, 3, 0.1f), b = train(p16, 3, 0.1f);  // train() checks memory
+        const double u = prec == planner::Precision::bf16 ? 0x1.0p-8 : 0x1.0p-11;
+        double worst = 0;
+        for (std::size_t k = 0; k < a.losses.size(); ++k) {
+          const double rel = std::fabs(b.losses[k] - a.losses[k]) / a.losses[k];
+          worst = std::max(worst, rel);
+          CHECK(rel <= u);
+        }
+        CHECK(b.losses.back() < b.losses.front());
+        MESSAGE(std::string(c.name) << " " << planner::to_string(prec) << " stage " << stage
+                       << ": loss within " << worst / u << " u of fp32's (" << a.losses.back()
+                       << " vs " << b.losses.back() << ")");
+      }
+    }
 }
