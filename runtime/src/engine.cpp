@@ -109,18 +109,13 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                               "qwen3, and the MoE mixtral, qwen2_moe, qwen3_moe); {} is {}: {}",
                               m.name, m.family_name(), why),
                   "plan other architectures with zero-plan; run a GPT-2 or LLaMA-style config here");
-    // The cpu backend runs them with fp32 or 16-bit activations (the planner's cpu or cuda graph).
-    if (plan.options.backend != planner::Backend::cpu && device != "cpu")
-      throw Error(fmt::format("{}: zero-run's {} backend runs LLaMA-family blocks with fp32 activations "
-                              "only so far (the planner's cpu graph)", m.name, device),
-                  "plan with --device cpu (zero-plan plan --device cpu), then run the plan on either "
-                  "device");
-    // The CUDA backend runs the dense blocks and flash attention (kernels_llama.cu); the
-    // routing, dispatch and combine of Mixture-of-Experts layers are cpu kernels so far.
-    if (m.is_moe() && device != "cpu")
-      throw Error(fmt::format("{}: zero-run's {} backend does not run Mixture-of-Experts layers yet",
-                              m.name, device),
-                  "run Mixture-of-Experts plans with --device cpu");
+    // Both backends run them with fp32 or 16-bit activations (the planner's cpu or cuda graph):
+    // cpu_kernels.cpp, cpu_flash.cpp, cpu_moe.cpp; kernels_llama.cu, kernels_moe.cu. The GPU's
+    // combine takes at most 16 experts per token (it holds a token's rows in registers).
+    if (m.is_moe() && device == "cuda" && m.moe.top_k > 16)
+      throw Error(fmt::format("{}: {} experts per token; zero-run's cuda backend takes at most 16",
+                              m.name, m.moe.top_k),
+                  "run this plan with --device cpu");
   }
   if (m.is_moe() && (s.ep != 1 || s.moe_capacity_factor > 0))
     throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless on every rank's own "
@@ -130,14 +125,6 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
-  // Flash attention: fp32 or 16-bit activations on the cpu (cpu_flash.cpp), fp32 so far on a GPU
-  // (kernels_llama.cu): the planner's cpu graph, or its cuda graph in fp32.
-  if (s.flash_attention && device != "cpu" && plan.options.backend != planner::Backend::cpu &&
-      s.precision != Precision::fp32)
-    throw Error(fmt::format("--flash-attention: zero-run runs flash attention with fp32 activations "
-                            "only so far; this plan stores them as {}", planner::to_string(s.precision)),
-                "drop --flash-attention, or plan with --device cpu (fp32 activations) and run the "
-                "plan on either device");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
   if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&

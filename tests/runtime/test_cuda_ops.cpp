@@ -386,6 +386,80 @@ TEST_CASE("cuda flash attention forward and backward equal the cpu backend's, wi
     }
 }
 
+// ---- Mixture of experts (fp32) ------------------------------------------------------------------
+// 26 tokens over 5 experts, top 2 (one walk chunk), and 300 tokens over 40 experts, top 3 (more
+// pairs than a block's chunk of 256, experts beyond a warp's 32 lanes).
+TEST_CASE("cuda MoE routing, dispatch and combine equal the cpu backend (the same order: exact copies and sums)") {
+  Both b;
+  struct Shape {
+    int64_t n, e, k;
+  };
+  for (const Shape sh : {Shape{N, 5, 2}, Shape{300, 40, 3}})
+    for (bool renorm : {true, false}) {
+      CAPTURE(sh.n);
+      CAPTURE(sh.e);
+      CAPTURE(renorm);
+      const int64_t Nm = sh.n, E = sh.e, K = sh.k, Cm = 24;
+      const auto logits = b.rand(Nm * E, 2.0f);
+      auto probs = b.rand(Nm * E), w = b.rand(Nm * K);
+      std::vector<int32_t> zero_idx(static_cast<std::size_t>(Nm * K), 0);
+      auto idx = b.put(zero_idx);
+      b.cpu->moe_route_forward(probs.c, ExpertIdx(idx.c), w.c, logits.c, DType::fp32, Nm, E, K, renorm);
+      b.gpu->moe_route_forward(probs.g, ExpertIdx(idx.g), w.g, logits.g, DType::fp32, Nm, E, K, renorm);
+      CHECK_CLOSE(b, probs, kReorder);
+      CHECK(b.identical(idx));  // random logits: no ties within fp32 reordering
+      CHECK_CLOSE(b, w, kReorder);
+
+      // The rest reads the cpu's routing on both devices.
+      const auto pr = b.put(b.get(*b.cpu, probs.c, probs.n));
+      const auto ix = b.put(b.get(*b.cpu, idx.c, idx.n));
+      const auto wt = b.put(b.get(*b.cpu, w.c, w.n));
+      std::vector<int64_t> off_c(static_cast<std::size_t>(E + 1)), off_g(off_c.size());
+      std::vector<double> ps_c(static_cast<std::size_t>(E)), ps_g(ps_c.size());
+      b.cpu->moe_route_stats(ExpertIdx(ix.c), pr.c, Nm, E, K, off_c.data(), ps_c.data());
+      b.gpu->moe_route_stats(ExpertIdx(ix.g), pr.g, Nm, E, K, off_g.data(), ps_g.data());
+      CHECK(off_g == off_c);
+      for (int64_t e = 0; e < E; ++e)
+        CHECK(std::fabs(ps_g[e] - ps_c[e]) <= 1e-12 * static_cast<double>(Nm));
+
+      const auto dw = b.rand(Nm * K);
+      std::vector<float> dprob = b.normal(static_cast<std::size_t>(E), 0.1f);
+      auto dl = b.rand(Nm * E);
+      b.cpu->moe_route_backward(dl.c, DType::fp32, dw.c, pr.c, ExpertIdx(ix.c), dprob.data(), Nm, E, K, renorm);
+      b.gpu->moe_route_backward(dl.g, DType::fp32, dw.g, pr.g, ExpertIdx(ix.g), dprob.data(), Nm, E, K, renorm);
+      CHECK_CLOSE(b, dl, kReorder);
+
+      const auto in = b.rand(Nm * Cm);
+      auto xe = b.rand(Nm * K * Cm);
+      b.cpu->moe_dispatch(xe.c, in.c, ExpertIdx(ix.c), DType::fp32, Nm, K, E, Cm);
+      b.gpu->moe_dispatch(xe.g, in.g, ExpertIdx(ix.g), DType::fp32, Nm, K, E, Cm);
+      CHECK(b.identical(xe));
+      const auto ye = b.rand(Nm * K * Cm);
+      auto out = b.rand(Nm * Cm);
+      b.cpu->moe_combine(out.c, ye.c, wt.c, ExpertIdx(ix.c), DType::fp32, Nm, K, E, Cm);
+      b.gpu->moe_combine(out.g, ye.g, wt.g, ExpertIdx(ix.g), DType::fp32, Nm, K, E, Cm);
+      CHECK(b.identical(out));  // w0 y0 + w1 y1 + ..., in slot order on both
+      const auto dout = b.rand(Nm * Cm);
+      auto dye = b.rand(Nm * K * Cm), dwts = b.rand(Nm * K);
+      b.cpu->moe_combine_backward(dye.c, dwts.c, dout.c, ye.c, wt.c, ExpertIdx(ix.c), DType::fp32, Nm, K, E, Cm);
+      b.gpu->moe_combine_backward(dye.g, dwts.g, dout.g, ye.g, wt.g, ExpertIdx(ix.g), DType::fp32, Nm, K, E, Cm);
+      CHECK(b.identical(dye));
+      CHECK_CLOSE(b, dwts, kReorder);
+      auto din = b.rand(Nm * Cm);  // accumulated into
+      b.cpu->moe_dispatch_backward(din.c, xe.c, ExpertIdx(ix.c), DType::fp32, Nm, K, E, Cm);
+      b.gpu->moe_dispatch_backward(din.g, xe.g, ExpertIdx(ix.g), DType::fp32, Nm, K, E, Cm);
+      CHECK(b.identical(din));  // slot by slot, as the cpu's loop
+    }
+  // An index outside [0, E) is reported when the offsets are read back.
+  std::vector<int32_t> bad(static_cast<std::size_t>(N * 2), 1);
+  bad[7] = 5;
+  const auto bi = b.put(bad);
+  const auto pr = b.rand(N * 5);
+  std::vector<int64_t> off(6);
+  CHECK_THROWS_WITH_AS(b.gpu->moe_route_stats(ExpertIdx(bi.g), pr.g, N, 5, 2, off.data(), nullptr),
+                       doctest::Contains("outside [0, 5)"), zp::Error);
+}
+
 TEST_CASE("cuda gelu, residual and cross-entropy equal the cpu backend") {
   Both b;
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {
@@ -884,5 +958,184 @@ TEST_CASE("cuda upload: lands after the kernels queued before it, the source fre
     const std::vector<float> got = b.get(*b.gpu, out.g, n);
     CHECK(std::memcmp(got.data(), sent.data(), n * 4) == 0);
     host = sent;
+  }
+}
+
+TEST_CASE("cuda 16-bit LLaMA-family blocks, flash attention and MoE equal the cpu backend's 16-bit kernels") {
+  // The cpu's 16-bit kernels (test_cpu_kernels16 holds each to its fp32 kernel rounded once)
+  // against the GPU's, within one rounding of the type. Two documented differences: a shared
+  // key/value head's gradient in the three-step attention is added by G GEMMs (one per query
+  // head of its group), each rounding, and the dispatch's backward adds slot by slot (K
+  // roundings), where the cpu sums in fp32 and rounds once: bounds of G and K roundings.
+  Both b;
+  const int64_t Cl = 72, F = 37, G = LNH / LKVH, O = LNH * LHS;
+  for (DType t : kHalfTypes) {
+    CAPTURE(to_string(t));
+    const auto x = b.half(N * Cl, t, 2.0f), w = b.half(Cl, t);
+    auto y = b.half(N * Cl, t);
+    auto stats = b.rand(N);
+    b.cpu->rmsnorm_forward(y.c, stats.c, x.c, w.c, 1e-6f, t, N, Cl);
+    b.gpu->rmsnorm_forward(y.g, stats.g, x.g, w.g, 1e-6f, t, N, Cl);
+    CHECK_HALF(b, y, t, kOneRounding);
+    CHECK_CLOSE(b, stats, kReorder);
+    const auto rs = b.put(b.get(*b.cpu, stats.c, stats.n));
+    auto dx = b.half(N * Cl, t), dw = b.half(Cl, t);
+    const auto dy = b.half(N * Cl, t);
+    b.cpu->rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rs.c, t, N, Cl);
+    b.gpu->rmsnorm_backward(dx.g, dw.g, dy.g, x.g, w.g, rs.g, t, N, Cl);
+    CHECK_HALF(b, dx, t, kOneRounding);
+    CHECK_HALF(b, dw, t, kOneRounding);
+
+    const auto qkv = b.half(N * LR, t);
+    const int64_t eb = 2;
+    auto fused = [&](const Pair<uint16_t>& p, bool gpu) {
+      const auto* base = reinterpret_cast<const std::byte*>(gpu ? p.g : p.c);
+      return Device::QkvIn{base, base + LNH * LHS * eb, base + (LNH + LKVH) * LHS * eb, LR, LR, LR};
+    };
+    const Device::Heads h{LNH, LKVH, LHS, 0};
+    const auto hw = b.half(2 * LHS, t);
+    auto qk = b.half(N * (LNH + LKVH) * LHS, t);
+    auto hstats = b.rand(N * (LNH + LKVH));
+    b.cpu->head_rmsnorm_forward(qk.c, hstats.c, fused(qkv, false), hw.c, 1e-6f, t, N, h);
+    b.gpu->head_rmsnorm_forward(qk.g, hstats.g, fused(qkv, true), hw.g, 1e-6f, t, N, h);
+    CHECK_HALF(b, qk, t, kOneRounding);
+    const auto hs = b.put(b.get(*b.cpu, hstats.c, hstats.n));
+    auto dqkv = b.half(N * LR, t), dhw = b.half(2 * LHS, t);
+    b.cpu->head_rmsnorm_backward(dqkv.c, dhw.c, fused(qkv, false), hw.c, hs.c, t, N, h);
+    b.gpu->head_rmsnorm_backward(dqkv.g, dhw.g, fused(qkv, true), hw.g, hs.g, t, N, h);
+    CHECK_HALF(b, dqkv, t, kOneRounding);
+    CHECK_HALF(b, dhw, t, kOneRounding);
+
+    const int64_t rot = 24;
+    std::vector<float> inv_freq(rot / 2);
+    for (int64_t i = 0; i < rot / 2; ++i)
+      inv_freq[static_cast<std::size_t>(i)] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / rot);
+    auto r = b.half(N * LR, t);
+    b.cpu->rope_forward(r.c, inv_freq.data(), 1.1f, t, B, T, LR, LNH + LKVH, LHS, rot);
+    b.gpu->rope_forward(r.g, inv_freq.data(), 1.1f, t, B, T, LR, LNH + LKVH, LHS, rot);
+    CHECK_HALF(b, r, t, kOneRounding);
+    b.cpu->rope_backward(r.c, inv_freq.data(), 1.1f, t, B, T, LR, LNH + LKVH, LHS, rot);
+    b.gpu->rope_backward(r.g, inv_freq.data(), 1.1f, t, B, T, LR, LNH + LKVH, LHS, rot);
+    CHECK_HALF(b, r, t, kOneRounding);
+
+    const auto gate = b.half(N * F, t, 3.0f), up = b.half(N * F, t), go = b.half(N * F, t);
+    auto act = b.half(N * F, t), dgu = b.half(N * 2 * F, t);
+    b.cpu->swiglu_forward(act.c, gate.c, up.c, t, N * F);
+    b.gpu->swiglu_forward(act.g, gate.g, up.g, t, N * F);
+    CHECK_HALF(b, act, t, kOneRounding);
+    b.cpu->swiglu_backward(dgu.c, go.c, gate.c, up.c, t, N, F);
+    b.gpu->swiglu_backward(dgu.g, go.g, gate.g, up.g, t, N, F);
+    CHECK_HALF(b, dgu, t, kOneRounding);
+    const auto gl = b.half(N, t, 2.0f);
+    auto gm = b.half(N * F, t), gdx = b.half(N * F, t), gdg = b.half(N, t);
+    b.cpu->gate_mul_forward(gm.c, up.c, gl.c, t, N, F);
+    b.gpu->gate_mul_forward(gm.g, up.g, gl.g, t, N, F);
+    CHECK_HALF(b, gm, t, kOneRounding);
+    b.cpu->gate_mul_backward(gdx.c, gdg.c, go.c, up.c, gl.c, t, N, F);
+    b.gpu->gate_mul_backward(gdx.g, gdg.g, go.g, up.g, gl.g, t, N, F);
+    CHECK_HALF(b, gdx, t, kOneRounding);
+    CHECK_HALF(b, gdg, t, kOneRounding);
+
+    // Grouped-query attention, window 5; each op on fresh inputs.
+    const int64_t A = B * LNH * T * T;
+    for (int64_t window : {int64_t{0}, int64_t{5}}) {
+      CAPTURE(window);
+      const Device::Heads hw5{LNH, LKVH, LHS, window};
+      auto preatt = b.half(A, t);
+      b.cpu->gqa_scores(preatt.c, fused(qkv, false), t, B, T, hw5);
+      b.gpu->gqa_scores(preatt.g, fused(qkv, true), t, B, T, hw5);
+      b.zero_outside(preatt, T, window);
+      CHECK_HALF(b, preatt, t, kOneRounding);
+      const auto scores = b.half(A, t, 2.0f);
+      auto att = b.half(A, t);
+      b.cpu->gqa_softmax(att.c, scores.c, t, B, T, hw5);
+      b.gpu->gqa_softmax(att.g, scores.g, t, B, T, hw5);
+      CHECK_HALF(b, att, t, kOneRounding);
+      const auto probs = b.half(A, t, 0.1f);
+      b.zero_outside(probs, T, window);  // as the softmax leaves it
+      auto out = b.half(N * O, t);
+      b.cpu->gqa_values(out.c, probs.c, fused(qkv, false), t, B, T, hw5);
+      b.gpu->gqa_values(out.g, probs.g, fused(qkv, true), t, B, T, hw5);
+      CHECK_HALF(b, out, t, kOneRounding);
+      const auto dout = b.half(N * O, t);
+      auto datt = b.half(A, t), dq = b.half(N * LR, t);
+      b.cpu->gqa_values_backward(datt.c, dq.c, dout.c, probs.c, fused(qkv, false), t, B, T, hw5);
+      b.gpu->gqa_values_backward(datt.g, dq.g, dout.g, probs.g, fused(qkv, true), t, B, T, hw5);
+      b.zero_outside(datt, T, window);
+      CHECK_HALF(b, datt, t, kOneRounding);
+      CHECK_HALF(b, dq, t, G * kOneRounding);  // dv: G roundings on the GPU
+      auto dsm = b.half(A, t);
+      b.cpu->gqa_softmax_backward(dsm.c, dsm.c, probs.c, t, B, T, hw5);
+      b.gpu->gqa_softmax_backward(dsm.g, dsm.g, probs.g, t, B, T, hw5);
+      CHECK_HALF(b, dsm, t, kOneRounding);
+      const auto dpre = b.half(A, t);
+      b.zero_outside(dpre, T, window);
+      auto dq2 = b.half(N * LR, t);
+      b.cpu->gqa_scores_backward(dq2.c, dpre.c, fused(qkv, false), t, B, T, hw5);
+      b.gpu->gqa_scores_backward(dq2.g, dpre.g, fused(qkv, true), t, B, T, hw5);
+      CHECK_HALF(b, dq2, t, G * kOneRounding);  // dk: G roundings on the GPU
+    }
+
+    // Flash attention, 70 queries, window 20, dropout 0.1.
+    const int64_t Tf = 70, Nf = B * Tf;
+    const Device::Heads hf{LNH, LKVH, LHS, 20};
+    const auto fq = b.half(Nf * LR, t);
+    auto fo = b.half(Nf * O, t);
+    auto lse = b.rand(B * LNH * Tf);
+    b.cpu->flash_attention_forward(fo.c, lse.c, fused(fq, false), t, B, Tf, hf, 0.1f, 99);
+    b.gpu->flash_attention_forward(fo.g, lse.g, fused(fq, true), t, B, Tf, hf, 0.1f, 99);
+    CHECK_HALF(b, fo, t, kOneRounding);
+    CHECK_CLOSE(b, lse, kReorder);
+    const auto same_o = b.put(b.get(*b.cpu, fo.c, fo.n));
+    const auto same_l = b.put(b.get(*b.cpu, lse.c, lse.n));
+    const auto fdo = b.half(Nf * O, t);
+    auto fdq = b.half(Nf * LR, t);
+    auto acc = b.rand(Nf * O), dsum = b.rand(B * LNH * Tf);
+    b.cpu->flash_attention_backward(fdq.c, acc.c, dsum.c, fdo.c, fused(fq, false), same_o.c, same_l.c,
+                                    t, B, Tf, hf, 0.1f, 99);
+    b.gpu->flash_attention_backward(fdq.g, acc.g, dsum.g, fdo.g, fused(fq, true), same_o.g, same_l.g,
+                                    t, B, Tf, hf, 0.1f, 99);
+    CHECK_HALF(b, fdq, t, kOneRounding);
+
+    // MoE: 300 tokens, 40 experts, top 3.
+    const int64_t Nm = 300, E = 40, K = 3, Cm = 24;
+    const auto logits = b.half(Nm * E, t, 2.0f);
+    auto probs = b.rand(Nm * E), wts = b.rand(Nm * K);
+    std::vector<int32_t> zero_idx(static_cast<std::size_t>(Nm * K), 0);
+    auto idx = b.put(zero_idx);
+    b.cpu->moe_route_forward(probs.c, ExpertIdx(idx.c), wts.c, logits.c, t, Nm, E, K, true);
+    b.gpu->moe_route_forward(probs.g, ExpertIdx(idx.g), wts.g, logits.g, t, Nm, E, K, true);
+    CHECK_CLOSE(b, probs, kReorder);
+    CHECK(b.identical(idx));
+    CHECK_CLOSE(b, wts, kReorder);
+    const auto pr = b.put(b.get(*b.cpu, probs.c, probs.n));
+    const auto ix = b.put(b.get(*b.cpu, idx.c, idx.n));
+    const auto wt = b.put(b.get(*b.cpu, wts.c, wts.n));
+    const auto dwr = b.rand(Nm * K);
+    auto dl = b.half(Nm * E, t);
+    b.cpu->moe_route_backward(dl.c, t, dwr.c, pr.c, ExpertIdx(ix.c), nullptr, Nm, E, K, true);
+    b.gpu->moe_route_backward(dl.g, t, dwr.g, pr.g, ExpertIdx(ix.g), nullptr, Nm, E, K, true);
+    CHECK_HALF(b, dl, t, kOneRounding);
+    const auto in = b.half(Nm * Cm, t);
+    auto xe = b.half(Nm * K * Cm, t);
+    b.cpu->moe_dispatch(xe.c, in.c, ExpertIdx(ix.c), t, Nm, K, E, Cm);
+    b.gpu->moe_dispatch(xe.g, in.g, ExpertIdx(ix.g), t, Nm, K, E, Cm);
+    CHECK(b.identical(xe));
+    const auto ye = b.half(Nm * K * Cm, t);
+    auto mo = b.half(Nm * Cm, t);
+    b.cpu->moe_combine(mo.c, ye.c, wt.c, ExpertIdx(ix.c), t, Nm, K, E, Cm);
+    b.gpu->moe_combine(mo.g, ye.g, wt.g, ExpertIdx(ix.g), t, Nm, K, E, Cm);
+    CHECK(b.identical(mo));  // the same fp32 sum in slot order, rounded once on both
+    const auto mdo = b.half(Nm * Cm, t);
+    auto dye = b.half(Nm * K * Cm, t);
+    auto dwts = b.rand(Nm * K);
+    b.cpu->moe_combine_backward(dye.c, dwts.c, mdo.c, ye.c, wt.c, ExpertIdx(ix.c), t, Nm, K, E, Cm);
+    b.gpu->moe_combine_backward(dye.g, dwts.g, mdo.g, ye.g, wt.g, ExpertIdx(ix.g), t, Nm, K, E, Cm);
+    CHECK(b.identical(dye));
+    CHECK_CLOSE(b, dwts, kReorder);
+    auto din = b.half(Nm * Cm, t);
+    b.cpu->moe_dispatch_backward(din.c, xe.c, ExpertIdx(ix.c), t, Nm, K, E, Cm);
+    b.gpu->moe_dispatch_backward(din.g, xe.g, ExpertIdx(ix.g), t, Nm, K, E, Cm);
+    CHECK_HALF(b, din, t, K * kOneRounding);  // K roundings on the GPU
   }
 }

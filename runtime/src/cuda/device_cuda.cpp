@@ -162,6 +162,7 @@ void CudaDevice::release() noexcept {
   if (readback_ != nullptr) cudaFreeHost(readback_);
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (partials_ != nullptr) cudaFree(std::exchange(partials_, nullptr));
+  if (moe_ != nullptr) cudaFree(std::exchange(moe_, nullptr));
   if (host_base_ != nullptr) cudaFreeHost(host_base_);
   if (gpu_base_ != nullptr) cudaFree(gpu_base_);
   blas_ = nullptr;
@@ -645,7 +646,9 @@ void CudaDevice::swiglu_backward(void* dgate_up, const void* dout, const void* g
 // reading key/value head h / G (G = NH / KVH): per sequence and key/value head, one
 // strided-batched GEMM over the group's G query heads whose key (or value) operand has stride 0,
 // so the group shares it without a copy. The gradients of a shared key/value head are sums over
-// the group's query heads: G GEMMs in head order, each adding into it (beta = 1). The score
+// the group's query heads: G GEMMs in head order, each adding into it (beta = 1), so a 16-bit
+// dk or dv is rounded G times where the cpu rounds the fp32 sum once (the heads' operands are
+// not one strided matrix, so one GEMM cannot sum them; test_cuda_ops bounds it by G roundings). The score
 // products fill whole T x T matrices (unspecified outside each row's keys: the softmax and its
 // backward read only first_key(t)..t and write zeros elsewhere).
 void CudaDevice::gqa_scores(void* preatt, const QkvIn& in, DType t, int64_t B, int64_t T,
@@ -734,32 +737,81 @@ void CudaDevice::gqa_scores_backward(void* dqkv, const void* dpreatt, const QkvI
     }
 }
 
-// ---- Mixture of experts: not on the GPU yet (zero-run refuses such plans on --device cuda) ----
+// ---- Mixture of experts: kernels_moe.cu -----------------------------------------------------------
 
-namespace {
-[[noreturn]] void not_on_gpu(const char* op) {
-  throw Error(fmt::format("the CUDA backend does not run {} yet", op),
-              "run Mixture-of-Experts plans with --device cpu for now");
+CudaDevice::MoeScratch* CudaDevice::moe_scratch() {
+  if (moe_ == nullptr) {
+    ZP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&moe_), sizeof(MoeScratch)));
+    ZP_CUDA_CHECK(cudaMemsetAsync(moe_, 0, sizeof(MoeScratch), compute()));
+  }
+  return moe_;
 }
-}  // namespace
 
-void CudaDevice::moe_route_forward(float*, ExpertIdx, float*, const void*, DType, int64_t, int64_t,
-                                   int64_t, bool) { not_on_gpu("Mixture-of-Experts routing"); }
-void CudaDevice::moe_route_backward(void*, DType, const float*, const float*, ExpertIdx,
-                                    const float*, int64_t, int64_t, int64_t, bool) {
-  not_on_gpu("Mixture-of-Experts routing");
+const int64_t* CudaDevice::moe_offsets(ExpertIdx idx, int64_t N, int64_t K, int64_t E) {
+  MoeScratch* m = moe_scratch();
+  cuda::moe_offsets(compute(), m->offsets, &m->bad, idx, N, K, E);
+  return m->offsets;
 }
-void CudaDevice::moe_route_stats(ExpertIdx, const float*, int64_t, int64_t, int64_t, int64_t*,
-                                 double*) { not_on_gpu("Mixture-of-Experts routing"); }
-void CudaDevice::moe_dispatch(void*, const void*, ExpertIdx, DType, int64_t, int64_t, int64_t,
-                              int64_t) { not_on_gpu("Mixture-of-Experts dispatch"); }
-void CudaDevice::moe_dispatch_backward(void*, const void*, ExpertIdx, DType, int64_t, int64_t,
-                                       int64_t, int64_t) { not_on_gpu("Mixture-of-Experts dispatch"); }
-void CudaDevice::moe_combine(void*, const void*, const float*, ExpertIdx, DType, int64_t,
-                             int64_t, int64_t, int64_t) { not_on_gpu("Mixture-of-Experts combine"); }
-void CudaDevice::moe_combine_backward(void*, float*, const void*, const void*, const float*,
-                                      ExpertIdx, DType, int64_t, int64_t, int64_t, int64_t) {
-  not_on_gpu("Mixture-of-Experts combine");
+
+void CudaDevice::moe_route_forward(float* probs, ExpertIdx idx, float* weights, const void* logits,
+                                   DType t, int64_t N, int64_t E, int64_t K, bool renormalize) {
+  cuda::moe_route_forward(compute(), probs, idx, weights, logits, t, N, E, K, renormalize);
+}
+
+// dprob_all is the engine's host vector: uploaded (a pageable copy, done before this returns)
+// into the scratch, in stream order before the kernel.
+void CudaDevice::moe_route_backward(void* dlogits, DType t, const float* dweights, const float* probs,
+                                    ExpertIdx idx, const float* dprob_all, int64_t N, int64_t E,
+                                    int64_t K, bool renormalize) {
+  const float* dprob = nullptr;
+  if (dprob_all != nullptr) {
+    if (E <= 0 || E > cuda::kMoeMaxExperts)
+      throw Error(fmt::format("cuda moe_route_backward: {} experts", E),
+                  fmt::format("the GPU kernels take 1 to {} experts", cuda::kMoeMaxExperts));
+    MoeScratch* m = moe_scratch();
+    ZP_CUDA_CHECK(cudaMemcpyAsync(m->dprob, dprob_all, static_cast<std::size_t>(E) * sizeof(float),
+                                  cudaMemcpyHostToDevice, compute()));
+    dprob = m->dprob;
+  }
+  cuda::moe_route_backward(compute(), dlogits, t, dweights, probs, idx, dprob, N, E, K, renormalize);
+}
+
+// The offsets (and column sums) are computed on the GPU and read back: the host waits here, as
+// the engine needs the experts' row counts for their GEMMs.
+void CudaDevice::moe_route_stats(ExpertIdx idx, const float* probs, int64_t N, int64_t E, int64_t K,
+                                 int64_t* offsets, double* psum) {
+  MoeScratch* m = moe_scratch();
+  cuda::moe_offsets(compute(), m->offsets, &m->bad, idx, N, K, E);
+  if (psum != nullptr) cuda::moe_psum(compute(), m->psum, probs, N, E);
+  int64_t bad = 0;
+  ZP_CUDA_CHECK(cudaMemcpyAsync(&bad, &m->bad, sizeof bad, cudaMemcpyDeviceToHost, compute()));
+  ZP_CUDA_CHECK(cudaMemcpyAsync(offsets, m->offsets, static_cast<std::size_t>(E + 1) * sizeof(int64_t),
+                                cudaMemcpyDeviceToHost, compute()));
+  if (psum != nullptr)
+    ZP_CUDA_CHECK(cudaMemcpyAsync(psum, m->psum, static_cast<std::size_t>(E) * sizeof(double),
+                                  cudaMemcpyDeviceToHost, compute()));
+  host_wait(compute());
+  if (bad != 0)
+    throw Error(fmt::format("cuda moe_route_stats: {} expert indices outside [0, {})", bad, E),
+                "the top-k indices come from moe_route_forward");
+}
+void CudaDevice::moe_dispatch(void* xe, const void* in, ExpertIdx idx, DType t, int64_t N, int64_t K,
+                              int64_t E, int64_t C) {
+  cuda::moe_dispatch(compute(), xe, in, idx, moe_offsets(idx, N, K, E), t, N, K, E, C);
+}
+void CudaDevice::moe_dispatch_backward(void* din, const void* dxe, ExpertIdx idx, DType t, int64_t N,
+                                       int64_t K, int64_t E, int64_t C) {
+  cuda::moe_dispatch_backward(compute(), din, dxe, idx, moe_offsets(idx, N, K, E), t, N, K, E, C);
+}
+void CudaDevice::moe_combine(void* out, const void* ye, const float* weights, ExpertIdx idx, DType t,
+                             int64_t N, int64_t K, int64_t E, int64_t C) {
+  cuda::moe_combine(compute(), out, ye, weights, idx, moe_offsets(idx, N, K, E), t, N, K, E, C);
+}
+void CudaDevice::moe_combine_backward(void* dye, float* dweights, const void* dout, const void* ye,
+                                      const float* weights, ExpertIdx idx, DType t, int64_t N,
+                                      int64_t K, int64_t E, int64_t C) {
+  cuda::moe_combine_backward(compute(), dye, dweights, dout, ye, weights, idx,
+                             moe_offsets(idx, N, K, E), t, N, K, E, C);
 }
 void CudaDevice::gate_mul_forward(void* out, const void* x, const void* g, DType t, int64_t N,
                                   int64_t C) {

@@ -11,6 +11,7 @@
 #include "zp/runtime/async_watch.hpp"
 #include "zp/runtime/cuda.hpp"
 #include "zp/runtime/device.hpp"
+#include "kernels.hpp"
 
 namespace zp::runtime::cuda {
 
@@ -151,6 +152,20 @@ class CudaDevice final : public Device {
     int64_t bad_target;
     double loss;  // loss_accumulate's running total
   };
+  // Mixture-of-experts scratch (device, 20 KiB, made at the first MoE op; outside the arena as
+  // Scratch is): the per-expert row offsets the kernels compute for themselves, the count of
+  // indices outside [0, E), the load-balancing loss's gradient per expert (uploaded from the
+  // engine's host vector) and the probabilities' column sums read back with the offsets.
+  struct MoeScratch {
+    int64_t offsets[cuda::kMoeMaxExperts + 1];
+    int64_t bad;
+    float dprob[cuda::kMoeMaxExperts];
+    double psum[cuda::kMoeMaxExperts];
+  };
+  MoeScratch* moe_ = nullptr;
+  MoeScratch* moe_scratch();
+  // The offsets of idx's pairs into moe_->offsets (device), for the expert-major kernels.
+  const int64_t* moe_offsets(ExpertIdx idx, int64_t N, int64_t K, int64_t E);
   // upload's pinned staging: a ring of blocks, each reused once its last copy is done.
   struct Staging {
     void* host = nullptr;  // cudaHostAlloc

@@ -118,4 +118,33 @@ void flash_attention_backward(cudaStream_t s, void* dqkv, float* dq_acc, float* 
                               const void* dout, const QkvRows& in, const void* out,
                               const float* lse, DType t, const AttnDims& a, float p, uint64_t key);
 
+// ---- Mixture of experts (kernels_moe.cu), as cpu_kernels.hpp's moe_* ------------------------------
+// offsets (E + 1), bad (one counter), dprob_all (E) and psum (E): device memory. The dispatched
+// rows are ordered by expert, then token, then slot.
+inline constexpr int64_t kMoeMaxExperts = 1024;  // cpu::kMaxExperts
+inline constexpr int64_t kMoeMaxTopK = 16;
+
+void moe_route_forward(cudaStream_t s, float* probs, ExpertIdx idx, float* weights,
+                       const void* logits, DType t, int64_t N, int64_t E, int64_t K,
+                       bool renormalize);
+void moe_route_backward(cudaStream_t s, void* dlogits, DType t, const float* dweights,
+                        const float* probs, ExpertIdx idx, const float* dprob_all, int64_t N,
+                        int64_t E, int64_t K, bool renormalize);
+// offsets[e] = the first row of expert e, offsets[E] = N K; *bad = the indices outside [0, E).
+void moe_offsets(cudaStream_t s, int64_t* offsets, int64_t* bad, ExpertIdx idx, int64_t N,
+                 int64_t K, int64_t E);
+// psum[e] = the sum of probs[:, e] in double.
+void moe_psum(cudaStream_t s, double* psum, const float* probs, int64_t N, int64_t E);
+void moe_dispatch(cudaStream_t s, void* xe, const void* in, ExpertIdx idx, const int64_t* offsets,
+                  DType t, int64_t N, int64_t K, int64_t E, int64_t C);
+void moe_dispatch_backward(cudaStream_t s, void* din, const void* dxe, ExpertIdx idx,
+                           const int64_t* offsets, DType t, int64_t N, int64_t K, int64_t E,
+                           int64_t C);
+void moe_combine(cudaStream_t s, void* out, const void* ye, const float* weights, ExpertIdx idx,
+                 const int64_t* offsets, DType t, int64_t N, int64_t K, int64_t E, int64_t C);
+void moe_combine_backward(cudaStream_t s, void* dye, float* dweights, const void* dout,
+                          const void* ye, const float* weights, ExpertIdx idx,
+                          const int64_t* offsets, DType t, int64_t N, int64_t K, int64_t E,
+                          int64_t C);
+
 }  // namespace zp::runtime::cuda

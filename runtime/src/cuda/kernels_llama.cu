@@ -8,14 +8,17 @@
 // Grouped-query attention's three steps are cuBLAS products (device_cuda.cpp) around
 // kernels.cu's softmax.
 //
-// Flash attention (Dao 2023, FlashAttention-2's algorithm): one warp per query row walks its
-// keys 32 at a time (one key per lane for the scores, then every lane owning HS / 32 output
-// columns), with the online softmax (Milakov & Gimelshein 2018); nothing T x T is ever stored.
-// The backward recomputes the probabilities from the saved log-sum-exp twice, once per query
-// row (dQ, summed over its keys) and once per key row (dK and dV, summed over the group's query
-// heads in order and their queries), so each gradient element has one owner and one addition
-// into dqkv. This is the arithmetic of cpu_flash.cpp, not a tuned GPU kernel: the score dots
-// run per lane over global memory (L1/L2-cached rows), without tensor cores.
+// Flash attention (Dao 2023, FlashAttention-2's algorithm): a block of 16 warps takes 16
+// consecutive query rows of one sequence and head, one per warp; the block loads the keys and
+// values they see 32 rows at a time into shared memory, once for all 16, and each warp scores
+// its query against them (one key per lane), updates its online softmax (Milakov & Gimelshein
+// 2018) and adds the weighted values (each lane owning HS / 32 output columns). Nothing T x T
+// is stored. The backward recomputes the probabilities from the saved log-sum-exp twice, in
+// blocks of query rows (dQ, summed over their keys) and in blocks of key rows (dK and dV,
+// summed over the group's query heads in order and their queries, whose rows the block shares),
+// so each gradient element has one owner and one addition into dqkv. SIMT fp32 arithmetic, no
+// tensor cores: it saves the T x T memory, but cuBLAS's three steps on tensor cores are faster
+// (README, "On GPUs").
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -272,55 +275,89 @@ template <DType D>
 __device__ inline void load_row(float* dst, const void* src, int64_t off, int64_t HS, int lane) {
   for (int64_t d = lane; d < HS; d += kWarp) dst[d] = ld<D>(src, off + d);
 }
+
+// The tiles: kFlashWarps warps per block, one query row (or, in dK/dV, one key row) each, of
+// the same sequence and head; each step the block loads 32 key (or query) rows into shared
+// memory once for all its warps (coalesced), rows padded to HS + 1 floats so that lane j
+// reading row j meets no bank conflict.
+constexpr int kFlashWarps = 16;
+constexpr int kFlashThreads = kFlashWarps * kWarp;
+
+// Dynamic shared memory beyond the default 48 KiB is opt-in per kernel (HS 128 and up).
+template <class Kernel>
+void allow_shared(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+}
+
+// Rows [r0, r0 + 32) of a q, k, v or dout tensor (row stride `row`, head offset `col`) into a
+// padded tile; rows at or beyond `end` as zeros.
 template <DType D>
-__device__ inline float dot_row(const float* a, const void* b, int64_t off, int64_t HS) {
+__device__ inline void load_tile(float* tile, int64_t P, const void* src, int64_t base, int64_t row,
+                                 int64_t r0, int64_t end, int64_t HS) {
+  for (int64_t i = threadIdx.x; i < kWarp * HS; i += blockDim.x) {
+    const int64_t r = i / HS, d = i % HS;
+    tile[r * P + d] = r0 + r < end ? ld<D>(src, base + (r0 + r) * row + d) : 0.0f;
+  }
+}
+__device__ inline float dot_shared(const float* a, const float* b, int64_t HS) {
   float acc = 0.0f;
-  for (int64_t d = 0; d < HS; ++d) acc += a[d] * ld<D>(b, off + d);
+  for (int64_t d = 0; d < HS; ++d) acc += a[d] * b[d];
   return acc;
 }
 
-// One warp per (b, h, t), t fastest (neighbouring warps share their keys in cache).
+// One block per (b, h, tile of kFlashWarps queries); warp w owns query tile * kFlashWarps + w.
 template <DType D>
-__global__ void flash_forward_k(void* out, float* lse, QkvRows in, AttnDims a, float scale,
-                                FlashDrop drop) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_forward_k(void* out, float* lse, QkvRows in, AttnDims a, float scale, FlashDrop drop) {
   extern __shared__ float sm[];
-  const int64_t w = warp_row();
-  const int lane = lane_id();
-  if (w >= a.B * a.NH * a.T) return;
-  const int64_t T = a.T, HS = a.HS, t = w % T, h = w / T % a.NH, b = w / (T * a.NH);
+  const int64_t T = a.T, HS = a.HS, P = HS + 1;
+  float* sk = sm;
+  float* sv = sk + kWarp * P;
+  const int warp = static_cast<int>(threadIdx.x / kWarp), lane = lane_id();
+  float* q = sv + kWarp * P + warp * HS;
+  const int64_t tiles = (T + kFlashWarps - 1) / kFlashWarps;
+  const int64_t tile = blockIdx.x % tiles, h = blockIdx.x / tiles % a.NH, b = blockIdx.x / tiles / a.NH;
   const int64_t kv = h / (a.NH / a.KVH), O = a.NH * HS;
-  float* q = sm + (threadIdx.x / kWarp) * HS;
-  load_row<D>(q, in.q, (b * T + t) * in.q_row + h * HS, HS, lane);
-  __syncwarp();
+  const int64_t t_first = tile * kFlashWarps, t_last = min(T - 1, t_first + kFlashWarps - 1);
+  const int64_t t = t_first + warp;
+  const bool active = t < T;
+  if (active) load_row<D>(q, in.q, (b * T + t) * in.q_row + h * HS, HS, lane);
   float o[kFlashPerLane];
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) o[j] = 0.0f;
   float m = -INFINITY, l = 0.0f;
+  const int64_t lo = active ? first_key(t, a.window) : 0;
   const int64_t drow = ((b * a.NH + h) * T + t) * T;
-  for (int64_t c0 = first_key(t, a.window); c0 <= t; c0 += kWarp) {
+  for (int64_t c0 = first_key(t_first, a.window); c0 <= t_last; c0 += kWarp) {
+    __syncthreads();  // the previous tile's readers are done
+    load_tile<D>(sk, P, in.k, b * T * in.k_row + kv * HS, in.k_row, c0, t_last + 1, HS);
+    load_tile<D>(sv, P, in.v, b * T * in.v_row + kv * HS, in.v_row, c0, t_last + 1, HS);
+    __syncthreads();
+    if (!active || c0 + kWarp <= lo || c0 > t) continue;  // a whole warp: no key of its query here
     const int64_t t2 = c0 + lane;
-    const bool valid = t2 <= t;
-    const float s = valid ? dot_row<D>(q, in.k, (b * T + t2) * in.k_row + kv * HS, HS) * scale : -INFINITY;
-    const float mx = fmaxf(m, warp_max(s));  // finite: lane 0's key is valid
-    const float corr = expf(m - mx);         // 0 on the row's first chunk
+    const bool valid = t2 >= lo && t2 <= t;
+    const float s = valid ? dot_shared(q, sk + lane * P, HS) * scale : -INFINITY;
+    const float mx = fmaxf(m, warp_max(s));  // finite: some lane's key is valid
+    const float corr = expf(m - mx);         // 0 on the row's first keys
     const float e = valid ? expf(s - mx) : 0.0f;
     l = l * corr + warp_sum(e);
     const float pe = valid ? e * drop.factor(drow, t2) : 0.0f;
 #pragma unroll
     for (int j = 0; j < kFlashPerLane; ++j) o[j] *= corr;
-    const int n = static_cast<int>(t - c0 + 1 < kWarp ? t - c0 + 1 : kWarp);
-    for (int src = 0; src < n; ++src) {
+    for (int src = 0; src < kWarp; ++src) {
       const float ps = __shfl_sync(kFullMask, pe, src);
       if (ps == 0.0f) continue;  // the same for every lane
-      const int64_t v0 = (b * T + c0 + src) * in.v_row + kv * HS;
 #pragma unroll
       for (int j = 0; j < kFlashPerLane; ++j) {
         const int64_t d = lane + j * kWarp;
-        if (d < HS) o[j] += ps * ld<D>(in.v, v0 + d);
+        if (d < HS) o[j] += ps * sv[src * P + d];
       }
     }
     m = mx;
   }
+  if (!active) return;
   const float inv = 1.0f / l;
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) {
@@ -345,47 +382,61 @@ __global__ void flash_dsum_k(float* dsum, const void* dout, const void* out, Att
   if (lane == 0) dsum[(b * a.NH + h) * a.T + t] = acc;
 }
 
-// dQ: one warp per (b, h, t) over its keys; dq_acc (fp32) gets the row, dqkv's q part the row
-// added once.
+// dQ: the forward's blocks and tiles (keys and values shared), each warp's query and dout row
+// in shared memory; dq_acc (fp32) gets the row, dqkv's q part the row added once.
 template <DType D>
-__global__ void flash_dq_k(void* dqkv, float* dq_acc, const float* dsum, const void* dout,
-                           QkvRows in, const float* lse, AttnDims a, float scale, FlashDrop drop) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_dq_k(void* dqkv, float* dq_acc, const float* dsum, const void* dout, QkvRows in,
+               const float* lse, AttnDims a, float scale, FlashDrop drop) {
   extern __shared__ float sm[];
-  const int64_t w = warp_row();
-  const int lane = lane_id();
-  if (w >= a.B * a.NH * a.T) return;
-  const int64_t T = a.T, HS = a.HS, t = w % T, h = w / T % a.NH, b = w / (T * a.NH);
-  const int64_t kv = h / (a.NH / a.KVH), O = a.NH * HS, R = (a.NH + 2 * a.KVH) * HS;
-  float* q = sm + (threadIdx.x / kWarp) * 2 * HS;
+  const int64_t T = a.T, HS = a.HS, P = HS + 1;
+  float* sk = sm;
+  float* sv = sk + kWarp * P;
+  const int warp = static_cast<int>(threadIdx.x / kWarp), lane = lane_id();
+  float* q = sv + kWarp * P + warp * 2 * HS;
   float* g = q + HS;
-  load_row<D>(q, in.q, (b * T + t) * in.q_row + h * HS, HS, lane);
-  load_row<D>(g, dout, (b * T + t) * O + h * HS, HS, lane);
-  __syncwarp();
-  const float L = lse[(b * a.NH + h) * T + t], Dt = dsum[(b * a.NH + h) * T + t];
+  const int64_t tiles = (T + kFlashWarps - 1) / kFlashWarps;
+  const int64_t tile = blockIdx.x % tiles, h = blockIdx.x / tiles % a.NH, b = blockIdx.x / tiles / a.NH;
+  const int64_t kv = h / (a.NH / a.KVH), O = a.NH * HS, R = (a.NH + 2 * a.KVH) * HS;
+  const int64_t t_first = tile * kFlashWarps, t_last = min(T - 1, t_first + kFlashWarps - 1);
+  const int64_t t = t_first + warp;
+  const bool active = t < T;
+  float L = 0.0f, Dt = 0.0f;
+  if (active) {
+    load_row<D>(q, in.q, (b * T + t) * in.q_row + h * HS, HS, lane);
+    load_row<D>(g, dout, (b * T + t) * O + h * HS, HS, lane);
+    L = lse[(b * a.NH + h) * T + t];
+    Dt = dsum[(b * a.NH + h) * T + t];
+  }
+  const int64_t lo = active ? first_key(t, a.window) : 0;
   const int64_t drow = ((b * a.NH + h) * T + t) * T;
   float dq[kFlashPerLane];
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) dq[j] = 0.0f;
-  for (int64_t c0 = first_key(t, a.window); c0 <= t; c0 += kWarp) {
+  for (int64_t c0 = first_key(t_first, a.window); c0 <= t_last; c0 += kWarp) {
+    __syncthreads();
+    load_tile<D>(sk, P, in.k, b * T * in.k_row + kv * HS, in.k_row, c0, t_last + 1, HS);
+    load_tile<D>(sv, P, in.v, b * T * in.v_row + kv * HS, in.v_row, c0, t_last + 1, HS);
+    __syncthreads();
+    if (!active || c0 + kWarp <= lo || c0 > t) continue;
     const int64_t t2 = c0 + lane;
     float ds = 0.0f;
-    if (t2 <= t) {
-      const float pr = expf(dot_row<D>(q, in.k, (b * T + t2) * in.k_row + kv * HS, HS) * scale - L);
+    if (t2 >= lo && t2 <= t) {
+      const float pr = expf(dot_shared(q, sk + lane * P, HS) * scale - L);
       const float z = drop.factor(drow, t2);
-      ds = pr * (dot_row<D>(g, in.v, (b * T + t2) * in.v_row + kv * HS, HS) * z - Dt) * scale;
+      ds = pr * (dot_shared(g, sv + lane * P, HS) * z - Dt) * scale;
     }
-    const int n = static_cast<int>(t - c0 + 1 < kWarp ? t - c0 + 1 : kWarp);
-    for (int src = 0; src < n; ++src) {
+    for (int src = 0; src < kWarp; ++src) {
       const float d_s = __shfl_sync(kFullMask, ds, src);
       if (d_s == 0.0f) continue;
-      const int64_t k0 = (b * T + c0 + src) * in.k_row + kv * HS;
 #pragma unroll
       for (int j = 0; j < kFlashPerLane; ++j) {
         const int64_t d = lane + j * kWarp;
-        if (d < HS) dq[j] += d_s * ld<D>(in.k, k0 + d);
+        if (d < HS) dq[j] += d_s * sk[src * P + d];
       }
     }
   }
+  if (!active) return;
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) {
     const int64_t d = lane + j * kWarp;
@@ -396,50 +447,71 @@ __global__ void flash_dq_k(void* dqkv, float* dq_acc, const float* dsum, const v
   }
 }
 
-// dK and dV: one warp per (b, kv head, key t2), over the group's query heads in order and the
-// queries that see the key (t2 <= t < t2 + window), each added into dqkv once.
+// dK and dV: one block per (b, kv head, tile of kFlashWarps keys), warp w owning key
+// tile * kFlashWarps + w (its k and v rows in shared memory); the block walks the group's query
+// heads in order and, for each, the queries that see its keys, 32 at a time (q and dout rows
+// shared, with their lse and dsum). Each key's gradients are added into dqkv once.
 template <DType D>
-__global__ void flash_dkv_k(void* dqkv, const float* dsum, const void* dout, QkvRows in,
-                            const float* lse, AttnDims a, float scale, FlashDrop drop) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_dkv_k(void* dqkv, const float* dsum, const void* dout, QkvRows in, const float* lse,
+                AttnDims a, float scale, FlashDrop drop) {
   extern __shared__ float sm[];
-  const int64_t w = warp_row();
-  const int lane = lane_id();
-  if (w >= a.B * a.KVH * a.T) return;
-  const int64_t T = a.T, HS = a.HS, t2 = w % T, kv = w / T % a.KVH, b = w / (T * a.KVH);
-  const int64_t G = a.NH / a.KVH, O = a.NH * HS, R = (a.NH + 2 * a.KVH) * HS;
-  const int64_t t_end = a.window > 0 && t2 + a.window < T ? t2 + a.window : T;
-  float* k = sm + (threadIdx.x / kWarp) * 2 * HS;
+  const int64_t T = a.T, HS = a.HS, P = HS + 1;
+  float* sq = sm;
+  float* sg = sq + kWarp * P;
+  float* sl = sg + kWarp * P;  // lse of the tile's queries
+  float* sd = sl + kWarp;      // dsum of the tile's queries
+  const int warp = static_cast<int>(threadIdx.x / kWarp), lane = lane_id();
+  float* k = sd + kWarp + warp * 2 * HS;
   float* v = k + HS;
-  load_row<D>(k, in.k, (b * T + t2) * in.k_row + kv * HS, HS, lane);
-  load_row<D>(v, in.v, (b * T + t2) * in.v_row + kv * HS, HS, lane);
-  __syncwarp();
+  const int64_t tiles = (T + kFlashWarps - 1) / kFlashWarps;
+  const int64_t tile = blockIdx.x % tiles, kv = blockIdx.x / tiles % a.KVH, b = blockIdx.x / tiles / a.KVH;
+  const int64_t G = a.NH / a.KVH, O = a.NH * HS, R = (a.NH + 2 * a.KVH) * HS;
+  const int64_t k_first = tile * kFlashWarps, k_last = min(T - 1, k_first + kFlashWarps - 1);
+  const int64_t t2 = k_first + warp;
+  const bool active = t2 < T;
+  // The queries that see key x: x <= t < x + window (or T).
+  auto end_of = [&](int64_t x) { return a.window > 0 && x + a.window < T ? x + a.window : T; };
+  const int64_t t_end = active ? end_of(t2) : 0, blk_end = end_of(k_last);
+  if (active) {
+    load_row<D>(k, in.k, (b * T + t2) * in.k_row + kv * HS, HS, lane);
+    load_row<D>(v, in.v, (b * T + t2) * in.v_row + kv * HS, HS, lane);
+  }
   float dk[kFlashPerLane], dv[kFlashPerLane];
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) dk[j] = dv[j] = 0.0f;
   for (int64_t h = kv * G; h < (kv + 1) * G; ++h)
-    for (int64_t c0 = t2; c0 < t_end; c0 += kWarp) {
+    for (int64_t c0 = k_first; c0 < blk_end; c0 += kWarp) {
+      __syncthreads();
+      load_tile<D>(sq, P, in.q, b * T * in.q_row + h * HS, in.q_row, c0, blk_end, HS);
+      load_tile<D>(sg, P, dout, b * T * O + h * HS, O, c0, blk_end, HS);
+      if (threadIdx.x < kWarp) {
+        const int64_t t = c0 + threadIdx.x;
+        sl[threadIdx.x] = t < blk_end ? lse[(b * a.NH + h) * T + t] : 0.0f;
+        sd[threadIdx.x] = t < blk_end ? dsum[(b * a.NH + h) * T + t] : 0.0f;
+      }
+      __syncthreads();
+      if (!active || c0 + kWarp <= t2 || c0 >= t_end) continue;
       const int64_t t = c0 + lane;
       float pz = 0.0f, ds = 0.0f;
-      if (t < t_end) {
-        const int64_t r = (b * a.NH + h) * T + t;
-        const float pr = expf(dot_row<D>(k, in.q, (b * T + t) * in.q_row + h * HS, HS) * scale - lse[r]);
-        const float z = drop.factor(r * T, t2);
+      if (t >= t2 && t < t_end) {
+        const float pr = expf(dot_shared(sq + lane * P, k, HS) * scale - sl[lane]);
+        const float z = drop.factor(((b * a.NH + h) * T + t) * T, t2);
         pz = pr * z;
-        ds = pr * (dot_row<D>(v, dout, (b * T + t) * O + h * HS, HS) * z - dsum[r]) * scale;
+        ds = pr * (dot_shared(sg + lane * P, v, HS) * z - sd[lane]) * scale;
       }
-      const int n = static_cast<int>(t_end - c0 < kWarp ? t_end - c0 : kWarp);
-      for (int src = 0; src < n; ++src) {
+      for (int src = 0; src < kWarp; ++src) {
         const float p_s = __shfl_sync(kFullMask, pz, src), d_s = __shfl_sync(kFullMask, ds, src);
-        const int64_t ts = c0 + src;
 #pragma unroll
         for (int j = 0; j < kFlashPerLane; ++j) {
           const int64_t d = lane + j * kWarp;
           if (d >= HS) continue;
-          if (p_s != 0.0f) dv[j] += p_s * ld<D>(dout, (b * T + ts) * O + h * HS + d);
-          if (d_s != 0.0f) dk[j] += d_s * ld<D>(in.q, (b * T + ts) * in.q_row + h * HS + d);
+          if (p_s != 0.0f) dv[j] += p_s * sg[src * P + d];
+          if (d_s != 0.0f) dk[j] += d_s * sq[src * P + d];
         }
       }
     }
+  if (!active) return;
 #pragma unroll
   for (int j = 0; j < kFlashPerLane; ++j) {
     const int64_t d = lane + j * kWarp;
@@ -468,6 +540,13 @@ void check_heads(const AttnDims& a, const QkvRows& in, float p, const char* what
     throw Error(std::string("cuda ") + what + ": dropout probability " + std::to_string(p) +
                     " is outside [0, 1)",
                 "attention dropout is a probability below 1");
+}
+
+// One launch's blocks along x.
+void check_blocks(int64_t blocks, const char* what) {
+  if (blocks > INT32_MAX)
+    throw Error(std::string("cuda ") + what + ": " + std::to_string(blocks) + " blocks exceed one launch",
+                "use fewer tokens per micro-batch");
 }
 
 }  // namespace
@@ -571,12 +650,14 @@ void gate_mul_backward(cudaStream_t s, void* dx, void* dg, const void* dout, con
 void flash_attention_forward(cudaStream_t s, void* out, float* lse, const QkvRows& in, DType t,
                              const AttnDims& a, float p, uint64_t key) {
   check_heads(a, in, p, "flash_attention_forward");
-  const int64_t rows = a.B * a.NH * a.T;
-  check_rows(rows, "flash_attention_forward");
+  const int64_t blocks = a.B * a.NH * ((a.T + kFlashWarps - 1) / kFlashWarps);
+  check_blocks(blocks, "flash_attention_forward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.HS));
-  const std::size_t shared = static_cast<std::size_t>(kWarpsPerBlock * a.HS) * sizeof(float);
+  const std::size_t shared =
+      static_cast<std::size_t>(2 * kWarp * (a.HS + 1) + kFlashWarps * a.HS) * sizeof(float);
   const FlashDrop drop = make_drop(p, key);
-  ZP_TYPED(t, flash_forward_k<D><<<rows_blocks(rows), kThreads, shared, s>>>(out, lse, in, a, scale, drop));
+  ZP_TYPED(t, allow_shared(flash_forward_k<D>, shared));
+  ZP_TYPED(t, flash_forward_k<D><<<static_cast<unsigned>(blocks), kFlashThreads, shared, s>>>(out, lse, in, a, scale, drop));
   ZP_LAUNCH_CHECK();
 }
 
@@ -584,16 +665,23 @@ void flash_attention_backward(cudaStream_t s, void* dqkv, float* dq_acc, float* 
                               const void* dout, const QkvRows& in, const void* out,
                               const float* lse, DType t, const AttnDims& a, float p, uint64_t key) {
   check_heads(a, in, p, "flash_attention_backward");
-  const int64_t rows = a.B * a.NH * a.T, key_rows = a.B * a.KVH * a.T;
+  const int64_t tiles = (a.T + kFlashWarps - 1) / kFlashWarps;
+  const int64_t rows = a.B * a.NH * a.T, q_blocks = a.B * a.NH * tiles, k_blocks = a.B * a.KVH * tiles;
   check_rows(rows, "flash_attention_backward");
+  check_blocks(q_blocks, "flash_attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.HS));
-  const std::size_t shared = static_cast<std::size_t>(kWarpsPerBlock * 2 * a.HS) * sizeof(float);
+  const std::size_t dq_shared =
+      static_cast<std::size_t>(2 * kWarp * (a.HS + 1) + kFlashWarps * 2 * a.HS) * sizeof(float);
+  const std::size_t dkv_shared =
+      static_cast<std::size_t>(2 * kWarp * (a.HS + 1) + 2 * kWarp + kFlashWarps * 2 * a.HS) * sizeof(float);
   const FlashDrop drop = make_drop(p, key);
   ZP_TYPED(t, flash_dsum_k<D><<<rows_blocks(rows), kThreads, 0, s>>>(dsum, dout, out, a));
   ZP_LAUNCH_CHECK();
-  ZP_TYPED(t, flash_dq_k<D><<<rows_blocks(rows), kThreads, shared, s>>>(dqkv, dq_acc, dsum, dout, in, lse, a, scale, drop));
+  ZP_TYPED(t, allow_shared(flash_dq_k<D>, dq_shared));
+  ZP_TYPED(t, flash_dq_k<D><<<static_cast<unsigned>(q_blocks), kFlashThreads, dq_shared, s>>>(dqkv, dq_acc, dsum, dout, in, lse, a, scale, drop));
   ZP_LAUNCH_CHECK();
-  ZP_TYPED(t, flash_dkv_k<D><<<rows_blocks(key_rows), kThreads, shared, s>>>(dqkv, dsum, dout, in, lse, a, scale, drop));
+  ZP_TYPED(t, allow_shared(flash_dkv_k<D>, dkv_shared));
+  ZP_TYPED(t, flash_dkv_k<D><<<static_cast<unsigned>(k_blocks), kFlashThreads, dkv_shared, s>>>(dqkv, dsum, dout, in, lse, a, scale, drop));
   ZP_LAUNCH_CHECK();
 }
 

@@ -149,10 +149,12 @@ class Device {
                                          DType t, int64_t B, int64_t T, int64_t C,
                                          int64_t NH) = 0;
   // LLaMA-family blocks, as cpu_kernels.hpp states them (the fused q|k|v rows of grouped-query
-  // attention: NH query heads, then KVH key and KVH value heads, each HS wide). The cpu backend
-  // runs them with t fp32, fp16 or bf16 (the contract above; cpu_kernels.hpp states each op's
-  // sums and roundings). A backend throws zp::Error naming an op it cannot run (zero-run
-  // refuses such plans before anything runs).
+  // attention: NH query heads, then KVH key and KVH value heads, each HS wide). Both backends
+  // run them with t fp32, fp16 or bf16 (the contract above; cpu_kernels.hpp states each op's
+  // sums and roundings; the CUDA backend's two exceptions, a shared key/value head's 16-bit
+  // gradient in the three steps and the dispatch's 16-bit backward, round once per query head
+  // of the group and once per slot: kernels_moe.cu, device_cuda.cpp). A backend throws
+  // zp::Error naming an op it cannot run (zero-run refuses such plans before anything runs).
   struct Heads {
     int64_t NH = 0, KVH = 0, HS = 0;
     int64_t window = 0;  // a sliding window's keys (cpu::AttnShape::window); 0: none
@@ -194,8 +196,8 @@ class Device {
   // Flash attention over the same q|k|v rows (cpu_kernels.hpp flash_attention_forward and
   // _backward; GPT-2's heads are {NH, NH, C / NH}): out and lse (fp32, (B,NH,T)); the backward
   // adds into dqkv and overwrites its two fp32 workspaces, dq_acc (B,T,NH*HS) and dsum
-  // (B,NH,T). Attention dropout p with the three steps' mask under `key`. The cpu backend
-  // runs it with fp32 or 16-bit storage (fp32 running sums, each output stored once).
+  // (B,NH,T). Attention dropout p with the three steps' mask under `key`. Both backends run
+  // it with fp32 or 16-bit storage (fp32 running sums, each output stored once).
   virtual void flash_attention_forward(void* out, float* lse, const QkvIn& in, DType t, int64_t B,
                                        int64_t T, const Heads& h, float p, uint64_t key) = 0;
   virtual void flash_attention_backward(void* dqkv, float* dq_acc, float* dsum, const void* dout,
