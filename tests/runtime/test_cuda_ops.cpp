@@ -357,38 +357,47 @@ TEST_CASE("cuda grouped-query attention (cuBLAS, shared key/value heads) equals 
 
 TEST_CASE("cuda flash attention forward and backward equal the cpu backend's, with dropout") {
   Both b;
-  // 70 queries: three chunks of 32 keys, the last partial; windows of 5 and 40 and none.
-  const int64_t Tf = 70, Nf = B * Tf, O = LNH * LHS;
+  // 70 queries: tiles of 16 queries and 32 keys, the last ones partial; windows of 5 and 40 and
+  // none; heads of 40 (crossing a warp's 32 lanes), and of 128 and 256, whose tiles need more
+  // than the default 48 KiB of shared memory (the opt-in path).
+  const int64_t Tf = 70, Nf = B * Tf;
+  struct Case {
+    int64_t hs, window;
+    float p;
+  };
+  std::vector<Case> cases;
   for (int64_t window : {int64_t{0}, int64_t{5}, int64_t{40}})
-    for (float p : {0.0f, 0.1f}) {
-      CAPTURE(window);
-      CAPTURE(p);
-      const Device::Heads h{LNH, LKVH, LHS, window};
-      const auto qkv = b.rand(Nf * LR);
-      const Device::QkvIn ic{qkv.c, qkv.c + LNH * LHS, qkv.c + (LNH + LKVH) * LHS, LR, LR, LR};
-      const Device::QkvIn ig{qkv.g, qkv.g + LNH * LHS, qkv.g + (LNH + LKVH) * LHS, LR, LR, LR};
-      auto out = b.rand(Nf * O), lse = b.rand(B * LNH * Tf);
-      b.cpu->flash_attention_forward(out.c, lse.c, ic, DType::fp32, B, Tf, h, p, 777);
-      b.gpu->flash_attention_forward(out.g, lse.g, ig, DType::fp32, B, Tf, h, p, 777);
-      CHECK_CLOSE(b, out, kReorder);
-      CHECK_CLOSE(b, lse, kReorder);
-      // The backward from the cpu's forward on both (one op's differences do not feed the next).
-      const auto same_out = b.put(b.get(*b.cpu, out.c, out.n));
-      const auto same_lse = b.put(b.get(*b.cpu, lse.c, lse.n));
-      const auto dout = b.rand(Nf * O);
-      auto dqkv = b.rand(Nf * LR), dq_acc = b.rand(Nf * O), dsum = b.rand(B * LNH * Tf);
-      b.cpu->flash_attention_backward(dqkv.c, dq_acc.c, dsum.c, dout.c, ic, same_out.c, same_lse.c,
-                                      DType::fp32, B, Tf, h, p, 777);
-      b.gpu->flash_attention_backward(dqkv.g, dq_acc.g, dsum.g, dout.g, ig, same_out.g, same_lse.g,
-                                      DType::fp32, B, Tf, h, p, 777);
-      CHECK_CLOSE(b, dqkv, kReorder);
-      CHECK_CLOSE(b, dsum, kReorder);
-    }
+    for (float p : {0.0f, 0.1f}) cases.push_back({LHS, window, p});
+  cases.push_back({128, 0, 0.1f});
+  cases.push_back({256, 40, 0.0f});
+  for (const Case& c : cases) {
+    CAPTURE(c.hs);
+    CAPTURE(c.window);
+    CAPTURE(c.p);
+    const int64_t HS = c.hs, R = (LNH + 2 * LKVH) * HS, O = LNH * HS;
+    const Device::Heads h{LNH, LKVH, HS, c.window};
+    const auto qkv = b.rand(Nf * R);
+    const Device::QkvIn ic{qkv.c, qkv.c + LNH * HS, qkv.c + (LNH + LKVH) * HS, R, R, R};
+    const Device::QkvIn ig{qkv.g, qkv.g + LNH * HS, qkv.g + (LNH + LKVH) * HS, R, R, R};
+    auto out = b.rand(Nf * O), lse = b.rand(B * LNH * Tf);
+    b.cpu->flash_attention_forward(out.c, lse.c, ic, DType::fp32, B, Tf, h, c.p, 777);
+    b.gpu->flash_attention_forward(out.g, lse.g, ig, DType::fp32, B, Tf, h, c.p, 777);
+    CHECK_CLOSE(b, out, kReorder);
+    CHECK_CLOSE(b, lse, kReorder);
+    // The backward from the cpu's forward on both (one op's differences do not feed the next).
+    const auto same_out = b.put(b.get(*b.cpu, out.c, out.n));
+    const auto same_lse = b.put(b.get(*b.cpu, lse.c, lse.n));
+    const auto dout = b.rand(Nf * O);
+    auto dqkv = b.rand(Nf * R), dq_acc = b.rand(Nf * O), dsum = b.rand(B * LNH * Tf);
+    b.cpu->flash_attention_backward(dqkv.c, dq_acc.c, dsum.c, dout.c, ic, same_out.c, same_lse.c,
+                                    DType::fp32, B, Tf, h, c.p, 777);
+    b.gpu->flash_attention_backward(dqkv.g, dq_acc.g, dsum.g, dout.g, ig, same_out.g, same_lse.g,
+                                    DType::fp32, B, Tf, h, c.p, 777);
+    CHECK_CLOSE(b, dqkv, kReorder);
+    CHECK_CLOSE(b, dsum, kReorder);
+  }
 }
 
-// ---- Mixture of experts (fp32) ------------------------------------------------------------------
-// 26 tokens over 5 experts, top 2 (one walk chunk), and 300 tokens over 40 experts, top 3 (more
-// pairs than a block's chunk of 256, experts beyond a warp's 32 lanes).
 TEST_CASE("cuda MoE routing, dispatch and combine equal the cpu backend (the same order: exact copies and sums)") {
   Both b;
   struct Shape {

@@ -49,6 +49,12 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// A one-warp-per-row kernel's row (this thread's warp across the grid) and the thread's lane.
+__device__ inline int64_t warp_row() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+}
+__device__ inline int lane_id() { return static_cast<int>(threadIdx.x % kWarp); }
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
 template <typename F>
 __device__ F block_sum(F v) {

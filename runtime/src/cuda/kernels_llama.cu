@@ -35,11 +35,6 @@ namespace {
 
 constexpr int kFlashPerLane = static_cast<int>(kFlashMaxHead / kWarp);
 
-// The warp of this thread as a row index of a one-warp-per-row kernel, and its lane.
-__device__ inline int64_t warp_row() {
-  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-}
-__device__ inline int lane_id() { return static_cast<int>(threadIdx.x % kWarp); }
 
 // ---- RMSNorm: one warp per row ----------------------------------------------------------------
 

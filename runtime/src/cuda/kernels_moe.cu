@@ -27,10 +27,6 @@ using namespace common;
 
 namespace {
 
-__device__ inline int64_t warp_row() {
-  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-}
-__device__ inline int lane_id() { return static_cast<int>(threadIdx.x % kWarp); }
 template <DType D>
 __host__ __device__ constexpr int64_t bytes_of() {
   return D == DType::fp32 ? 4 : 2;
