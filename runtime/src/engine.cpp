@@ -39,6 +39,11 @@ using models::TensorKind;
 using planner::Precision;
 
 namespace {
+// A tensor's elements.
+uint64_t elems_of(const models::Tensor& x) { return x.bytes / x.elem_bytes; }
+}  // namespace
+
+namespace {
 
 DType dtype_of(Precision p) {
   return p == Precision::fp32 ? DType::fp32 : (p == Precision::fp16 ? DType::fp16 : DType::bf16);
@@ -117,11 +122,25 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                               m.name, m.moe.top_k),
                   "run this plan with --device cpu");
   }
-  if (m.is_moe() && (s.ep != 1 || s.moe_capacity_factor > 0))
-    throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless on every rank's own "
-                            "experts so far; {} is planned, not executed",
-                            m.name, s.ep != 1 ? fmt::format("--ep {}", s.ep) : "--moe-capacity-factor"),
-                "plan expert parallelism with zero-plan; run --ep 1 without a capacity factor here");
+  if (m.is_moe() && s.moe_capacity_factor > 0)
+    throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless so far; "
+                            "--moe-capacity-factor is planned, not executed", m.name),
+                "plan capacity-factor routing with zero-plan; run without it here");
+  // Expert parallelism: MPI's all-to-all at stage 0 so far (replicated dense weights, each
+  // rank E/ep experts, their gradients summed over the expert-data-parallel group).
+  if (s.ep > 1) {
+    if (s.stage != 0)
+      throw Error(fmt::format("--ep {}: zero-run runs expert parallelism at stage 0 so far; stage {} "
+                              "is planned, not executed", s.ep, s.stage),
+                  "run --ep > 1 with --stage 0 here, or plan the other stages with zero-plan");
+    if (device != "cpu")
+      throw Error(fmt::format("--ep {}: zero-run runs expert parallelism on the cpu backend so far "
+                              "(MPI's all-to-all); NCCL's is not written yet", s.ep),
+                  "run --ep > 1 with --device cpu, or --ep 1 on GPUs");
+    if (s.offload_optimizer != planner::Offload::none)
+      throw Error(fmt::format("--ep {} with --offload-optimizer: not executed yet", s.ep),
+                  "run expert parallelism without offload here");
+  }
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
@@ -147,7 +166,9 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
     throw Error("the plan predicts Hugging Face's modeling code (--model-code transformers); "
                 "zero-run executes its fused kernels",
                 "make the plan with --model-code fused (the zeroplan profile's default)");
-  const uint64_t n = static_cast<uint64_t>(models::count_params(m).total);
+  // With expert parallelism the plan holds this rank's E/ep experts.
+  const models::ParamInventory inv = models::count_params(m);
+  const uint64_t n = static_cast<uint64_t>(inv.total - inv.experts + inv.experts / std::max<int64_t>(1, s.ep));
   if (plan.n_params != 0 && plan.n_params != n)
     throw Error(fmt::format("the plan was made for a model of {} parameters; its config has {}",
                             plan.n_params, n),
@@ -201,6 +222,18 @@ Engine::Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData dat
     aux_counts_.assign(static_cast<std::size_t>(n_experts_), 0.0);
     aux_psum_.assign(static_cast<std::size_t>(n_experts_), 0.0);
     aux_dprob_.assign(static_cast<std::size_t>(n_experts_), 0.0f);
+    local_experts_ = n_experts_;
+    if (plan.strategy.ep > 1) {
+      ep_ = static_cast<int>(plan.strategy.ep);
+      local_experts_ = n_experts_ / ep_;
+      ep_comm_ = comm.split(rank_ / ep_, rank_);
+      edp_comm_ = comm.split(rank_ % ep_, rank_);
+      ep_rank_ = ep_comm_->rank();
+    }
+    const auto L = static_cast<std::size_t>(plan.model.n_layer);
+    expert_segs_.assign(L, {});
+    ep_send_.assign(L, std::vector<uint64_t>(static_cast<std::size_t>(ep_), 0));
+    ep_recv_.assign(L, std::vector<uint64_t>(static_cast<std::size_t>(ep_), 0));
   }
   n_pos_ = static_cast<int32_t>(g_.order.size());
   for (int32_t i = 0; i < n_pos_; ++i) {
@@ -263,6 +296,35 @@ void Engine::layout() {
   // Each grad shares its param's offset (the graph creates them as pairs).
   for (std::size_t t = 0; t < g_.tensors.size(); ++t)
     if (g_.tensors[t].kind == TensorKind::grad) flat_off_[t] = flat_off_[t - 1];
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
+    if (g_.tensors[t].kind == TensorKind::param) param_ids_.push_back(static_cast<TensorId>(t));
+  // The canonical places: the flat order of the graph with every expert (ep 1), where this
+  // rank's expert tensors are the slices of its experts, ep_rank_ E/ep on (param_inventory
+  // stacks a layer's experts along the first dimension).
+  canon_off_ = flat_off_;
+  canon_params_ = n_params_;
+  if (ep_ > 1) {
+    planner::Strategy s1 = plan_.strategy;
+    s1.ep = 1;
+    const models::TrainingGraph g1 =
+        models::build_training_graph(plan_.model, planner::graph_options(plan_.model, s1, plan_.options));
+    std::map<std::string, uint64_t> off1;
+    uint64_t n1 = 0;
+    for (const Tensor& x : g1.tensors)
+      if (x.kind == TensorKind::param) {
+        off1[x.name] = n1;
+        n1 = checked_add(n1, x.bytes / x.elem_bytes, "parameters");
+      }
+    canon_params_ = n1;
+    for (TensorId t : param_ids_) {
+      const Tensor& x = g_.tensor(t);
+      const auto it = off1.find(x.name);
+      if (it == off1.end())
+        throw Error(fmt::format("expert parallelism: parameter {} has no place in the full model", x.name));
+      canon_off_[static_cast<std::size_t>(t)] =
+          it->second + (planner::is_expert_tensor(x) ? static_cast<uint64_t>(ep_rank_) * (x.bytes / x.elem_bytes) : 0);
+    }
+  }
 
   if (stage_ < 3) {
     Group all{"all", 0, n_params_, stage_ == 0 ? n_params_ : zp::partition_elems(n_params_, dp), 0};
@@ -374,7 +436,7 @@ void Engine::init_range(uint64_t lo, uint64_t hi, float* out) const {
       if (qk_norm) v = 1.0f;
       else if (norm) v = local < C ? 1.0f : 0.0f;
       else if (local >= weight_elems) v = 0.0f;
-      else v = static_cast<float>(sd * normal_at(plan_.seed, i));
+      else v = static_cast<float>(sd * normal_at(plan_.seed, canon_off_[t] + local));
       out[i - lo] = v;
     }
   }
@@ -708,6 +770,9 @@ void Engine::micro_step() {
         dw32.emplace_back(x.source, p);
       }
     }
+    // Expert parallelism's all-to-all buffer, where the planner's schedule puts it.
+    if (const uint64_t b = a2a_bytes(op); b > 0)
+      a2a_ = dev_.arena(Tier::gpu).alloc(b, Category::buffers, "a2a." + op.name);
     if (stage_ >= 2)
       for (TensorId gt : op.grads) alloc_grad(gt);
     for (std::size_t k = 0; k < op.params.size(); ++k)
@@ -727,6 +792,7 @@ void Engine::micro_step() {
       dev_.arena(Tier::gpu).free(buf_[static_cast<std::size_t>(s)]);
       buf_[static_cast<std::size_t>(s)] = nullptr;
     }
+    if (a2a_ != nullptr) dev_.arena(Tier::gpu).free(std::exchange(a2a_, nullptr));
     for (void* p : staged_) dev_.arena(Tier::gpu).free(p);
     staged_.clear();
     for (TensorId t : lv_.dies_at[static_cast<std::size_t>(i)]) {
@@ -775,17 +841,16 @@ std::pair<float, uint64_t> Engine::flash_dropout(const Op& op) const {
 // up), proj's (C, Fe). Each expert multiplies its block of dispatched rows (Engine::expert_off_,
 // set by the layer's dispatch); an expert that got no rows does nothing.
 void Engine::expert_matmul(const Op& op, void* w) {
-  const std::vector<int64_t>& off = expert_off_[static_cast<std::size_t>(op.layer)];
   const auto dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
   const int64_t in = dim(op.inputs[0]), out = dim(op.outputs[0]);
   const bool gate_up = op.outputs.size() == 2;
   const int64_t block = (gate_up ? 2 : 1) * in * out;  // one expert's weights
   const uint64_t eb = dtype_bytes(adt_);
-  for (int64_t e = 0; e < n_experts_; ++e) {
-    const int64_t r0 = off[static_cast<std::size_t>(e)], rows = off[static_cast<std::size_t>(e) + 1] - r0;
+  for (const ExpertSegment& sg : expert_segs_[static_cast<std::size_t>(op.layer)]) {
+    const int64_t r0 = sg.row, rows = sg.rows;
     if (rows == 0) continue;
     const void* x = at(ptr(op.inputs[0]), static_cast<uint64_t>(r0 * in), eb);
-    std::byte* we = at(w, static_cast<uint64_t>(e * block), eb);
+    std::byte* we = at(w, static_cast<uint64_t>(sg.expert * block), eb);
     for (std::size_t o = 0; o < op.outputs.size(); ++o)
       dev_.matmul_forward(at(ptr(op.outputs[o]), static_cast<uint64_t>(r0 * out), eb), adt_, x,
                           we + o * static_cast<uint64_t>(in * out) * eb, nullptr, adt_, rows, in, out);
@@ -795,14 +860,13 @@ void Engine::expert_matmul(const Op& op, void* w) {
 // Backward: inputs {d_out, x}, outputs {d_x}; d_out's rows are (d gate | d up) for gate_up,
 // whose (2 Fe, C) block takes them in one GEMM.
 void Engine::expert_matmul_backward(const Op& op, void* w, void* dw) {
-  const std::vector<int64_t>& off = expert_off_[static_cast<std::size_t>(op.layer)];
   const auto dim = [&](TensorId x) { return g_.tensor(x).shape.back(); };
   const int64_t in = dim(op.inputs[1]), out = dim(op.inputs[0]);
   const uint64_t eb = dtype_bytes(adt_);
-  for (int64_t e = 0; e < n_experts_; ++e) {
-    const int64_t r0 = off[static_cast<std::size_t>(e)], rows = off[static_cast<std::size_t>(e) + 1] - r0;
+  for (const ExpertSegment& sg : expert_segs_[static_cast<std::size_t>(op.layer)]) {
+    const int64_t r0 = sg.row, rows = sg.rows;
     if (rows == 0) continue;
-    const uint64_t wo = static_cast<uint64_t>(e * in * out);
+    const uint64_t wo = static_cast<uint64_t>(sg.expert * in * out);
     dev_.matmul_backward(at(ptr(op.outputs[0]), static_cast<uint64_t>(r0 * in), eb), at(dw, wo, eb), nullptr,
                          at(ptr(op.inputs[0]), static_cast<uint64_t>(r0 * out), eb),
                          at(ptr(op.inputs[1]), static_cast<uint64_t>(r0 * in), eb), at(w, wo, eb), adt_,
@@ -834,6 +898,104 @@ void Engine::moe_route_done(const Op& op) {
   for (int64_t e = 0; e < n_experts_; ++e)
     aux_dprob_[static_cast<std::size_t>(e)] = static_cast<float>(
         loss_scale_ * aux_coef_ * static_cast<double>(n_experts_) * aux_counts_[static_cast<std::size_t>(e)] / denom);
+}
+
+// ---- expert parallelism ----------------------------------------------------------------------
+// The ep ranks of a group exchange tokens: expert e lives on group position e / (E/ep). A
+// rank's dispatch writes its k B T routed rows grouped by expert (then token, then slot), which
+// is also grouped by destination: the block for position d is experts [d E/ep, (d+1) E/ep).
+// Each position receives, from every source in rank order, that source's rows for its experts,
+// grouped by expert: its expert GEMMs run per (source, expert) segment. Everything coming back
+// (the experts' outputs, the gradients of their inputs) returns in the order it came, so it
+// lands in the sender's dispatch order and the dispatch's own kernels take it from there.
+
+// The planner's all-to-all buffer (schedule.cpp alltoall_buffer_bytes): the k rows of each of
+// the op's tokens, in the tokens' storage.
+uint64_t Engine::a2a_bytes(const Op& op) const {
+  if (ep_ <= 1) return 0;
+  TensorId tokens = -1;
+  switch (op.kind) {
+    case OpKind::moe_dispatch: tokens = op.inputs.front(); break;
+    case OpKind::moe_combine: tokens = op.outputs.front(); break;
+    case OpKind::moe_combine_bwd: tokens = op.inputs.front(); break;
+    case OpKind::moe_dispatch_bwd: tokens = op.outputs.front(); break;
+    default: return 0;
+  }
+  const Tensor& x = g_.tensor(tokens);
+  const int64_t n_tokens = x.shape[0] * x.shape[1];
+  return checked_mul(x.bytes / static_cast<uint64_t>(n_tokens), static_cast<uint64_t>(top_k_ * n_tokens),
+                     "all-to-all buffer bytes");
+}
+
+void Engine::moe_dispatch_ep(const Op& op) {
+  const auto L = static_cast<std::size_t>(op.layer);
+  const int64_t N = B_ * T_, El = local_experts_;
+  const ExpertIdx idx = expert_idx(op.inputs[1]);
+  dev_.moe_dispatch(a2a_, ptr(op.inputs[0]), idx, adt_, N, top_k_, n_experts_, C_);
+  std::vector<int64_t>& off = expert_off_[L];
+  dev_.moe_route_stats(idx, nullptr, N, n_experts_, top_k_, off.data(), nullptr);
+  // Rows per (destination, its expert), exchanged: recv[s El + e] from source s for expert e.
+  std::vector<uint64_t> send(static_cast<std::size_t>(n_experts_)), recv(send.size());
+  for (int64_t e = 0; e < n_experts_; ++e)
+    send[static_cast<std::size_t>(e)] = static_cast<uint64_t>(off[static_cast<std::size_t>(e) + 1] - off[static_cast<std::size_t>(e)]);
+  ep_comm_->all_to_all_u64(send.data(), recv.data(), static_cast<int>(El));
+  std::vector<ExpertSegment>& segs = expert_segs_[L];
+  segs.clear();
+  int64_t row = 0;
+  for (int s = 0; s < ep_; ++s) {
+    uint64_t sent = 0, got = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      const auto k = static_cast<std::size_t>(s * El + e);
+      sent += send[k];
+      got += recv[k];
+      segs.push_back({row, static_cast<int64_t>(recv[k]), e});
+      row += static_cast<int64_t>(recv[k]);
+    }
+    ep_send_[L][static_cast<std::size_t>(s)] = sent;
+    ep_recv_[L][static_cast<std::size_t>(s)] = got;
+  }
+  // The rows the plan made room for (balanced routing: k B T; --moe-routing worst: all the ep
+  // group's tokens on this rank's experts). Every rank learns of an overflow anywhere, and
+  // every rank stops, before anything is sent.
+  const auto planned = static_cast<int64_t>(g_.tensor(op.outputs[0]).shape[0]);
+  std::vector<float> rows(static_cast<std::size_t>(dp_), 0.0f);  // exact below 2^24 rows
+  rows[static_cast<std::size_t>(rank_)] = static_cast<float>(row);
+  comm_.all_reduce_sum(rows.data(), rows.size(), DType::fp32);
+  const auto most = std::max_element(rows.begin(), rows.end());
+  if (*most > static_cast<float>(planned))
+    throw Error(fmt::format("{}: rank {} received {} routed rows, the plan holds {}: the routing is "
+                            "not balanced",
+                            op.name, most - rows.begin(), static_cast<int64_t>(*most), planned),
+                "plan with --moe-routing worst (room for every token of the ep group on one rank's "
+                "experts), or a smaller --ep");
+  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
+  for (std::size_t s = 0; s < sc.size(); ++s) {
+    sc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
+    rc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
+  }
+  ep_comm_->all_to_all_v(a2a_, sc, ptr(op.outputs[0]), rc, adt_);
+}
+
+// Expert-side rows (source-major) back to their sources, into local_rows in dispatch order.
+void Engine::ep_return(const void* expert_rows, void* local_rows, int layer) {
+  const auto L = static_cast<std::size_t>(layer);
+  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
+  for (std::size_t s = 0; s < sc.size(); ++s) {
+    sc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
+    rc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
+  }
+  ep_comm_->all_to_all_v(expert_rows, sc, local_rows, rc, adt_);
+}
+
+// Local rows (dispatch order) out to their experts' ranks, into expert_rows source-major.
+void Engine::ep_send(const void* local_rows, void* expert_rows, int layer) {
+  const auto L = static_cast<std::size_t>(layer);
+  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
+  for (std::size_t s = 0; s < sc.size(); ++s) {
+    sc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
+    rc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
+  }
+  ep_comm_->all_to_all_v(local_rows, sc, expert_rows, rc, adt_);
 }
 
 // Where an op reads q, k and v, from its input `first` on: Qwen3's normed q|k (then v from
@@ -1117,23 +1279,56 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                              t, N, n_experts_, top_k_, moe_renorm_);
       moe_route_done(op);
       break;
-    case OpKind::moe_dispatch:  // {in, idx} -> {xe}; the layer's expert offsets
+    case OpKind::moe_dispatch: {  // {in, idx} -> {xe}; the layer's expert segments
+      if (ep_ > 1) {
+        moe_dispatch_ep(op);
+        break;
+      }
       dev_.moe_dispatch(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
-      dev_.moe_route_stats(eidx(op.inputs[1]), nullptr, N, n_experts_, top_k_,
-                           expert_off_[static_cast<std::size_t>(op.layer)].data(), nullptr);
+      std::vector<int64_t>& off = expert_off_[static_cast<std::size_t>(op.layer)];
+      dev_.moe_route_stats(eidx(op.inputs[1]), nullptr, N, n_experts_, top_k_, off.data(), nullptr);
+      std::vector<ExpertSegment>& segs = expert_segs_[static_cast<std::size_t>(op.layer)];
+      segs.clear();
+      for (int64_t e = 0; e < n_experts_; ++e)
+        segs.push_back({off[static_cast<std::size_t>(e)],
+                        off[static_cast<std::size_t>(e) + 1] - off[static_cast<std::size_t>(e)], e});
       break;
-    case OpKind::moe_combine:  // {ye, weights, idx} -> {out}
-      dev_.moe_combine(v(op.outputs[0]), v(op.inputs[0]), f(op.inputs[1]), eidx(op.inputs[2]), t, N,
-                       top_k_, n_experts_, C_);
+    }
+    case OpKind::moe_combine: {  // {ye, weights, idx} -> {out}
+      const void* ye = v(op.inputs[0]);
+      if (ep_ > 1) {  // the experts' rows come back to the ranks whose tokens they are
+        ep_return(ye, a2a_, op.layer);
+        ye = a2a_;
+      }
+      dev_.moe_combine(v(op.outputs[0]), ye, f(op.inputs[1]), eidx(op.inputs[2]), t, N, top_k_,
+                       n_experts_, C_);
       break;
-    case OpKind::moe_combine_bwd:  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
-      dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
+    }
+    case OpKind::moe_combine_bwd: {  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
+      if (ep_ == 1) {
+        dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
+                                  f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+        break;
+      }
+      // ye back in this rank's token order (the buffer), the gradients of this rank's rows
+      // into d_ye (k B T of its rows, in that order), then those out to their experts: through
+      // the buffer (ye is done with), into d_ye in the order the experts hold their rows.
+      ep_return(v(op.inputs[1]), a2a_, op.layer);
+      dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), a2a_,
                                 f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+      dev_.copy(a2a_, v(op.outputs[0]), static_cast<uint64_t>(N * top_k_ * C_) * dtype_bytes(t));
+      ep_send(a2a_, v(op.outputs[0]), op.layer);
       break;
-    case OpKind::moe_dispatch_bwd:  // {d_xe, idx} -> {d_in} (accumulated)
-      dev_.moe_dispatch_backward(v(op.outputs[0]), v(op.inputs[0]), eidx(op.inputs[1]), t, N, top_k_,
-                                 n_experts_, C_);
+    }
+    case OpKind::moe_dispatch_bwd: {  // {d_xe, idx} -> {d_in} (accumulated)
+      const void* dxe = v(op.inputs[0]);
+      if (ep_ > 1) {  // the experts' input gradients come back to their tokens' ranks
+        ep_return(dxe, a2a_, op.layer);
+        dxe = a2a_;
+      }
+      dev_.moe_dispatch_backward(v(op.outputs[0]), dxe, eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
       break;
+    }
     case OpKind::moe_route_bwd:  // {d_weights, probs, idx} -> {d_logits}
       dev_.moe_route_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]),
                               eidx(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,
@@ -1323,7 +1518,23 @@ StepStats Engine::optimizer_step() {
   const bool replicated = stage_ == 0;
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
-  if (stage_ <= 1 && collectives_) comm_.all_reduce_sum(grads_, n_params_, pdt_);
+  if (stage_ <= 1 && collectives_) {
+    if (ep_ == 1) {
+      comm_.all_reduce_sum(grads_, n_params_, pdt_);
+    } else {
+      // Dense gradients over every rank, experts' over the ranks holding the same experts:
+      // each run of consecutive tensors of one kind is one all-reduce.
+      for (std::size_t i = 0; i < param_ids_.size();) {
+        const bool expert = planner::is_expert_tensor(g_.tensor(param_ids_[i]));
+        const uint64_t lo = flat_off_[static_cast<std::size_t>(param_ids_[i])];
+        uint64_t hi = lo;
+        for (; i < param_ids_.size() && planner::is_expert_tensor(g_.tensor(param_ids_[i])) == expert; ++i)
+          hi = flat_off_[static_cast<std::size_t>(param_ids_[i])] + elems_of(g_.tensor(param_ids_[i]));
+        Comm& c = expert ? *edp_comm_ : comm_;
+        if (c.size() > 1) c.all_reduce_sum(at(grads_, lo, pbytes_), hi - lo, pdt_);
+      }
+    }
+  }
   // The host reads the offloaded gradients below: the device's queued writes into them (a GPU
   // streams reduced segments into pinned memory) must be done.
   if (offload_) dev_.synchronize();
@@ -1340,12 +1551,26 @@ StepStats Engine::optimizer_step() {
   // over the ranks; an inf or NaN anywhere is fp16 overflow.
   double sq = 0;
   bool finite = true;
-  for (const Group& gr : groups_) {
-    const OwnedGrads g = owned_grads(gr);
-    const GradSumSquares ss = offload_ ? grad_sum_squares(g.ptr, g.dtype, g.n)
-                                       : dev_.grad_sum_squares(g.ptr, g.dtype, g.n);
-    sq += ss.sum_sq;
-    finite = finite && ss.finite;
+  if (ep_ == 1) {
+    for (const Group& gr : groups_) {
+      const OwnedGrads g = owned_grads(gr);
+      const GradSumSquares ss = offload_ ? grad_sum_squares(g.ptr, g.dtype, g.n)
+                                         : dev_.grad_sum_squares(g.ptr, g.dtype, g.n);
+      sq += ss.sum_sq;
+      finite = finite && ss.finite;
+    }
+  } else {
+    // Stage 0 with expert parallelism: the dense gradients are every rank's, each expert's
+    // those of its ep-group position: the experts' squares are summed over the ep group.
+    double sq_x = 0;
+    for (TensorId t : param_ids_) {
+      const GradSumSquares ss = dev_.grad_sum_squares(at(grads_, flat_off_[static_cast<std::size_t>(t)], pbytes_),
+                                                      pdt_, elems_of(g_.tensor(t)));
+      (planner::is_expert_tensor(g_.tensor(t)) ? sq_x : sq) += ss.sum_sq;
+      finite = finite && ss.finite;
+    }
+    sq += ep_comm_->all_reduce_sum(finite ? sq_x : std::numeric_limits<double>::infinity());
+    finite = std::isfinite(sq);
   }
   if (!finite) sq = std::numeric_limits<double>::infinity();
   if (!replicated && collectives_) sq = comm_.all_reduce_sum(sq);
@@ -1451,7 +1676,7 @@ void Engine::save_weights(const std::string& path) {
   const std::string tmp = path + ".tmp";
   if (rank_ == 0) {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n_params_ * 4)) != 0) {
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(canon_params_ * 4)) != 0) {
       if (fd >= 0) ::close(fd);
       throw Error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
     }
@@ -1476,8 +1701,28 @@ void Engine::save_weights(const std::string& path) {
         if (a < b) put(x + (a - e0), b - a, gr.flat_off + lo + (a - gr.part_off));
       }
     });
+  // Expert parallelism (stage 0): rank 0 writes the dense tensors, the first rank of each
+  // expert-data-parallel group its experts, each at its place in the full model.
+  if (ep_ > 1) {
+    std::vector<float> block(kStage);
+    std::vector<std::byte> raw(kStage * 4);
+    for (TensorId t : param_ids_) {
+      if (planner::is_expert_tensor(g_.tensor(t)) ? edp_comm_->rank() != 0 : rank_ != 0) continue;
+      const uint64_t f0 = flat_off_[static_cast<std::size_t>(t)], n = elems_of(g_.tensor(t));
+      for (uint64_t i = 0; i < n; i += kStage) {
+        const uint64_t m = std::min<uint64_t>(kStage, n - i);
+        if (master_) {
+          dev_.copy(block.data(), master_ + f0 + i, m * 4);
+        } else {
+          dev_.copy(raw.data(), at(params_, f0 + i, pbytes_), m * pbytes_);
+          for (uint64_t j = 0; j < m; ++j) block[j] = load_as_f32(raw.data(), j, pdt_);
+        }
+        put(block.data(), m, canon_off_[static_cast<std::size_t>(t)] + i);
+      }
+    }
+  }
   for (const Group& gr : groups_) {
-    if (!writer || nvme_) break;
+    if (!writer || nvme_ || ep_ > 1) break;
     const auto [lo, hi] = owned(gr);
     const uint64_t k0 = stage_ == 0 ? gr.flat_off : gr.part_off;
     const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;

@@ -280,6 +280,25 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
   std::string longrope = base;
   longrope.replace(longrope.find("\"llama3\""), 8, "\"longrope\"");
   refuses(longrope, planner::Backend::cpu, "longrope");
+
+  // Expert parallelism runs at stage 0 on the cpu backend so far (test_launcher runs it).
+  const models::ModelSpec moe = models::parse_hf_config(tiny_moe("mixtral"), "x.json");
+  planner::Strategy s;
+  s.dp = 2;
+  s.ep = 2;
+  s.seq = 16;
+  s.moe_routing = planner::MoeRouting::worst;
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    s.stage = stage;
+    const planner::Plan plan = planner::make_plan(moe, s, {planner::Profile::zeroplan, planner::Backend::cpu}, 1);
+    if (stage == 0) {
+      CHECK_NOTHROW(Engine::check(plan, "cpu", 2));
+      CHECK_THROWS_WITH_AS(Engine::check(plan, "cuda", 2), doctest::Contains("NCCL's is not written yet"), Error);
+    } else {
+      CHECK_THROWS_WITH_AS(Engine::check(plan, "cpu", 2), doctest::Contains("at stage 0 so far"), Error);
+    }
+  }
 }
 
 TEST_CASE("engine on the planner's cuda graph in 16 bits (LLaMA, Mistral + flash, Qwen3, MoE): "

@@ -142,9 +142,11 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     if (a.model.empty())
       throw Error("nothing to run: give a plan file or --model",
                   "zero-run plan.json, or zero-run --model gpt2-tiny --stage 2 --dp 2");
-    planner::Strategy st = a.flags.resolve();
-    // Without --dp, the ranks that are running are the data-parallel degree.
-    if (app.count("--dp") == 0) st.dp = n_ranks;
+    // Without --dp, the ranks that are running are the data-parallel degree (--ep is checked
+    // against it).
+    const bool dp_given = app.count("--dp") > 0;
+    planner::Strategy st = dp_given ? a.flags.resolve() : a.flags.resolve_for_gpus(n_ranks);
+    if (!dp_given) st.dp = n_ranks;
     // The graph of the device that runs it: cpu computes in fp32 without dropout (fast on a
     // CPU), cuda in the training precision with dropout (what training on GPUs does). A plan
     // file runs on either device.

@@ -101,7 +101,8 @@ class Engine {
   Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
   // The same refusals without a device or a communicator (zero-run asks before sizing
   // memory): a family, an architecture detail or a strategy this engine does not execute
-  // (tensor or expert parallelism, Megatron's partitioned activations, an optimizer other than
+  // (tensor parallelism, expert parallelism beyond stage 0 or off the cpu backend, Megatron's
+  // partitioned activations, an optimizer other than
   // Adam, AdamW or SGD, another profile's plan, ...), or `ranks` other than the plan's dp.
   // `device`: the backend's name, "cpu" or "cuda".
   static void check(const planner::Plan& plan, std::string_view device, int ranks);
@@ -176,6 +177,29 @@ class Engine {
   std::vector<std::vector<int64_t>> expert_off_;
   std::vector<double> aux_counts_, aux_psum_;
   std::vector<float> aux_dprob_;
+  // Expert parallelism (ep > 1; stage 0 so far): the E / ep experts of ep-group position
+  // ep_rank_ are this rank's; ep_comm_ holds the ep ranks that exchange tokens (consecutive
+  // world ranks), edp_comm_ the dp / ep ranks holding the same experts (DeepSpeed-MoE's
+  // expert-data-parallel group). Per MoE layer, the rows this rank receives from each source
+  // for each of its experts (ep x E/ep, source-major as they arrive) and the rows it sends to
+  // each destination (ep): set by the layer's dispatch, used by its expert GEMMs, its combine
+  // and their backwards.
+  int ep_ = 1, ep_rank_ = 0;
+  int64_t local_experts_ = 0;
+  std::unique_ptr<Comm> ep_comm_, edp_comm_;
+  std::vector<std::vector<uint64_t>> ep_recv_, ep_send_;
+  // A routed row's dispatch order per layer: (first row, rows, local expert) segments of the
+  // expert GEMMs' input, in order (ep 1: one per expert, from expert_off_).
+  struct ExpertSegment {
+    int64_t row = 0, rows = 0, expert = 0;
+  };
+  std::vector<std::vector<ExpertSegment>> expert_segs_;
+  // Where each parameter tensor's values sit in the flat order of the model with every expert
+  // (ep 1): its initial values are drawn there, and save_weights writes them there.
+  std::vector<uint64_t> canon_off_;
+  uint64_t canon_params_ = 0;
+  std::vector<models::TensorId> param_ids_;  // the param tensors, in flat order
+  void* a2a_ = nullptr;                      // this op's all-to-all buffer (ep > 1)
   // torchtitan's per-op recomputation: the tensors this micro-step's recomputations read back
   // from SAC's storage (sac_reuse ops) rather than compute again.
   std::set<models::TensorId> sac_reused_;
@@ -294,6 +318,14 @@ class Engine {
   void expert_matmul(const models::Op& op, void* w);
   void expert_matmul_backward(const models::Op& op, void* w, void* dw);
   void moe_route_done(const models::Op& op);
+  // Expert parallelism's pieces (engine.cpp): the all-to-all buffer of an op (allocated as the
+  // planner's schedule does, after the op's scratch), the layer's dispatch (rows counted,
+  // exchanged and sent to their experts' ranks), and the returns (expert rows back to the
+  // ranks whose tokens they are, or gradients out to the experts).
+  uint64_t a2a_bytes(const models::Op& op) const;
+  void moe_dispatch_ep(const models::Op& op);
+  void ep_return(const void* expert_rows, void* local_rows, int layer);
+  void ep_send(const void* local_rows, void* expert_rows, int layer);
   std::pair<Device::QkvIn, std::size_t> qkv_in(const models::Op& op, std::size_t first) const;
   std::pair<int64_t, int64_t> projection_rows(const models::Op& op) const;
   ExpertIdx expert_idx(models::TensorId t) const;
