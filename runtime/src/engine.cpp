@@ -126,13 +126,13 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
     throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless so far; "
                             "--moe-capacity-factor is planned, not executed", m.name),
                 "plan capacity-factor routing with zero-plan; run without it here");
-  // Expert parallelism: MPI's all-to-all at stage 0 so far (replicated dense weights, each
-  // rank E/ep experts, their gradients summed over the expert-data-parallel group).
+  // Expert parallelism: MPI's all-to-all at stages 0-2 so far (each rank E/ep experts, their
+  // gradients reduced and their states partitioned over the expert-data-parallel group).
   if (s.ep > 1) {
-    if (s.stage != 0)
-      throw Error(fmt::format("--ep {}: zero-run runs expert parallelism at stage 0 so far; stage {} "
-                              "is planned, not executed", s.ep, s.stage),
-                  "run --ep > 1 with --stage 0 here, or plan the other stages with zero-plan");
+    if (s.stage == 3)
+      throw Error(fmt::format("--ep {}: zero-run runs expert parallelism at stages 0-2 so far; stage 3 "
+                              "is planned, not executed", s.ep),
+                  "run --ep > 1 with --stage 0, 1 or 2 here, or plan stage 3 with zero-plan");
     if (device != "cpu")
       throw Error(fmt::format("--ep {}: zero-run runs expert parallelism on the cpu backend so far "
                               "(MPI's all-to-all); NCCL's is not written yet", s.ep),
@@ -282,22 +282,31 @@ Engine::~Engine() {
 void Engine::layout() {
   flat_off_.assign(g_.tensors.size(), 0);
   const uint64_t dp = static_cast<uint64_t>(dp_);
-  // Flat order: the graph's param tensors in creation order (embed, h.0 .. h.L-1, head).
+  // Flat order: the graph's param tensors in creation order (embed, h.0 .. h.L-1, head); with
+  // expert parallelism the dense tensors first, then the experts', so each of the two
+  // partitions (over all ranks, over the expert-data-parallel group) is one flat range.
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_group;  // group -> (offset, elems)
-  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
-    const Tensor& x = g_.tensors[t];
-    if (x.kind != TensorKind::param) continue;
-    const uint64_t n = x.bytes / x.elem_bytes;
-    flat_off_[t] = n_params_;
-    auto [it, fresh] = by_group.try_emplace(x.group, n_params_, 0);
-    it->second.second += n;
-    n_params_ = checked_add(n_params_, n, "parameters");
-  }
+  uint64_t dense_elems = 0;
+  for (int pass = 0; pass < (ep_ > 1 ? 2 : 1); ++pass)
+    for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& x = g_.tensors[t];
+      if (x.kind != TensorKind::param) continue;
+      if (ep_ > 1 && planner::is_expert_tensor(x) != (pass == 1)) continue;
+      const uint64_t n = x.bytes / x.elem_bytes;
+      flat_off_[t] = n_params_;
+      auto [it, fresh] = by_group.try_emplace(x.group, n_params_, 0);
+      it->second.second += n;
+      n_params_ = checked_add(n_params_, n, "parameters");
+      if (pass == 0) dense_elems = n_params_;
+    }
   // Each grad shares its param's offset (the graph creates them as pairs).
   for (std::size_t t = 0; t < g_.tensors.size(); ++t)
     if (g_.tensors[t].kind == TensorKind::grad) flat_off_[t] = flat_off_[t - 1];
   for (std::size_t t = 0; t < g_.tensors.size(); ++t)
     if (g_.tensors[t].kind == TensorKind::param) param_ids_.push_back(static_cast<TensorId>(t));
+  std::sort(param_ids_.begin(), param_ids_.end(), [&](TensorId a, TensorId b) {
+    return flat_off_[static_cast<std::size_t>(a)] < flat_off_[static_cast<std::size_t>(b)];
+  });
   // The canonical places: the flat order of the graph with every expert (ep 1), where this
   // rank's expert tensors are the slices of its experts, ep_rank_ E/ep on (param_inventory
   // stacks a layer's experts along the first dimension).
@@ -326,23 +335,40 @@ void Engine::layout() {
     }
   }
 
-  if (stage_ < 3) {
-    Group all{"all", 0, n_params_, stage_ == 0 ? n_params_ : zp::partition_elems(n_params_, dp), 0};
-    groups_.push_back(all);
-    part_ = all.shard;
+  auto whole = [&](std::string name, uint64_t off, uint64_t elems, uint64_t shard, uint64_t part) {
+    return Group{std::move(name), off, elems, shard, part, &comm_, rank_, dp_, false};
+  };
+  if (stage_ < 3 && ep_ > 1) {
+    // DeepSpeed-MoE's grouping: dense parameters partitioned over every rank, the experts'
+    // over the dp/ep ranks holding the same experts (schedule.cpp partition_elems).
+    const uint64_t x = n_params_ - dense_elems;
+    const uint64_t edp = static_cast<uint64_t>(edp_comm_->size());
+    groups_.push_back(whole("dense", 0, dense_elems,
+                            stage_ == 0 ? dense_elems : zp::partition_elems(dense_elems, dp), 0));
+    groups_.push_back({"experts", dense_elems, x, stage_ == 0 ? x : zp::partition_elems(x, edp),
+                       groups_.back().shard, edp_comm_.get(), edp_comm_->rank(), edp_comm_->size(), true});
+    part_ = groups_[0].shard + groups_[1].shard;
+  } else if (stage_ < 3) {
+    groups_.push_back(whole("all", 0, n_params_, stage_ == 0 ? n_params_ : zp::partition_elems(n_params_, dp), 0));
+    part_ = groups_.back().shard;
   } else {
     for (const std::string& name : g_.groups) {
       const auto [off, elems] = by_group.at(name);
-      groups_.push_back({name, off, elems, zp::partition_elems(elems, dp), part_});
+      groups_.push_back(whole(name, off, elems, zp::partition_elems(elems, dp), part_));
       part_ += groups_.back().shard;
     }
   }
   for (std::size_t i = 0; i < groups_.size(); ++i) group_index_[groups_[i].name] = i;
 }
 
+const Engine::Group& Engine::group_of(TensorId t) const {
+  if (stage_ >= 3) return groups_[group_index_.at(g_.tensor(t).group)];
+  return groups_[ep_ > 1 && planner::is_expert_tensor(g_.tensor(t)) ? 1 : 0];
+}
+
 std::pair<uint64_t, uint64_t> Engine::owned(const Group& gr) const {
   if (stage_ == 0) return {0, gr.elems};
-  const uint64_t lo = std::min(gr.elems, static_cast<uint64_t>(rank_) * gr.shard);
+  const uint64_t lo = std::min(gr.elems, static_cast<uint64_t>(gr.grank) * gr.shard);
   return {lo, std::min(gr.elems, lo + gr.shard)};
 }
 
@@ -562,7 +588,7 @@ struct Engine::Segment {
 };
 Engine::Segment Engine::segment(TensorId gt, int owner) const {
   const Tensor& x = g_.tensor(gt);
-  const Group& gr = groups_[stage_ < 3 ? 0 : group_index_.at(x.group)];
+  const Group& gr = group_of(gt);
   const uint64_t n = x.bytes / x.elem_bytes;
   const uint64_t a = flat_off_[static_cast<std::size_t>(gt)] - gr.flat_off;
   const auto r = static_cast<uint64_t>(owner);
@@ -572,7 +598,7 @@ Engine::Segment Engine::segment(TensorId gt, int owner) const {
 // Each owner's segment of gradient gt's bucket buffer, to be reduced to its owner.
 void Engine::reduce_segments(TensorId gt, std::vector<ReduceSegment>& segs) const {
   void* bucket = buf_[static_cast<std::size_t>(gt)];
-  for (int r = 0; r < dp_; ++r) {
+  for (int r = 0; r < group_of(gt).gsize; ++r) {
     const Segment sg = segment(gt, r);
     if (sg.lo >= sg.hi) continue;
     segs.push_back({at(bucket, sg.lo - sg.a, pbytes_), sg.hi - sg.lo, r});
@@ -582,11 +608,11 @@ void Engine::reduce_segments(TensorId gt, std::vector<ReduceSegment>& segs) cons
 // Once its reductions are waited for: this rank's reduced segment is added into its gradient
 // partition. Offloaded: it streams into the host fp32 partition.
 void Engine::add_reduced(TensorId gt) {
-  const Group& gr = groups_[stage_ < 3 ? 0 : group_index_.at(g_.tensor(gt).group)];
-  const Segment sg = segment(gt, rank_);
+  const Group& gr = group_of(gt);
+  const Segment sg = segment(gt, gr.grank);
   if (sg.lo >= sg.hi) return;
   const void* seg = at(buf_[static_cast<std::size_t>(gt)], sg.lo - sg.a, pbytes_);
-  const uint64_t k = gr.part_off + (sg.lo - static_cast<uint64_t>(rank_) * gr.shard);
+  const uint64_t k = gr.part_off + (sg.lo - static_cast<uint64_t>(gr.grank) * gr.shard);
   const auto count = static_cast<int64_t>(sg.hi - sg.lo);
   if (offload_) dev_.add_f32(host_grads_[cur_] + k, seg, pdt_, count);
   else dev_.add(at(grads_, k, pbytes_), seg, pdt_, count);
@@ -623,11 +649,14 @@ void Engine::flush_if_full(bool end_of_backward) {
   if (full) {
     // The bucket's segments go out as one group (NCCL: one launch and one event, not one
     // per tensor and owner).
+    // With expert parallelism the experts' segments go to their owners in the
+    // expert-data-parallel group, after the dense ones (the same order on every rank).
     std::vector<CommRequest> reqs;
     if (collectives_) {
-      std::vector<ReduceSegment> segs;
-      for (TensorId gt : pending_) reduce_segments(gt, segs);
-      if (!segs.empty()) reqs.push_back(comm_.ireduce_sum_group(segs, pdt_));
+      std::vector<ReduceSegment> dense, expert;
+      for (TensorId gt : pending_) reduce_segments(gt, group_of(gt).expert ? expert : dense);
+      if (!dense.empty()) reqs.push_back(comm_.ireduce_sum_group(dense, pdt_));
+      if (!expert.empty()) reqs.push_back(edp_comm_->ireduce_sum_group(expert, pdt_));
     }
     complete_in_flight();  // the previous bucket, if any
     in_flight_ = std::move(pending_);
@@ -1364,13 +1393,14 @@ Engine::OwnedGrads Engine::owned_grads(const Group& gr) const {
 // Stages 1-2: every rank updated its slice of the flat params; share them, in place.
 void Engine::gather_params() {
   if ((stage_ != 1 && stage_ != 2) || !collectives_) return;
-  std::vector<uint64_t> counts(static_cast<std::size_t>(dp_), 0);
-  const Group& gr = groups_.front();
-  for (int r = 0; r < dp_; ++r) {
-    const uint64_t rlo = std::min(gr.elems, static_cast<uint64_t>(r) * gr.shard);
-    counts[static_cast<std::size_t>(r)] = std::min(gr.elems, rlo + gr.shard) - rlo;
+  for (const Group& gr : groups_) {
+    std::vector<uint64_t> counts(static_cast<std::size_t>(gr.gsize), 0);
+    for (int r = 0; r < gr.gsize; ++r) {
+      const uint64_t rlo = std::min(gr.elems, static_cast<uint64_t>(r) * gr.shard);
+      counts[static_cast<std::size_t>(r)] = std::min(gr.elems, rlo + gr.shard) - rlo;
+    }
+    gr.comm->all_gather_in_place(at(params_, gr.flat_off, pbytes_), counts, pdt_);
   }
-  comm_.all_gather_in_place(params_, counts, pdt_);
 }
 
 // The host partition of updated parameters (16-bit, partition layout; or the fp32 master
@@ -1518,23 +1548,9 @@ StepStats Engine::optimizer_step() {
   const bool replicated = stage_ == 0;
   // Stages 0-1 hold whole gradients: sum them over the ranks (the loss gradient already
   // carries 1/dp). Stages 2-3 reduced them to their owners during backward.
-  if (stage_ <= 1 && collectives_) {
-    if (ep_ == 1) {
-      comm_.all_reduce_sum(grads_, n_params_, pdt_);
-    } else {
-      // Dense gradients over every rank, experts' over the ranks holding the same experts:
-      // each run of consecutive tensors of one kind is one all-reduce.
-      for (std::size_t i = 0; i < param_ids_.size();) {
-        const bool expert = planner::is_expert_tensor(g_.tensor(param_ids_[i]));
-        const uint64_t lo = flat_off_[static_cast<std::size_t>(param_ids_[i])];
-        uint64_t hi = lo;
-        for (; i < param_ids_.size() && planner::is_expert_tensor(g_.tensor(param_ids_[i])) == expert; ++i)
-          hi = flat_off_[static_cast<std::size_t>(param_ids_[i])] + elems_of(g_.tensor(param_ids_[i]));
-        Comm& c = expert ? *edp_comm_ : comm_;
-        if (c.size() > 1) c.all_reduce_sum(at(grads_, lo, pbytes_), hi - lo, pdt_);
-      }
-    }
-  }
+  if (stage_ <= 1 && collectives_)
+    for (const Group& gr : groups_)
+      gr.comm->all_reduce_sum(at(grads_, gr.flat_off, pbytes_), gr.elems, pdt_);
   // The host reads the offloaded gradients below: the device's queued writes into them (a GPU
   // streams reduced segments into pinned memory) must be done.
   if (offload_) dev_.synchronize();
@@ -1551,24 +1567,17 @@ StepStats Engine::optimizer_step() {
   // over the ranks; an inf or NaN anywhere is fp16 overflow.
   double sq = 0;
   bool finite = true;
-  if (ep_ == 1) {
-    for (const Group& gr : groups_) {
-      const OwnedGrads g = owned_grads(gr);
-      const GradSumSquares ss = offload_ ? grad_sum_squares(g.ptr, g.dtype, g.n)
-                                         : dev_.grad_sum_squares(g.ptr, g.dtype, g.n);
-      sq += ss.sum_sq;
-      finite = finite && ss.finite;
-    }
-  } else {
-    // Stage 0 with expert parallelism: the dense gradients are every rank's, each expert's
-    // those of its ep-group position: the experts' squares are summed over the ep group.
-    double sq_x = 0;
-    for (TensorId t : param_ids_) {
-      const GradSumSquares ss = dev_.grad_sum_squares(at(grads_, flat_off_[static_cast<std::size_t>(t)], pbytes_),
-                                                      pdt_, elems_of(g_.tensor(t)));
-      (planner::is_expert_tensor(g_.tensor(t)) ? sq_x : sq) += ss.sum_sq;
-      finite = finite && ss.finite;
-    }
+  // Stage 0 with expert parallelism: the dense gradients are every rank's, the experts'
+  // those of the rank's ep-group position: their squares are summed over the ep group.
+  double sq_x = 0;
+  for (const Group& gr : groups_) {
+    const OwnedGrads g = owned_grads(gr);
+    const GradSumSquares ss = offload_ ? grad_sum_squares(g.ptr, g.dtype, g.n)
+                                       : dev_.grad_sum_squares(g.ptr, g.dtype, g.n);
+    (replicated && gr.expert ? sq_x : sq) += ss.sum_sq;
+    finite = finite && ss.finite;
+  }
+  if (replicated && ep_ > 1) {
     sq += ep_comm_->all_reduce_sum(finite ? sq_x : std::numeric_limits<double>::infinity());
     finite = std::isfinite(sq);
   }
@@ -1685,11 +1694,30 @@ void Engine::save_weights(const std::string& path) {
   comm_.barrier();
   const int fd = ::open(tmp.c_str(), O_WRONLY);
   if (fd < 0) throw Error(fmt::format("cannot open {}: {}", tmp, std::strerror(errno)));
-  const bool writer = stage_ > 0 || rank_ == 0;
-  auto put = [&](const float* x, uint64_t m, uint64_t flat) {
-    if (::pwrite(fd, x, m * 4, static_cast<off_t>(flat * 4)) != static_cast<ssize_t>(m * 4)) {
+  // Replicated (stage 0): rank 0 writes, and with expert parallelism the first rank of each
+  // expert-data-parallel group its experts; partitioned: every rank its own part.
+  auto writer = [&](const Group& gr) { return stage_ > 0 || (gr.expert ? gr.grank : rank_) == 0; };
+  auto write_at = [&](const float* x, uint64_t m, uint64_t file_elem) {
+    if (::pwrite(fd, x, m * 4, static_cast<off_t>(file_elem * 4)) != static_cast<ssize_t>(m * 4)) {
       ::close(fd);
       throw Error(fmt::format("write {}: {}", tmp, std::strerror(errno)));
+    }
+  };
+  // Values of flat elements [flat, flat + m) go to their tensors' places in the full model
+  // (the flat order itself without expert parallelism).
+  auto put = [&](const float* x, uint64_t m, uint64_t flat) {
+    if (ep_ == 1) return write_at(x, m, flat);
+    while (m > 0) {
+      const auto it = std::upper_bound(param_ids_.begin(), param_ids_.end(), flat, [&](uint64_t f, TensorId t) {
+        return f < flat_off_[static_cast<std::size_t>(t)];
+      });
+      const TensorId t = *(it - 1);
+      const uint64_t in = flat - flat_off_[static_cast<std::size_t>(t)];
+      const uint64_t k = std::min(m, elems_of(g_.tensor(t)) - in);
+      write_at(x, k, canon_off_[static_cast<std::size_t>(t)] + in);
+      x += k;
+      flat += k;
+      m -= k;
     }
   };
   // Swapped master weights: each chunk of the partition to the flat places of its groups.
@@ -1701,28 +1729,8 @@ void Engine::save_weights(const std::string& path) {
         if (a < b) put(x + (a - e0), b - a, gr.flat_off + lo + (a - gr.part_off));
       }
     });
-  // Expert parallelism (stage 0): rank 0 writes the dense tensors, the first rank of each
-  // expert-data-parallel group its experts, each at its place in the full model.
-  if (ep_ > 1) {
-    std::vector<float> block(kStage);
-    std::vector<std::byte> raw(kStage * 4);
-    for (TensorId t : param_ids_) {
-      if (planner::is_expert_tensor(g_.tensor(t)) ? edp_comm_->rank() != 0 : rank_ != 0) continue;
-      const uint64_t f0 = flat_off_[static_cast<std::size_t>(t)], n = elems_of(g_.tensor(t));
-      for (uint64_t i = 0; i < n; i += kStage) {
-        const uint64_t m = std::min<uint64_t>(kStage, n - i);
-        if (master_) {
-          dev_.copy(block.data(), master_ + f0 + i, m * 4);
-        } else {
-          dev_.copy(raw.data(), at(params_, f0 + i, pbytes_), m * pbytes_);
-          for (uint64_t j = 0; j < m; ++j) block[j] = load_as_f32(raw.data(), j, pdt_);
-        }
-        put(block.data(), m, canon_off_[static_cast<std::size_t>(t)] + i);
-      }
-    }
-  }
   for (const Group& gr : groups_) {
-    if (!writer || nvme_ || ep_ > 1) break;
+    if (!writer(gr) || nvme_) continue;
     const auto [lo, hi] = owned(gr);
     const uint64_t k0 = stage_ == 0 ? gr.flat_off : gr.part_off;
     const uint64_t p0 = stage_ >= 3 ? gr.part_off : gr.flat_off + lo;

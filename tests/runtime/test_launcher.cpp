@@ -129,11 +129,12 @@ TEST_CASE("the same global batch on 1, 2 and 4 ranks trains the same weights (LL
   }
 }
 
-TEST_CASE("expert parallelism (stage 0): ep 2 on 2 ranks, ep 2 and 4 on 4 ranks train the 1-rank weights") {
+TEST_CASE("expert parallelism (stages 0-2): ep 2 on 2 ranks, ep 2 and 4 on 4 ranks train the 1-rank weights") {
   // Mixtral's 4 experts split over the ep ranks of each group: every rank routes its tokens,
   // sends each row to its expert's rank (MPI_Alltoallv), the experts run there and the rows
-  // come back; dense gradients are summed over all ranks, experts' over the ranks holding the
-  // same experts. The same global batch as one rank with every expert, so the weights after 3
+  // come back; dense gradients are reduced over all ranks, experts' over the ranks holding the
+  // same experts, which also partition the experts' optimizer states (stage 1) and gradients
+  // (stage 2). The same global batch as one rank with every expert, so the weights after 3
   // steps agree to fp32 rounding, and every rank's bytes are the plan's (the all-to-all buffers
   // and the routed rows sized by --moe-routing worst). A balanced plan whose routing is not
   // balanced stops on every rank with the rank and rows named.
@@ -143,37 +144,41 @@ TEST_CASE("expert parallelism (stage 0): ep 2 on 2 ranks, ep 2 and 4 on 4 ranks 
     "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
     "rope_theta": 1000000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
     "tie_word_embeddings": false})");
-  auto args = [&](int np, int ep, const std::string& w) {
-    return std::vector<std::string>{"--model", mixtral, "--stage", "0", "--dp", std::to_string(np),
-                                    "--ep", std::to_string(ep), "--moe-routing", "worst",
-                                    "--micro-batch", std::to_string(4 / np), "--precision", "fp32",
-                                    "--seq", "32", "--steps", "3", "--flash-attention",
+  auto args = [&](int stage, int np, int ep, const std::string& w) {
+    return std::vector<std::string>{"--model", mixtral, "--stage", std::to_string(stage), "--dp",
+                                    std::to_string(np), "--ep", std::to_string(ep), "--moe-routing",
+                                    "worst", "--micro-batch", std::to_string(4 / np), "--precision",
+                                    "fp32", "--seq", "32", "--steps", "3", "--flash-attention",
                                     "--save-weights", w};
   };
-  const std::string w1 = dir.file("ep1.bin");
-  const test::Result r1 = zero_run(1, args(1, 1, w1));
-  INFO(r1.out << r1.err);
-  REQUIRE(r1.rc == 0);
-  const std::vector<float> one = test::read_floats(w1);
-  for (const auto& [np, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
-    CAPTURE(np);
-    CAPTURE(ep);
-    const std::string w = dir.file(std::to_string(np) + "x" + std::to_string(ep) + ".bin");
-    const test::Result r = zero_run(np, args(np, ep, w));
-    INFO(r.out << r.err);
-    REQUIRE(r.rc == 0);
-    CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
-    const std::vector<float> got = test::read_floats(w);
-    REQUIRE(got.size() == one.size());  // the whole model, every expert in its place
-    CHECK(test::rel_l2(got, one) <= 1e-6);
-    MESSAGE(np << " ranks, ep " << ep << ": relative L2 distance to 1 rank " << test::rel_l2(got, one));
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    const std::string w1 = dir.file("ep1.bin");
+    const test::Result r1 = zero_run(1, args(stage, 1, 1, w1));
+    INFO(r1.out << r1.err);
+    REQUIRE(r1.rc == 0);
+    const std::vector<float> one = test::read_floats(w1);
+    for (const auto& [np, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
+      CAPTURE(np);
+      CAPTURE(ep);
+      const std::string w = dir.file(std::to_string(np) + "x" + std::to_string(ep) + ".bin");
+      const test::Result r = zero_run(np, args(stage, np, ep, w));
+      INFO(r.out << r.err);
+      REQUIRE(r.rc == 0);
+      CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
+      const std::vector<float> got = test::read_floats(w);
+      REQUIRE(got.size() == one.size());  // the whole model, every expert in its place
+      CHECK(test::rel_l2(got, one) <= 1e-6);
+      MESSAGE("stage " << stage << ", " << np << " ranks, ep " << ep
+                       << ": relative L2 distance to 1 rank " << test::rel_l2(got, one));
+    }
   }
   // Without --dp the ranks running are the data-parallel degree, --ep checked against it.
   const test::Result implicit = zero_run(2, {"--model", mixtral, "--stage", "0", "--ep", "2",
                                              "--moe-routing", "worst", "--seq", "32", "--steps", "1"});
   INFO(implicit.out << implicit.err);
   CHECK(implicit.rc == 0);
-  std::vector<std::string> balanced = args(2, 2, dir.file("balanced.bin"));
+  std::vector<std::string> balanced = args(0, 2, 2, dir.file("balanced.bin"));
   balanced[std::find(balanced.begin(), balanced.end(), "worst") - balanced.begin()] = "balanced";
   const test::Result r = zero_run(2, balanced);
   CHECK(r.rc != 0);

@@ -138,11 +138,17 @@ class Engine {
 
  private:
   struct Group {           // a unit of partitioning: all parameters (stages 0-2) or one
-    std::string name;      // ZeRO-3 gather group
+    std::string name;      // ZeRO-3 gather group; with expert parallelism (stages 0-2) the
+                           // dense parameters and the experts' apart (flat: dense first)
     uint64_t flat_off = 0, elems = 0;
-    uint64_t shard = 0;    // elements each rank owns (ceil(elems / dp)); elems when replicated
+    uint64_t shard = 0;    // elements each rank owns (ceil(elems / ranks)); elems when replicated
     uint64_t part_off = 0; // where this rank's shard starts in the partition buffers
+    Comm* comm = nullptr;  // the ranks that share it: all, or the expert-data-parallel group
+    int grank = 0, gsize = 1;  // this rank's place among them, and their number
+    bool expert = false;
   };
+  // The group a parameter (or its gradient) belongs to.
+  const Group& group_of(models::TensorId t) const;
   struct Run {             // ZeRO-3: consecutive ops using one group's weights
     std::string group;
     int32_t start = 0, end = 0;
