@@ -126,13 +126,9 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
     throw Error(fmt::format("{}: zero-run runs Mixture-of-Experts layers dropless so far; "
                             "--moe-capacity-factor is planned, not executed", m.name),
                 "plan capacity-factor routing with zero-plan; run without it here");
-  // Expert parallelism: MPI's all-to-all at stages 0-2 so far (each rank E/ep experts, their
-  // gradients reduced and their states partitioned over the expert-data-parallel group).
+  // Expert parallelism: MPI's all-to-all (each rank E/ep experts, their gradients reduced and
+  // their states and, at stage 3, parameters partitioned over the expert-data-parallel group).
   if (s.ep > 1) {
-    if (s.stage == 3)
-      throw Error(fmt::format("--ep {}: zero-run runs expert parallelism at stages 0-2 so far; stage 3 "
-                              "is planned, not executed", s.ep),
-                  "run --ep > 1 with --stage 0, 1 or 2 here, or plan stage 3 with zero-plan");
     if (device != "cpu")
       throw Error(fmt::format("--ep {}: zero-run runs expert parallelism on the cpu backend so far "
                               "(MPI's all-to-all); NCCL's is not written yet", s.ep),
@@ -286,19 +282,36 @@ void Engine::layout() {
   // expert parallelism the dense tensors first, then the experts', so each of the two
   // partitions (over all ranks, over the expert-data-parallel group) is one flat range.
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_group;  // group -> (offset, elems)
+  // At stage 3 each gather group's dense tensors come first, then its experts'.
   uint64_t dense_elems = 0;
-  for (int pass = 0; pass < (ep_ > 1 ? 2 : 1); ++pass)
-    for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
-      const Tensor& x = g_.tensors[t];
-      if (x.kind != TensorKind::param) continue;
-      if (ep_ > 1 && planner::is_expert_tensor(x) != (pass == 1)) continue;
-      const uint64_t n = x.bytes / x.elem_bytes;
-      flat_off_[t] = n_params_;
-      auto [it, fresh] = by_group.try_emplace(x.group, n_params_, 0);
-      it->second.second += n;
-      n_params_ = checked_add(n_params_, n, "parameters");
-      if (pass == 0) dense_elems = n_params_;
-    }
+  std::map<std::string, uint64_t> group_experts;  // stage 3: a group's expert elements
+  auto place = [&](std::size_t t) {
+    const Tensor& x = g_.tensors[t];
+    const uint64_t n = x.bytes / x.elem_bytes;
+    flat_off_[t] = n_params_;
+    auto [it, fresh] = by_group.try_emplace(x.group, n_params_, 0);
+    it->second.second += n;
+    if (planner::is_expert_tensor(x)) group_experts[x.group] += n;
+    n_params_ = checked_add(n_params_, n, "parameters");
+  };
+  if (ep_ > 1 && stage_ == 3) {
+    for (const std::string& grp : g_.groups)
+      for (int pass = 0; pass < 2; ++pass)
+        for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+          const Tensor& x = g_.tensors[t];
+          if (x.kind == TensorKind::param && x.group == grp && planner::is_expert_tensor(x) == (pass == 1))
+            place(t);
+        }
+  } else {
+    for (int pass = 0; pass < (ep_ > 1 ? 2 : 1); ++pass)
+      for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+        const Tensor& x = g_.tensors[t];
+        if (x.kind != TensorKind::param) continue;
+        if (ep_ > 1 && planner::is_expert_tensor(x) != (pass == 1)) continue;
+        place(t);
+        if (pass == 0) dense_elems = n_params_;
+      }
+  }
   // Each grad shares its param's offset (the graph creates them as pairs).
   for (std::size_t t = 0; t < g_.tensors.size(); ++t)
     if (g_.tensors[t].kind == TensorKind::grad) flat_off_[t] = flat_off_[t - 1];
@@ -354,15 +367,38 @@ void Engine::layout() {
   } else {
     for (const std::string& name : g_.groups) {
       const auto [off, elems] = by_group.at(name);
-      groups_.push_back(whole(name, off, elems, zp::partition_elems(elems, dp), part_));
+      const uint64_t x = ep_ > 1 ? group_experts[name] : 0, d = elems - x;
+      group_index_[name] = groups_.size();
+      groups_.push_back(whole(name, off, d, zp::partition_elems(d, dp), part_));
+      part_ += groups_.back().shard;
+      if (x == 0) continue;
+      const uint64_t edp = static_cast<uint64_t>(edp_comm_->size());
+      expert_group_index_[name] = groups_.size();
+      groups_.push_back({name + "#experts", off + d, x, zp::partition_elems(x, edp), part_,
+                         edp_comm_.get(), edp_comm_->rank(), edp_comm_->size(), true});
       part_ += groups_.back().shard;
     }
+    return;
   }
   for (std::size_t i = 0; i < groups_.size(); ++i) group_index_[groups_[i].name] = i;
 }
 
+const Engine::Group* Engine::expert_part(const std::string& grp) const {
+  const auto it = expert_group_index_.find(grp);
+  return it == expert_group_index_.end() ? nullptr : &groups_[it->second];
+}
+
+uint64_t Engine::gather_elems(const std::string& grp) const {
+  const Group* x = expert_part(grp);
+  return groups_[group_index_.at(grp)].elems + (x != nullptr ? x->elems : 0);
+}
+
 const Engine::Group& Engine::group_of(TensorId t) const {
-  if (stage_ >= 3) return groups_[group_index_.at(g_.tensor(t).group)];
+  if (stage_ >= 3) {
+    const Tensor& x = g_.tensor(t);
+    if (ep_ > 1 && planner::is_expert_tensor(x)) return *expert_part(x.group);
+    return groups_[group_index_.at(x.group)];
+  }
   return groups_[ep_ > 1 && planner::is_expert_tensor(g_.tensor(t)) ? 1 : 0];
 }
 
@@ -559,10 +595,12 @@ void* Engine::ptr(TensorId t) const {
   const Tensor& x = g_.tensor(t);
   if (x.kind == TensorKind::param) {
     if (stage_ < 3) return at(params_, flat_off_[static_cast<std::size_t>(t)], pbytes_);
-    const Group& gr = groups_[group_index_.at(x.group)];
+    const Group& gr = group_of(t);
     if (gathering_.contains(x.group))
       throw Error(fmt::format("internal: {} read before its all-gather was waited for", x.name));
-    return at(gathered_.at(x.group), flat_off_[static_cast<std::size_t>(t)] - gr.flat_off, pbytes_);
+    // An expert part sits after the dense part's shards in the gathered buffer.
+    const uint64_t base = gr.expert ? groups_[group_index_.at(x.group)].shard * static_cast<uint64_t>(dp_) : 0;
+    return at(gathered_.at(x.group), base + flat_off_[static_cast<std::size_t>(t)] - gr.flat_off, pbytes_);
   }
   if (x.kind == TensorKind::grad && stage_ < 2)
     return at(grads_, flat_off_[static_cast<std::size_t>(t)], pbytes_);
@@ -673,13 +711,18 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
     return;
   }
   const Group& gr = groups_[group_index_.at(grp)];
+  const Group* xp = expert_part(grp);
   holder_[grp] = hold_until;
-  live_gathered_elems_ += gr.elems;
+  live_gathered_elems_ += gather_elems(grp);
   if (planning_gathers_) {  // plan_param_reads' dry run: the order only
     gather_order_.push_back(group_index_.at(grp));
     return;
   }
-  const uint64_t total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
+  const uint64_t dense_total = checked_mul(gr.shard, static_cast<uint64_t>(dp_), "gathered elements");
+  const uint64_t total = xp == nullptr ? dense_total
+                                       : checked_add(dense_total, checked_mul(xp->shard, static_cast<uint64_t>(xp->gsize),
+                                                                              "gathered elements"),
+                                                     "gathered elements");
   void* p = alloc(Tier::gpu, checked_mul(total, pbytes_, "gathered bytes"), Category::buffers,
                   "gathered." + grp);
   const void* src = params_ != nullptr ? at(params_, gr.part_off, pbytes_) : nullptr;
@@ -702,6 +745,15 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   // source, lives until the end of that op. Without, the all-gather is waited for now and
   // the staging buffer freed at this op's end (schedule.cpp gather predicts both).
   CommRequest req = comm_.iall_gather(src, p, gr.shard, pdt_);
+  if (xp != nullptr) {  // the experts' shards, over the expert-data-parallel group
+    auto dense = std::make_shared<CommRequest>(std::move(req));
+    auto experts = std::make_shared<CommRequest>(xp->comm->iall_gather(
+        at(params_, xp->part_off, pbytes_), at(p, dense_total, pbytes_), xp->shard, pdt_));
+    req = CommRequest([dense, experts] {
+      dense->wait();
+      experts->wait();
+    });
+  }
   if (overlap_) {
     gathering_[grp] = Gathering{std::move(req), stage};
     return;
@@ -723,7 +775,7 @@ void Engine::start_run(int32_t r) {
       it->second = std::max(it->second, static_cast<int32_t>(j));
       continue;
     }
-    const uint64_t e = groups_[group_index_.at(grp)].elems;
+    const uint64_t e = gather_elems(grp);
     if (prefetched + e > plan_.strategy.buffers.prefetch_bucket_size) break;
     if (live_gathered_elems_ + e > plan_.strategy.buffers.max_live_parameters) break;
     prefetched += e;
@@ -746,7 +798,7 @@ void Engine::end_run(int32_t r) {
     if (it->second <= r) {
       wait_gathered(it->first);  // never in flight here (its run has started); kept safe
       if (!planning_gathers_) dev_.arena(Tier::gpu).free(gathered_.at(it->first));
-      live_gathered_elems_ -= groups_[group_index_.at(it->first)].elems;
+      live_gathered_elems_ -= gather_elems(it->first);
       gathered_.erase(it->first);
       it = holder_.erase(it);
     } else {

@@ -129,12 +129,13 @@ TEST_CASE("the same global batch on 1, 2 and 4 ranks trains the same weights (LL
   }
 }
 
-TEST_CASE("expert parallelism (stages 0-2): ep 2 on 2 ranks, ep 2 and 4 on 4 ranks train the 1-rank weights") {
+TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ranks train the 1-rank weights") {
   // Mixtral's 4 experts split over the ep ranks of each group: every rank routes its tokens,
   // sends each row to its expert's rank (MPI_Alltoallv), the experts run there and the rows
   // come back; dense gradients are reduced over all ranks, experts' over the ranks holding the
-  // same experts, which also partition the experts' optimizer states (stage 1) and gradients
-  // (stage 2). The same global batch as one rank with every expert, so the weights after 3
+  // same experts, which also partition the experts' optimizer states (stage 1), gradients
+  // (stage 2) and parameters (stage 3: a gather group's experts gathered over that group). The
+  // same global batch as one rank with every expert, so the weights after 3
   // steps agree to fp32 rounding, and every rank's bytes are the plan's (the all-to-all buffers
   // and the routed rows sized by --moe-routing worst). A balanced plan whose routing is not
   // balanced stops on every rank with the rank and rows named.
@@ -151,7 +152,7 @@ TEST_CASE("expert parallelism (stages 0-2): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
                                     "fp32", "--seq", "32", "--steps", "3", "--flash-attention",
                                     "--save-weights", w};
   };
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
     const std::string w1 = dir.file("ep1.bin");
     const test::Result r1 = zero_run(1, args(stage, 1, 1, w1));

@@ -101,7 +101,7 @@ class Engine {
   Engine(const planner::Plan& plan, Device& dev, Comm& comm, TokenData data, EngineOptions opt);
   // The same refusals without a device or a communicator (zero-run asks before sizing
   // memory): a family, an architecture detail or a strategy this engine does not execute
-  // (tensor parallelism, expert parallelism beyond stage 0 or off the cpu backend, Megatron's
+  // (tensor parallelism, expert parallelism off the cpu backend or with offload, Megatron's
   // partitioned activations, an optimizer other than
   // Adam, AdamW or SGD, another profile's plan, ...), or `ranks` other than the plan's dp.
   // `device`: the backend's name, "cpu" or "cuda".
@@ -149,6 +149,13 @@ class Engine {
   };
   // The group a parameter (or its gradient) belongs to.
   const Group& group_of(models::TensorId t) const;
+  // Stage 3 with expert parallelism: a gather group's experts are a Group of their own
+  // (partitioned over the expert-data-parallel group), indexed here by the gather group's name;
+  // its dense part keeps the name. The gathered buffer holds the dense part's shards, then the
+  // experts' (schedule.cpp gathered_bytes).
+  std::map<std::string, std::size_t> expert_group_index_;
+  const Group* expert_part(const std::string& grp) const;
+  uint64_t gather_elems(const std::string& grp) const;  // both parts' elements
   struct Run {             // ZeRO-3: consecutive ops using one group's weights
     std::string group;
     int32_t start = 0, end = 0;
@@ -183,9 +190,9 @@ class Engine {
   std::vector<std::vector<int64_t>> expert_off_;
   std::vector<double> aux_counts_, aux_psum_;
   std::vector<float> aux_dprob_;
-  // Expert parallelism (ep > 1; stage 0 so far): the E / ep experts of ep-group position
-  // ep_rank_ are this rank's; ep_comm_ holds the ep ranks that exchange tokens (consecutive
-  // world ranks), edp_comm_ the dp / ep ranks holding the same experts (DeepSpeed-MoE's
+  // Expert parallelism (ep > 1; the cpu backend, no offload): the E / ep experts of ep-group
+  // position ep_rank_ are this rank's; ep_comm_ holds the ep ranks that exchange tokens
+  // (consecutive world ranks), edp_comm_ the dp / ep ranks holding the same experts (DeepSpeed-MoE's
   // expert-data-parallel group). Per MoE layer, the rows this rank receives from each source
   // for each of its experts (ep x E/ep, source-major as they arrive) and the rows it sends to
   // each destination (ep): set by the layer's dispatch, used by its expert GEMMs, its combine
