@@ -127,15 +127,19 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                             "--moe-capacity-factor is planned, not executed", m.name),
                 "plan capacity-factor routing with zero-plan; run without it here");
   // Expert parallelism: MPI's all-to-all (each rank E/ep experts, their gradients reduced and
-  // their states and, at stage 3, parameters partitioned over the expert-data-parallel group).
+  // their states and, at stage 3, parameters partitioned over the expert-data-parallel group),
+  // with the optimizer in GPU memory or offloaded to the CPU.
   if (s.ep > 1) {
     if (device != "cpu")
       throw Error(fmt::format("--ep {}: zero-run runs expert parallelism on the cpu backend so far "
                               "(MPI's all-to-all); NCCL's is not written yet", s.ep),
                   "run --ep > 1 with --device cpu, or --ep 1 on GPUs");
-    if (s.offload_optimizer != planner::Offload::none)
-      throw Error(fmt::format("--ep {} with --offload-optimizer: not executed yet", s.ep),
-                  "run expert parallelism without offload here");
+    if (s.offload_optimizer == planner::Offload::nvme || s.offload_param != planner::Offload::none)
+      throw Error(fmt::format("--ep {} with --offload-{} {}: not executed yet", s.ep,
+                              s.offload_param != planner::Offload::none ? "param" : "optimizer",
+                              planner::to_string(s.offload_param != planner::Offload::none
+                                                     ? s.offload_param : s.offload_optimizer)),
+                  "run expert parallelism with --offload-optimizer cpu or none here");
   }
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
@@ -1608,10 +1612,12 @@ StepStats Engine::optimizer_step() {
   if (offload_) dev_.synchronize();
   // Stage 1 offloaded: the owned part of the summed 16-bit gradients goes to the host in fp32.
   if (offload_ && stage_ == 1) {
-    const Group& gr = groups_.front();
-    const auto [lo, hi] = owned(gr);
     dev_.zero(host_grads_[cur_], part_ * 4);
-    dev_.add_f32(host_grads_[cur_], at(grads_, lo, pbytes_), pdt_, static_cast<int64_t>(hi - lo));
+    for (const Group& gr : groups_) {
+      const auto [lo, hi] = owned(gr);
+      dev_.add_f32(host_grads_[cur_] + gr.part_off, at(grads_, gr.flat_off + lo, pbytes_), pdt_,
+                   static_cast<int64_t>(hi - lo));
+    }
     dev_.synchronize();
   }
   const double inv_scale = 1.0 / static_cast<double>(loss_scale_);

@@ -282,7 +282,7 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
   refuses(longrope, planner::Backend::cpu, "longrope");
 
   // Expert parallelism runs at stages 0-3 on the cpu backend so far (test_launcher runs it),
-  // without offload.
+  // with the optimizer offloaded to the CPU but not to NVMe, nor the parameters.
   const models::ModelSpec moe = models::parse_hf_config(tiny_moe("mixtral"), "x.json");
   planner::Strategy s;
   s.dp = 2;
@@ -296,10 +296,11 @@ TEST_CASE("the engine refuses LLaMA-family models and settings it cannot run yet
     CHECK_NOTHROW(Engine::check(plan, "cpu", 2));
     CHECK_THROWS_WITH_AS(Engine::check(plan, "cuda", 2), doctest::Contains("NCCL's is not written yet"), Error);
   }
-  s.stage = 2;
   s.offload_optimizer = planner::Offload::cpu;
-  const planner::Plan offloaded = planner::make_plan(moe, s, {planner::Profile::zeroplan, planner::Backend::cpu}, 1);
-  CHECK_THROWS_WITH_AS(Engine::check(offloaded, "cpu", 2), doctest::Contains("--offload-optimizer: not executed yet"), Error);
+  CHECK_NOTHROW(Engine::check(planner::make_plan(moe, s, {planner::Profile::zeroplan, planner::Backend::cpu}, 1), "cpu", 2));
+  s.offload_param = planner::Offload::cpu;
+  CHECK_THROWS_WITH_AS(Engine::check(planner::make_plan(moe, s, {planner::Profile::zeroplan, planner::Backend::cpu}, 1), "cpu", 2),
+                       doctest::Contains("--offload-param cpu: not executed yet"), Error);
 }
 
 TEST_CASE("engine on the planner's cuda graph in 16 bits (LLaMA, Mistral + flash, Qwen3, MoE): "

@@ -134,8 +134,8 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
   // sends each row to its expert's rank (MPI_Alltoallv), the experts run there and the rows
   // come back; dense gradients are reduced over all ranks, experts' over the ranks holding the
   // same experts, which also partition the experts' optimizer states (stage 1), gradients
-  // (stage 2) and parameters (stage 3: a gather group's experts gathered over that group). The
-  // same global batch as one rank with every expert, so the weights after 3
+  // (stage 2) and parameters (stage 3: a gather group's experts gathered over that group), with
+  // the optimizer on the device or offloaded to the CPU. The same global batch as one rank with every expert, so the weights after 3
   // steps agree to fp32 rounding, and every rank's bytes are the plan's (the all-to-all buffers
   // and the routed rows sized by --moe-routing worst). A balanced plan whose routing is not
   // balanced stops on every rank with the rank and rows named.
@@ -173,6 +173,26 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
       MESSAGE("stage " << stage << ", " << np << " ranks, ep " << ep
                        << ": relative L2 distance to 1 rank " << test::rel_l2(got, one));
     }
+  }
+  // ZeRO-Offload (the CPU Adam over each rank's dense and expert partitions, fp32 gradients
+  // streamed to the host) at stages 1-3, Adam on both sides.
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    auto offload_args = [&](int np, int ep, const std::string& w) {
+      std::vector<std::string> a = args(stage, np, ep, w);
+      a.insert(a.end(), {"--optimizer", "adam"});
+      if (np > 1) a.insert(a.end(), {"--offload-optimizer", "cpu"});
+      return a;
+    };
+    const std::string w1 = dir.file("adam1.bin"), w4 = dir.file("adam4.bin");
+    REQUIRE(zero_run(1, offload_args(1, 1, w1)).rc == 0);
+    const test::Result r = zero_run(4, offload_args(4, 2, w4));
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
+    const double d = test::rel_l2(test::read_floats(w4), test::read_floats(w1));
+    CHECK(d <= 1e-6);
+    MESSAGE("stage " << stage << ", offloaded, 4 ranks, ep 2: relative L2 distance to 1 rank " << d);
   }
   // Without --dp the ranks running are the data-parallel degree, --ep checked against it.
   const test::Result implicit = zero_run(2, {"--model", mixtral, "--stage", "0", "--ep", "2",
