@@ -1042,17 +1042,18 @@ void Engine::moe_dispatch_ep(const Op& op) {
   // The rows the plan made room for (balanced routing: k B T; --moe-routing worst: all the ep
   // group's tokens on this rank's experts). Every rank learns of an overflow anywhere, and
   // every rank stops, before anything is sent.
-  const auto planned = static_cast<int64_t>(g_.tensor(op.outputs[0]).shape[0]);
-  std::vector<float> rows(static_cast<std::size_t>(dp_), 0.0f);  // exact below 2^24 rows
-  rows[static_cast<std::size_t>(rank_)] = static_cast<float>(row);
-  comm_.all_reduce_sum(rows.data(), rows.size(), DType::fp32);
+  // (Host values through all_to_all_u64: every rank learns every rank's rows.)
+  const auto planned = static_cast<uint64_t>(g_.tensor(op.outputs[0]).shape[0]);
+  const std::vector<uint64_t> mine(static_cast<std::size_t>(dp_), static_cast<uint64_t>(row));
+  std::vector<uint64_t> rows(mine.size());
+  comm_.all_to_all_u64(mine.data(), rows.data(), 1);
   const auto most = std::max_element(rows.begin(), rows.end());
-  if (*most > static_cast<float>(planned))
-    throw Error(fmt::format("{}: rank {} received {} routed rows, the plan holds {}: the routing is "
-                            "not balanced",
-                            op.name, most - rows.begin(), static_cast<int64_t>(*most), planned),
-                "plan with --moe-routing worst (room for every token of the ep group on one rank's "
-                "experts), or a smaller --ep");
+  if (*most > planned)  // every rank stops together; the most loaded one says why
+    throw StepFailed(fmt::format("{}: {} routed rows arrived, the plan holds {}: the routing is not "
+                                 "balanced", op.name, *most, planned),
+                     "plan with --moe-routing worst (room for every token of the ep group on one "
+                     "rank's experts), or a smaller --ep",
+                     most - rows.begin() == rank_);
   std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
   for (std::size_t s = 0; s < sc.size(); ++s) {
     sc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);

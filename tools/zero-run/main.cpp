@@ -399,11 +399,17 @@ int main(int argc, char** argv) {
                         models::hf_topk_renorm(m) ? " renormalised" : "");
       if (const double c = models::moe_aux_loss_coef(m); c > 0) moe += fmt::format(" + load-balancing loss x {:g}", c);
     }
-    std::printf("zero-run: %s%s, %s, %lld rank%s, %s backend, %s, %s parameters\n",
+    // With expert parallelism a rank holds E/ep of the experts: its parameters, then the model's.
+    const std::string params =
+        engine->n_params() == engine->model_params()
+            ? format_count(engine->n_params()) + " parameters"
+            : fmt::format("{} parameters per rank ({} in the model)", format_count(engine->n_params()),
+                          format_count(engine->model_params()));
+    std::printf("zero-run: %s%s, %s, %lld rank%s, %s backend, %s, %s\n",
                 s.plan.model.name.c_str(), moe.c_str(), planner::describe(s.plan.strategy).c_str(),
                 static_cast<long long>(comm->size()), comm->size() == 1 ? "" : "s", dev->name().data(),
                 planner::describe_compute(s.plan.model, s.plan.strategy, s.plan.options).c_str(),
-                format_count(engine->n_params()).c_str());
+                params.c_str());
   }
   try {
     for (int64_t i = 0; i < s.steps; ++i) {

@@ -127,7 +127,8 @@ class Engine {
   // position -1 holds the model states alone.
   const std::vector<planner::TimelineSample>& timeline() const { return timeline_; }
 
-  uint64_t n_params() const { return n_params_; }
+  uint64_t n_params() const { return n_params_; }  // this rank's (E/ep experts with --ep)
+  uint64_t model_params() const { return canon_params_; }  // the model's, every expert
   uint64_t partition_elems() const { return part_; }
 
   // The key of dropout site `site` (its mask tensor's name) in micro-step `micro` of step
