@@ -39,6 +39,15 @@ test::Result zero_run_np2(bool keep_added_env) {
 
 }  // namespace
 
+// A tiny Mixtral (4 experts, top 2) without the load-balancing loss: transformers (and
+// zero-run) add that loss per rank's micro-batch, which differs with the split, so runs of one
+// global batch on different ranks compare only without it.
+constexpr const char* kMixtral = R"({"model_type": "mixtral", "vocab_size": 256,
+    "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "tie_word_embeddings": false})";
+
 TEST_CASE("mpirun started from a process that initialised MPI runs the job") {
   static runtime::MpiSession session(nullptr, nullptr);
   const int added = added_launcher_vars();
@@ -102,11 +111,7 @@ TEST_CASE("the same global batch on 1, 2 and 4 ranks trains the same weights (LL
   // zero-run) add that loss per rank's micro-batch, which differs with the split. (Another
   // global batch of the same size, 2 rows instead of 4, ends 1.5e-2 away in the same measure.)
   test::TempDir dir;
-  const std::string mixtral = dir.write("mixtral.json", R"({"model_type": "mixtral", "vocab_size": 256,
-    "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
-    "tie_word_embeddings": false})");
+  const std::string mixtral = dir.write("mixtral.json", kMixtral);
   for (const auto& [model, flash] : {std::pair<std::string, bool>{"llama-tiny", false}, {mixtral, true}}) {
     CAPTURE(model);
     std::vector<float> one;
@@ -140,11 +145,7 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
   // and the routed rows sized by --moe-routing worst). A balanced plan whose routing is not
   // balanced stops every rank, the most loaded one naming its rows.
   test::TempDir dir;
-  const std::string mixtral = dir.write("mixtral.json", R"({"model_type": "mixtral", "vocab_size": 256,
-    "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
-    "tie_word_embeddings": false})");
+  const std::string mixtral = dir.write("mixtral.json", kMixtral);
   auto args = [&](int stage, int np, int ep, const std::string& w) {
     return std::vector<std::string>{"--model", mixtral, "--stage", std::to_string(stage), "--dp",
                                     std::to_string(np), "--ep", std::to_string(ep), "--moe-routing",
