@@ -175,6 +175,22 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
                        << ": relative L2 distance to 1 rank " << test::rel_l2(got, one));
     }
   }
+  // overlap_comm at stage 2 (on by default at stage 3, above): the dense and the experts'
+  // bucket reductions in flight on their two groups while backward goes on.
+  {
+    const std::string w1 = dir.file("overlap1.bin"), w4 = dir.file("overlap4.bin");
+    std::vector<std::string> a1 = args(2, 1, 1, w1), a4 = args(2, 4, 2, w4);
+    for (auto* a : {&a1, &a4}) a->insert(a->end(), {"--overlap-comm", "--reduce-bucket-size", "5000"});
+    REQUIRE(zero_run(1, a1).rc == 0);
+    const test::Result r = zero_run(4, a4);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("overlap-comm") != std::string::npos);
+    CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
+    const double d = test::rel_l2(test::read_floats(w4), test::read_floats(w1));
+    CHECK(d <= 1e-6);
+    MESSAGE("stage 2, overlap_comm, 4 ranks, ep 2: relative L2 distance to 1 rank " << d);
+  }
   // ZeRO-Offload (the CPU Adam over each rank's dense and expert partitions, fp32 gradients
   // streamed to the host) at stages 1-3, Adam on both sides.
   for (int stage : {1, 2, 3}) {
