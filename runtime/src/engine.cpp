@@ -1054,34 +1054,30 @@ void Engine::moe_dispatch_ep(const Op& op) {
                      "plan with --moe-routing worst (room for every token of the ep group on one "
                      "rank's experts), or a smaller --ep",
                      most - rows.begin() == rank_);
-  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
-  for (std::size_t s = 0; s < sc.size(); ++s) {
-    sc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
-    rc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
-  }
-  ep_comm_->all_to_all_v(a2a_, sc, ptr(op.outputs[0]), rc, adt_);
+  ep_exchange(a2a_, ptr(op.outputs[0]), op.layer, true);
 }
 
-// Expert-side rows (source-major) back to their sources, into local_rows in dispatch order.
-void Engine::ep_return(const void* expert_rows, void* local_rows, int layer) {
+// Rows between this rank's dispatch order and its experts' ranks, by the layer's dispatch
+// counts: out to the experts (source-major where they land), or back from them (into dispatch
+// order).
+void Engine::ep_exchange(const void* src, void* dst, int layer, bool to_experts) {
   const auto L = static_cast<std::size_t>(layer);
-  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
+  const std::vector<uint64_t>& out = to_experts ? ep_send_[L] : ep_recv_[L];
+  const std::vector<uint64_t>& in = to_experts ? ep_recv_[L] : ep_send_[L];
+  std::vector<uint64_t> sc(out.size()), rc(in.size());
   for (std::size_t s = 0; s < sc.size(); ++s) {
-    sc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
-    rc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
+    sc[s] = out[s] * static_cast<uint64_t>(C_);
+    rc[s] = in[s] * static_cast<uint64_t>(C_);
   }
-  ep_comm_->all_to_all_v(expert_rows, sc, local_rows, rc, adt_);
+  ep_comm_->all_to_all_v(src, sc, dst, rc, adt_);
 }
 
-// Local rows (dispatch order) out to their experts' ranks, into expert_rows source-major.
-void Engine::ep_send(const void* local_rows, void* expert_rows, int layer) {
-  const auto L = static_cast<std::size_t>(layer);
-  std::vector<uint64_t> sc(static_cast<std::size_t>(ep_)), rc(sc.size());
-  for (std::size_t s = 0; s < sc.size(); ++s) {
-    sc[s] = ep_send_[L][s] * static_cast<uint64_t>(C_);
-    rc[s] = ep_recv_[L][s] * static_cast<uint64_t>(C_);
-  }
-  ep_comm_->all_to_all_v(local_rows, sc, expert_rows, rc, adt_);
+// Expert-side rows in this rank's dispatch order: as they are without expert parallelism,
+// else brought back into the op's all-to-all buffer.
+const void* Engine::rows_home(const void* expert_rows, int layer) {
+  if (ep_ == 1) return expert_rows;
+  ep_exchange(expert_rows, a2a_, layer, false);
+  return a2a_;
 }
 
 // Where an op reads q, k and v, from its input `first` on: Qwen3's normed q|k (then v from
@@ -1380,41 +1376,27 @@ void Engine::run_op(const Op& op, const std::vector<float*>& w32) {
                         off[static_cast<std::size_t>(e) + 1] - off[static_cast<std::size_t>(e)], e});
       break;
     }
-    case OpKind::moe_combine: {  // {ye, weights, idx} -> {out}
-      const void* ye = v(op.inputs[0]);
-      if (ep_ > 1) {  // the experts' rows come back to the ranks whose tokens they are
-        ep_return(ye, a2a_, op.layer);
-        ye = a2a_;
-      }
-      dev_.moe_combine(v(op.outputs[0]), ye, f(op.inputs[1]), eidx(op.inputs[2]), t, N, top_k_,
-                       n_experts_, C_);
+    case OpKind::moe_combine:  // {ye, weights, idx} -> {out}; the experts' rows come home
+      dev_.moe_combine(v(op.outputs[0]), rows_home(v(op.inputs[0]), op.layer), f(op.inputs[1]),
+                       eidx(op.inputs[2]), t, N, top_k_, n_experts_, C_);
       break;
-    }
     case OpKind::moe_combine_bwd: {  // {d_out, ye, weights, idx} -> {d_ye, d_weights}
-      if (ep_ == 1) {
-        dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), v(op.inputs[1]),
-                                  f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
-        break;
+      // With expert parallelism: ye home (into the buffer), the gradients of this rank's rows
+      // into d_ye (k B T of its rows, in dispatch order), then those out to their experts
+      // through the buffer (ye is done with), into d_ye in the order the experts hold them.
+      dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]),
+                                rows_home(v(op.inputs[1]), op.layer), f(op.inputs[2]),
+                                eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
+      if (ep_ > 1) {
+        dev_.copy(a2a_, v(op.outputs[0]), static_cast<uint64_t>(N * top_k_ * C_) * dtype_bytes(t));
+        ep_exchange(a2a_, v(op.outputs[0]), op.layer, true);
       }
-      // ye back in this rank's token order (the buffer), the gradients of this rank's rows
-      // into d_ye (k B T of its rows, in that order), then those out to their experts: through
-      // the buffer (ye is done with), into d_ye in the order the experts hold their rows.
-      ep_return(v(op.inputs[1]), a2a_, op.layer);
-      dev_.moe_combine_backward(v(op.outputs[0]), f(op.outputs[1]), v(op.inputs[0]), a2a_,
-                                f(op.inputs[2]), eidx(op.inputs[3]), t, N, top_k_, n_experts_, C_);
-      dev_.copy(a2a_, v(op.outputs[0]), static_cast<uint64_t>(N * top_k_ * C_) * dtype_bytes(t));
-      ep_send(a2a_, v(op.outputs[0]), op.layer);
       break;
     }
-    case OpKind::moe_dispatch_bwd: {  // {d_xe, idx} -> {d_in} (accumulated)
-      const void* dxe = v(op.inputs[0]);
-      if (ep_ > 1) {  // the experts' input gradients come back to their tokens' ranks
-        ep_return(dxe, a2a_, op.layer);
-        dxe = a2a_;
-      }
-      dev_.moe_dispatch_backward(v(op.outputs[0]), dxe, eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
+    case OpKind::moe_dispatch_bwd:  // {d_xe, idx} -> {d_in} (accumulated), d_xe brought home
+      dev_.moe_dispatch_backward(v(op.outputs[0]), rows_home(v(op.inputs[0]), op.layer),
+                                 eidx(op.inputs[1]), t, N, top_k_, n_experts_, C_);
       break;
-    }
     case OpKind::moe_route_bwd:  // {d_weights, probs, idx} -> {d_logits}
       dev_.moe_route_backward(v(op.outputs[0]), dtype(op.outputs[0]), f(op.inputs[0]), f(op.inputs[1]),
                               eidx(op.inputs[2]), aux_coef_ > 0 ? aux_dprob_.data() : nullptr, N,

@@ -338,8 +338,8 @@ class Engine {
   // ranks whose tokens they are, or gradients out to the experts).
   uint64_t a2a_bytes(const models::Op& op) const;
   void moe_dispatch_ep(const models::Op& op);
-  void ep_return(const void* expert_rows, void* local_rows, int layer);
-  void ep_send(const void* local_rows, void* expert_rows, int layer);
+  void ep_exchange(const void* src, void* dst, int layer, bool to_experts);
+  const void* rows_home(const void* expert_rows, int layer);
   std::pair<Device::QkvIn, std::size_t> qkv_in(const models::Op& op, std::size_t first) const;
   std::pair<int64_t, int64_t> projection_rows(const models::Op& op) const;
   ExpertIdx expert_idx(models::TensorId t) const;
