@@ -128,18 +128,12 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                 "plan capacity-factor routing with zero-plan; run without it here");
   // Expert parallelism: MPI's all-to-all (each rank E/ep experts, their gradients reduced and
   // their states and, at stage 3, parameters partitioned over the expert-data-parallel group),
-  // with the optimizer in GPU memory or offloaded to the CPU.
+  // with the optimizer and the parameters where the plan puts them (device, host or NVMe).
   if (s.ep > 1) {
     if (device != "cpu")
       throw Error(fmt::format("--ep {}: zero-run runs expert parallelism on the cpu backend so far "
                               "(MPI's all-to-all); NCCL's is not written yet", s.ep),
                   "run --ep > 1 with --device cpu, or --ep 1 on GPUs");
-    if (s.offload_optimizer == planner::Offload::nvme || s.offload_param != planner::Offload::none)
-      throw Error(fmt::format("--ep {} with --offload-{} {}: not executed yet", s.ep,
-                              s.offload_param != planner::Offload::none ? "param" : "optimizer",
-                              planner::to_string(s.offload_param != planner::Offload::none
-                                                     ? s.offload_param : s.offload_optimizer)),
-                  "run expert parallelism with --offload-optimizer cpu or none here");
   }
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --mp must be 1",
@@ -731,17 +725,25 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
                   "gathered." + grp);
   const void* src = params_ != nullptr ? at(params_, gr.part_off, pbytes_) : nullptr;
   void* stage = nullptr;
+  const void* xsrc = xp != nullptr && params_ != nullptr ? at(params_, xp->part_off, pbytes_) : nullptr;
   if (plan_.strategy.offload_param != planner::Offload::none) {  // schedule.cpp gather
-    stage = alloc(Tier::gpu, gr.shard * pbytes_, Category::buffers, "param_stage." + grp);
-    if (param_nvme_)
+    // The rank's dense shard, then its experts' shard (with expert parallelism): the planner's
+    // shard_bytes.
+    const uint64_t xshard = xp != nullptr ? xp->shard : 0;
+    stage = alloc(Tier::gpu, checked_mul(gr.shard + xshard, pbytes_, "staging bytes"),
+                  Category::buffers, "param_stage." + grp);
+    if (param_nvme_) {
       read_shard(group_index_.at(grp), stage);  // from the swap file
-    else
+    } else {
       // From the host tier. On a GPU this copy waits for the compute stream's queued work, so
       // a prefetched gather of offloaded parameters does not overlap compute yet (review
       // finding 10); an asynchronous copy the comm stream waits on would, and is the next
       // step once a GPU can measure it.
       dev_.copy(stage, src, gr.shard * pbytes_);
+      if (xp != nullptr) dev_.copy(at(stage, gr.shard, pbytes_), xsrc, xshard * pbytes_);
+    }
     src = stage;
+    xsrc = at(stage, gr.shard, pbytes_);
   }
   gathered_[grp] = p;
   // With overlap_comm the all-gather is left in flight, to be waited for when a run that
@@ -751,8 +753,8 @@ void Engine::gather(const std::string& grp, int32_t hold_until) {
   CommRequest req = comm_.iall_gather(src, p, gr.shard, pdt_);
   if (xp != nullptr) {  // the experts' shards, over the expert-data-parallel group
     auto dense = std::make_shared<CommRequest>(std::move(req));
-    auto experts = std::make_shared<CommRequest>(xp->comm->iall_gather(
-        at(params_, xp->part_off, pbytes_), at(p, dense_total, pbytes_), xp->shard, pdt_));
+    auto experts = std::make_shared<CommRequest>(
+        xp->comm->iall_gather(xsrc, at(p, dense_total, pbytes_), xp->shard, pdt_));
     req = CommRequest([dense, experts] {
       dense->wait();
       experts->wait();

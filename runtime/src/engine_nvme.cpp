@@ -260,9 +260,17 @@ void Engine::plan_param_reads() {
       1, planner::param_swap_buffer_elems(plan_.strategy, part_, static_cast<uint32_t>(pbytes_)));
   for (std::size_t k = 0; k < gather_order_.size(); ++k) {
     first_piece_.push_back(pieces_.size());
+    // The dense shard, then (expert parallelism) the experts' shard after it in the staging
+    // buffer, as gather lays them out.
     const Group& gr = groups_[gather_order_[k]];
-    for (uint64_t o = 0; o < gr.shard; o += e)
-      pieces_.push_back({static_cast<uint32_t>(k), gr.part_off + o, std::min(e, gr.shard - o)});
+    uint64_t stage_off = 0;
+    for (const Group* part : {&gr, expert_part(gr.name)}) {
+      if (part == nullptr) continue;
+      for (uint64_t o = 0; o < part->shard; o += e)
+        pieces_.push_back({static_cast<uint32_t>(k), part->part_off + o, stage_off + o,
+                           std::min(e, part->shard - o)});
+      stage_off += part->shard;
+    }
   }
   first_piece_.push_back(pieces_.size());
 }
@@ -292,21 +300,20 @@ void Engine::issue_param_reads() {
   }
 }
 
-// The shard of the current gather (group `gi`) into the device staging buffer, piece by piece
-// as its reads complete, refilling the ring behind each. A failed read leaves its piece zero
-// and is remembered: optimizer_step fails the step on every rank before any update, so the
+// The shard of the current gather (group `gi`, and its experts' part after it) into the device
+// staging buffer, piece by piece as its reads complete, refilling the ring behind each. A
+// failed read leaves its piece zero and is remembered: optimizer_step fails the step on every rank before any update, so the
 // collectives of this step still run in step on every rank.
 void Engine::read_shard(std::size_t gi, void* stage) {
   if (entry_ >= gather_order_.size() || gather_order_[entry_] != gi)
     throw Error(fmt::format("internal: gather {} of group {} is not the planned one", entry_,
                             groups_[gi].name));
-  const Group& gr = groups_[gi];
   const std::size_t n_buf = param_bufs_.size();
   for (std::size_t k = first_piece_[entry_]; k < first_piece_[entry_ + 1]; ++k) {
     issue_param_reads();
     const ParamPiece& p = pieces_[k];
     const std::size_t b = k % n_buf;
-    void* dst = at(stage, p.part_off - gr.part_off, pbytes_);
+    void* dst = at(stage, p.stage_off, pbytes_);
     bool ok = false;
     if (param_tickets_[b]) {
       try {

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -140,9 +141,10 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
   // come back; dense gradients are reduced over all ranks, experts' over the ranks holding the
   // same experts, which also partition the experts' optimizer states (stage 1), gradients
   // (stage 2) and parameters (stage 3: a gather group's experts gathered over that group), with
-  // the optimizer on the device or offloaded to the CPU. The same global batch as one rank with every expert, so the weights after 3
-  // steps agree to fp32 rounding, and every rank's bytes are the plan's (the all-to-all buffers
-  // and the routed rows sized by --moe-routing worst). A balanced plan whose routing is not
+  // the optimizer and the parameters on the device, the host or NVMe. The same global batch as
+  // one rank with every expert, so the weights after 3 steps agree to fp32 rounding, and every
+  // rank's bytes are the plan's (the all-to-all buffers and the routed rows sized by
+  // --moe-routing worst). A balanced plan whose routing is not
   // balanced stops every rank, the most loaded one naming its rows.
   test::TempDir dir;
   const std::string mixtral = dir.write("mixtral.json", kMixtral);
@@ -191,17 +193,36 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
     CHECK(d <= 1e-6);
     MESSAGE("stage 2, overlap_comm, 4 ranks, ep 2: relative L2 distance to 1 rank " << d);
   }
-  // ZeRO-Offload (the CPU Adam over each rank's dense and expert partitions, fp32 gradients
-  // streamed to the host) at stages 1-3, Adam on both sides.
-  for (int stage : {1, 2, 3}) {
+  // ZeRO-Offload and ZeRO-Infinity, Adam on both sides: the CPU Adam over each rank's dense and
+  // expert partitions (fp32 gradients streamed to the host), its states in host memory or in
+  // NVMe swap files (stages 1-3), and at stage 3 the parameters on the host or on NVMe, each
+  // gather staging the rank's dense shard and then its experts' shard (from the host copy or
+  // the swap file) for the two all-gathers.
+  const std::vector<std::pair<int, std::vector<std::string>>> offloads = {
+      {1, {"--offload-optimizer", "cpu"}},
+      {2, {"--offload-optimizer", "cpu"}},
+      {3, {"--offload-optimizer", "cpu"}},
+      {1, {"--offload-optimizer", "nvme"}},
+      {2, {"--offload-optimizer", "nvme"}},
+      {3, {"--offload-optimizer", "nvme"}},
+      {3, {"--offload-optimizer", "cpu", "--offload-param", "cpu"}},
+      {3, {"--offload-optimizer", "cpu", "--offload-param", "nvme"}},
+      {3, {"--offload-optimizer", "nvme", "--offload-param", "nvme", "--overlap-comm"}},
+  };
+  for (const auto& [stage, where] : offloads) {
+    std::string said;
+    for (const std::string& w : where) said += " " + w;
     CAPTURE(stage);
+    CAPTURE(said);
     auto offload_args = [&](int np, int ep, const std::string& w) {
       std::vector<std::string> a = args(stage, np, ep, w);
       a.insert(a.end(), {"--optimizer", "adam"});
-      if (np > 1) a.insert(a.end(), {"--offload-optimizer", "cpu"});
+      if (np > 1) a.insert(a.end(), where.begin(), where.end());
+      if (np > 1 && said.find("nvme") != std::string::npos) a.insert(a.end(), {"--nvme-path", dir.path});
       return a;
     };
     const std::string w1 = dir.file("adam1.bin"), w4 = dir.file("adam4.bin");
+    std::remove(w4.c_str());
     REQUIRE(zero_run(1, offload_args(1, 1, w1)).rc == 0);
     const test::Result r = zero_run(4, offload_args(4, 2, w4));
     INFO(r.out << r.err);
@@ -209,7 +230,7 @@ TEST_CASE("expert parallelism (stages 0-3): ep 2 on 2 ranks, ep 2 and 4 on 4 ran
     CHECK(r.out.find("ok: every peak within 0.00%") != std::string::npos);
     const double d = test::rel_l2(test::read_floats(w4), test::read_floats(w1));
     CHECK(d <= 1e-6);
-    MESSAGE("stage " << stage << ", offloaded, 4 ranks, ep 2: relative L2 distance to 1 rank " << d);
+    MESSAGE("stage " << stage << "," << said << ", 4 ranks, ep 2: relative L2 distance to 1 rank " << d);
   }
   // Without --dp the ranks running are the data-parallel degree, --ep checked against it.
   const test::Result implicit = zero_run(2, {"--model", mixtral, "--stage", "0", "--ep", "2",

@@ -262,7 +262,9 @@ class Engine {
   // optimizer's new parameters are written back in order through the same buffers.
   struct ParamPiece {
     uint32_t entry = 0;            // index into gather_order_
-    uint64_t part_off = 0, n = 0;  // partition elements
+    uint64_t part_off = 0;         // partition element of its first
+    uint64_t stage_off = 0;        // its place in the gather's staging buffer
+    uint64_t n = 0;                // elements
   };
   bool param_nvme_ = false, planning_gathers_ = false;
   std::unique_ptr<Swapper> param_swapper_;  // its own: the update's thread uses swapper_
