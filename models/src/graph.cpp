@@ -171,7 +171,7 @@ class Builder {
     const int64_t t = o.tp;
     auto divide = [&](int64_t v, const char* what) {
       if (v % t != 0)
-        throw Error(fmt::format("--mp {}: {} {} is not divisible by the model-parallel degree",
+        throw Error(fmt::format("--tp {}: {} {} is not divisible by the tensor-parallel degree",
                                 t, what, v),
                     "tensor parallelism splits heads and MLP columns evenly across ranks");
       return v / t;
@@ -2074,7 +2074,7 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
   if (o.seq == 0) o.seq = m.n_positions;
   if (o.batch < 1) throw Error(fmt::format("--micro-batch: must be >= 1, got {}", o.batch));
   if (o.seq < 1) throw Error(fmt::format("--seq: must be >= 1, got {}", o.seq));
-  if (o.tp < 1) throw Error(fmt::format("--mp: must be >= 1, got {}", o.tp));
+  if (o.tp < 1) throw Error(fmt::format("--tp: must be >= 1, got {}", o.tp));
   if (o.ep < 1) throw Error(fmt::format("--ep: must be >= 1, got {}", o.ep));
   if (o.ep > 1 && !m.is_moe())
     throw Error(fmt::format("--ep {}: {} has no experts to place", o.ep, m.name),

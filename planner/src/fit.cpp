@@ -448,7 +448,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
     std::vector<Strategy>& round = rounds.emplace_back();
     for (int64_t mp : mps) {
       if (cl2.gpus % mp != 0)
-        throw Error(fmt::format("--mp {}: does not divide --gpus {}", mp, cl2.gpus),
+        throw Error(fmt::format("--tp {}: does not divide --gpus {}", mp, cl2.gpus),
                     "the data-parallel degree is gpus / mp");
       const std::vector<int64_t> eps = eps_for(cl2.gpus / mp);
       for (int64_t ep : eps)

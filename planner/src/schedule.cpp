@@ -71,6 +71,10 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   }
   g.flash_attention = s.flash_attention;
   g.tp = s.mp;
+  if (s.pp > 1 || s.cp > 1 || (s.sp && s.mp > 1))
+    throw Error(fmt::format("{}: parsed, but not planned yet",
+                            s.pp > 1 ? "--pp" : s.cp > 1 ? "--cp" : "--sp"),
+                "plan tensor parallelism (--tp) with data parallelism and ZeRO for now");
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
   // the strategy asks for; encoder-decoder models: the decoder's length.
   g.ep = s.ep;

@@ -49,6 +49,8 @@ constexpr std::array<std::pair<std::string_view, Offload>, 3> kOffloads = {
     {{"none", Offload::none}, {"cpu", Offload::cpu}, {"nvme", Offload::nvme}}};
 constexpr std::array<std::pair<std::string_view, MoeRouting>, 2> kMoeRoutings = {
     {{"balanced", MoeRouting::balanced}, {"worst", MoeRouting::worst}}};
+constexpr std::array<std::pair<std::string_view, CpKind>, 2> kCpKinds = {
+    {{"ring", CpKind::ring}, {"ulysses", CpKind::ulysses}}};
 constexpr std::array<std::pair<std::string_view, OptimizerImpl>, 4> kOptimizerImpls = {
     {{"foreach", OptimizerImpl::foreach},
      {"fused", OptimizerImpl::fused},
@@ -68,6 +70,8 @@ std::optional<OptimizerImpl> optimizer_impl_from_string(std::string_view s) {
 std::optional<MoeRouting> moe_routing_from_string(std::string_view s) {
   return lookup(s, kMoeRoutings);
 }
+std::string_view to_string(CpKind k) { return name_of(k, kCpKinds); }
+std::optional<CpKind> cp_kind_from_string(std::string_view s) { return lookup(s, kCpKinds); }
 std::optional<Precision> precision_from_string(std::string_view s) { return lookup(s, kPrecisions); }
 std::optional<OptimizerKind> optimizer_from_string(std::string_view s) {
   return lookup(s, kOptimizers);
@@ -144,7 +148,13 @@ void validate(const Strategy& s) {
     if (v < 1) throw Error(fmt::format("{}: must be >= 1, got {}", flag, v), std::string(hint));
   };
   positive(s.dp, "--dp", "the data-parallel degree is the number of ranks, e.g. --dp 8");
-  positive(s.mp, "--mp", "the model-parallel degree, 1 without tensor parallelism");
+  positive(s.mp, "--tp", "the tensor-parallel degree, 1 without tensor parallelism");
+  positive(s.pp, "--pp", "the pipeline-parallel degree (stages), 1 without pipelining");
+  positive(s.vp, "--vp", "model chunks per pipeline stage (the interleaved schedule), 1 without");
+  positive(s.cp, "--cp", "the context-parallel degree, 1 without context parallelism");
+  if (s.vp > 1 && s.pp == 1)
+    throw Error(fmt::format("--vp {}: needs --pp > 1", s.vp),
+                "virtual pipeline stages interleave the chunks of a pipeline; give --pp too");
   positive(s.micro_batch, "--micro-batch", "sequences per rank per micro-step, e.g. 1");
   positive(s.grad_accum, "--grad-accum", "micro-steps per optimizer step, e.g. 1");
   if (s.seq < 0)
@@ -591,6 +601,12 @@ json to_json(const Strategy& s) {
   return {{"stage", s.stage},
           {"dp", s.dp},
           {"mp", s.mp},
+          {"tp", s.mp},
+          {"sp", s.sp},
+          {"pp", s.pp},
+          {"vp", s.vp},
+          {"cp", s.cp},
+          {"cp_kind", to_string(s.cp_kind)},
           {"micro_batch", s.micro_batch},
           {"seq", s.seq},
           {"grad_accum", s.grad_accum},
@@ -653,7 +669,7 @@ json to_json(const Strategy& s) {
 Strategy strategy_from_json(const json& j, const std::string& origin) {
   if (!j.is_object()) throw Error(fmt::format("{}: 'strategy' must be an object", origin));
   reject_unknown(j,
-                 {"stage", "dp", "mp", "micro_batch", "seq", "grad_accum", "precision",
+                 {"stage", "dp", "mp", "tp", "sp", "pp", "vp", "cp", "cp_kind", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
                   "contiguous_memory_optimization", "number_checkpoints", "overlap_comm",
@@ -670,6 +686,15 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.stage = static_cast<int>(f.nonneg_int("stage", 0));
   s.dp = f.positive_int("dp", 1);
   s.mp = f.positive_int("mp", 1);
+  if (f.has("tp")) {  // "tp" and its older name "mp" (written both ways since tp existed)
+    const int64_t tp = f.positive_int("tp", 1);
+    if (f.has("mp") && tp != s.mp) f.fail("tp", fmt::format("the same value as 'mp' ({})", s.mp));
+    s.mp = tp;
+  }
+  s.sp = f.boolean("sp", false);
+  s.pp = f.positive_int("pp", 1);
+  s.vp = f.positive_int("vp", 1);
+  s.cp = f.positive_int("cp", 1);
   s.micro_batch = f.positive_int("micro_batch", 1);
   s.seq = f.nonneg_int("seq", 0);
   s.grad_accum = f.positive_int("grad_accum", 1);
@@ -694,6 +719,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                "\"none\", \"cpu\" or \"nvme\"");
   s.moe_routing = enum_field("moe_routing", moe_routing_from_string, s.moe_routing,
                              "\"balanced\" or \"worst\"");
+  s.cp_kind = enum_field("cp_kind", cp_kind_from_string, s.cp_kind, "\"ring\" or \"ulysses\"");
   s.master_precision = enum_field("master_precision", precision_from_string, s.master_precision,
                                   "\"fp32\" or \"bf16\"");
   s.optimizer_precision = enum_field("optimizer_precision", precision_from_string,
@@ -786,7 +812,11 @@ std::string describe(const Strategy& s) {
                                 to_string(s.precision), to_string(s.optimizer), s.micro_batch);
   if (s.seq > 0) out += fmt::format(" T={}", s.seq);
   if (s.grad_accum > 1) out += fmt::format(", grad-accum {}", s.grad_accum);
-  if (s.mp > 1) out += fmt::format(", mp {}", s.mp);
+  if (s.mp > 1) out += fmt::format(", tp {}", s.mp);
+  if (s.sp && s.mp > 1) out += ", sp";
+  if (s.pp > 1) out += fmt::format(", pp {}", s.pp);
+  if (s.vp > 1) out += fmt::format(" x vp {}", s.vp);
+  if (s.cp > 1) out += fmt::format(", cp {} ({})", s.cp, to_string(s.cp_kind));
   if (s.ep > 1) out += fmt::format(", ep {}", s.ep);
   if (s.moe_routing == MoeRouting::worst) out += ", worst-case routing";
   if (s.moe_capacity_factor > 0) out += fmt::format(", capacity factor {}", s.moe_capacity_factor);

@@ -340,7 +340,7 @@ TEST_CASE("bad input: one error line, a hint, exit 2") {
                   "--micro-batch: must be >= 1");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--micro-batch", "-2"}), "--micro-batch");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--mp", "5"}),
-                  "not divisible by the model-parallel degree");
+                  "--tp 5: attention heads 12 is not divisible by the tensor-parallel degree");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--partition-activations"}),
                   "needs --checkpointing full");
   check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--profile", "megatron"}), "--profile");

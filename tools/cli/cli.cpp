@@ -27,7 +27,33 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "partitioned (P_os), 2 + gradients (P_os+g), 3 + parameters (P_os+g+p) [0]")
       ->group(g);
   app.add_option("--dp", f.dp, "data-parallel degree: ranks sharing the ZeRO partitions [1]")->group(g);
-  app.add_option("--mp", f.mp, "model (tensor) parallel degree [1]")->group(g);
+  app.add_option("--tp,--mp", f.mp,
+                 "tensor-parallel degree (Megatron's column/row-parallel linears: heads, MLP "
+                 "columns and the vocabulary split tp ways); --mp is its older name [1]")
+      ->group(g);
+  app.add_flag("--sp", f.sp,
+               "Megatron's sequence parallelism: norms, dropouts and the residual stream split "
+               "along the sequence over the --tp ranks (all-gather / reduce-scatter instead of "
+               "all-reduce)")
+      ->group(g);
+  app.add_option("--pp", f.pp,
+                 "pipeline-parallel degree: the blocks split into pp stages of L/pp blocks, "
+                 "first stage with the embedding, last with the head and loss; --grad-accum "
+                 "is the micro-batches per step [1]")
+      ->group(g);
+  app.add_option("--vp", f.vp,
+                 "model chunks per pipeline stage (Megatron's virtual pipeline stages, the "
+                 "interleaved 1F1B schedule); needs --pp [1]")
+      ->group(g);
+  app.add_option("--cp", f.cp,
+                 "context-parallel degree: every sequence split into cp parts of T/cp tokens "
+                 "on cp ranks [1]")
+      ->group(g);
+  app.add_option("--cp-kind", f.cp_kind,
+                 "ring (Megatron's context parallelism: keys and values passed around a ring, "
+                 "blockwise attention) or ulysses (DeepSpeed-Ulysses: all-to-all to all tokens "
+                 "x heads/cp and back) [ring]")
+      ->group(g);
   app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step [1]")->group(g);
   app.add_option("--seq", f.seq, "tokens per sequence [the model's context, at most 4096]")->group(g);
   app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step [1]")->group(g);
@@ -279,8 +305,16 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     s.stage = stage[0] - '0';
   }
   if (given("--dp")) s.dp = parse_int("--dp", dp);
-  if (given("--mp")) s.mp = parse_int("--mp", mp);
-  if (!given("--dp") && gpus > 0 && s.mp >= 1 && gpus % s.mp == 0) s.dp = gpus / s.mp;
+  if (given("--tp")) s.mp = parse_int("--tp", mp);
+  if (sp) s.sp = true;
+  if (given("--pp")) s.pp = parse_int("--pp", pp);
+  if (given("--vp")) s.vp = parse_int("--vp", vp);
+  if (given("--cp")) s.cp = parse_int("--cp", cp);
+  if (given("--cp-kind"))
+    s.cp_kind = parse_enum<planner::CpKind>("--cp-kind", cp_kind, planner::cp_kind_from_string,
+                                            "ring or ulysses");
+  if (const int64_t mpr = planner::model_parallel_ranks(s); !given("--dp") && gpus > 0 && mpr >= 1 && gpus % mpr == 0)
+    s.dp = gpus / mpr;
   if (given("--ep")) s.ep = parse_int("--ep", ep);
   if (given("--moe-routing"))
     s.moe_routing = parse_enum<planner::MoeRouting>("--moe-routing", moe_routing,

@@ -25,6 +25,8 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config, fsdp_config;
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
+  std::string pp, vp, cp, cp_kind;
+  bool sp = false;
   std::string master_weights, optimizer_states, reduce_dtype, optimizer_impl, fsdp_version,
       fsdp_shard_size;
   bool reshard_after_forward = true, fused_optimizer = false, fsdp_use_orig_params = false;
@@ -50,7 +52,7 @@ struct StrategyFlags {
   // default taken (a flag left out and not in the DeepSpeed config, the config's "auto"s).
   planner::Strategy resolve(const planner::PlanOptions& o = {},
                             std::vector<std::string>* assumed = nullptr) const;
-  // The same where the data-parallel degree defaults to gpus / mp (zero-plan fit, which
+  // The same where the data-parallel degree defaults to gpus / (tp pp cp) (zero-plan fit, which
   // derives dp from --gpus) instead of 1, so --ep is checked against that dp.
   planner::Strategy resolve_for_gpus(int64_t gpus, const planner::PlanOptions& o = {},
                                      std::vector<std::string>* assumed = nullptr) const;

@@ -176,7 +176,7 @@ int FitCommand::run() const {
   else if (r.options.profile == planner::Profile::fsdp)
     r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
-  if (flags.given("--mp")) r.mps = {s.mp};
+  if (flags.given("--tp")) r.mps = {s.mp};
   if (flags.given("--ep")) r.eps = {s.ep};
   if (flags.given("--dp")) {
     if (s.dp * s.mp != r.gpus)

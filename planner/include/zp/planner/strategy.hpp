@@ -37,6 +37,15 @@ enum class Offload { none, cpu, nvme };
 // each rank's experts receive as many rows as it sends (k*B*T); worst, every token of the
 // expert-parallel group chooses this rank's experts.
 enum class MoeRouting { balanced, worst };
+// Context parallelism (--cp-kind): how attention sees a sequence split over cp ranks.
+//   ring: Megatron-LM's context parallelism (ring attention through TransformerEngine: each
+//     rank keeps its T/cp queries, the keys and values travel around the ring in blocks,
+//     attention runs blockwise with an online softmax; Liu et al. 2023, "Ring Attention with
+//     Blockwise Transformers");
+//   ulysses: DeepSpeed-Ulysses (Jacobs et al. 2023): an all-to-all turns the T/cp tokens x
+//     all heads of q, k and v into all T tokens x heads/cp, attention runs whole on those
+//     heads, and a second all-to-all turns the output back.
+enum class CpKind { ring, ulysses };
 // PyTorch's own optimizer implementation, where the framework runs one (the fsdp and pytorch
 // profiles; --optimizer-impl), by the temporaries its Adam step allocates:
 //   foreach: torch.optim's default on CUDA since torch 2.0 (_multi_tensor_adam): torch.
@@ -61,6 +70,8 @@ std::string_view to_string(OptimizerKind o);
 std::string_view to_string(Checkpointing c);
 std::string_view to_string(Offload o);
 std::string_view to_string(MoeRouting r);
+std::string_view to_string(CpKind k);
+std::optional<CpKind> cp_kind_from_string(std::string_view s);
 std::string_view to_string(OptimizerImpl i);
 std::optional<OptimizerImpl> optimizer_impl_from_string(std::string_view s);
 std::optional<Precision> precision_from_string(std::string_view s);
@@ -130,7 +141,23 @@ inline constexpr int64_t kFsdpShardNode = -1;
 struct Strategy {
   int stage = 0;                  // 0 plain data parallel, 1 P_os, 2 P_os+g, 3 P_os+g+p
   int64_t dp = 1;                 // data-parallel degree Nd (ranks holding one replica each)
-  int64_t mp = 1;                 // model (tensor) parallel degree, for P_a and fit
+  // Tensor (model) parallel degree t (--tp, alias --mp; "mp" in the strategy JSON, "tp" too):
+  // Megatron's column- and row-parallel linears split heads and MLP columns t ways.
+  int64_t mp = 1;
+  // Megatron's sequence parallelism (Korthikanti et al. 2022 sec. 4.2.2): the norms, dropouts
+  // and residual stream between the tensor-parallel regions are split along the sequence
+  // over the t ranks (all-gather before a column-parallel linear, reduce-scatter after a
+  // row-parallel one, instead of the all-reduce). No effect with t = 1 (Megatron turns it off).
+  bool sp = false;
+  // Pipeline parallelism: the blocks split into pp stages of L/pp consecutive blocks (the
+  // first holds the embedding, the last the final norm, head and loss), each stage on its own
+  // ranks; vp model chunks per stage (Megatron's virtual pipeline stages, the interleaved
+  // schedule) when > 1. Micro-batches per step: grad_accum.
+  int64_t pp = 1;
+  int64_t vp = 1;
+  // Context parallelism: every sequence split into cp parts of T/cp tokens on cp ranks.
+  int64_t cp = 1;
+  CpKind cp_kind = CpKind::ring;
   int64_t micro_batch = 1;        // B, sequences per rank per micro-step
   int64_t seq = 0;                // T, tokens per sequence; 0 means the model's maximum
   int64_t grad_accum = 1;         // micro-steps per optimizer step
@@ -294,6 +321,10 @@ void validate(const Strategy& s);
 // The expert-data-parallel degree dp/ep: the ranks over which expert parameters (and their
 // gradients, master weights and optimizer states) are ZeRO-partitioned.
 inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1); }
+
+// The GPUs one replica of the model spans (tp x pp x cp) and the job's world (times dp).
+inline int64_t model_parallel_ranks(const Strategy& s) { return s.mp * s.pp * s.cp; }
+inline int64_t world_size(const Strategy& s) { return s.dp * model_parallel_ranks(s); }
 
 // PyTorch FSDP's shard group (the fsdp profile): fsdp_shard_size ranks under hybrid sharding,
 // else every data-parallel rank; and the replicas of each shard, dp / that, whose sharded
