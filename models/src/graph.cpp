@@ -58,7 +58,7 @@ std::string_view to_string(OpKind k) {
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
       "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd", "tanh",
-      "tanh_bwd", "sac_reuse"};
+      "tanh_bwd", "sac_reuse", "pp_recv", "pp_send"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -187,6 +187,32 @@ class Builder {
                                 "degree", o.ep, m.moe.n_experts),
                     "expert parallelism places the same number of experts on every rank");
     }
+    const int64_t L = m.n_blocks();
+    if (o.pp > 1) {
+      if (m.encoder_decoder())
+        throw Error(fmt::format("--pp {}: {} is an encoder-decoder model; pipeline stages of "
+                                "encoder-decoder stacks are not planned", o.pp, m.name),
+                    "plan it without --pp");
+      if (L % o.pp != 0)
+        throw Error(fmt::format("--pp {}: {} layers are not divisible by the pipeline-parallel "
+                                "degree", o.pp, L),
+                    "each pipeline stage holds the same number of blocks; choose --pp dividing "
+                    "the layer count");
+    }
+    // Chunk c of stage i is virtual stage c * pp + i of pp * pp_chunks, each L / (pp *
+    // pp_chunks) blocks (Megatron-LM's interleaved layout, get_transformer_layer_offset).
+    if (L % (o.pp * o.pp_chunks) != 0)
+      throw Error(fmt::format("--pp {} --vp {}: {} layers are not divisible into {} model chunks",
+                              o.pp, o.pp_chunks, L, o.pp * o.pp_chunks),
+                  "each model chunk holds the same number of blocks; choose --pp x --vp dividing "
+                  "the layer count");
+    const int64_t per_chunk = L / (o.pp * o.pp_chunks);
+    for (int64_t c = 0; c < o.pp_chunks; ++c) {
+      const int64_t first = (c * o.pp + o.pp_stage) * per_chunk;
+      chunks_.push_back({first, first + per_chunk});
+    }
+    has_embed_ = o.pp_stage == 0;
+    has_head_ = o.pp_stage == o.pp - 1;
     V = (m.vocab_size + t - 1) / t;  // vocab-parallel head; Megatron pads V to a multiple
     Q = checked_mul(NH, HS, "attention width");
     QKV = checked_add(Q, checked_mul(2 * KVH, m.attention == Attention::mla ? 0 : HS, "key/value width"),
@@ -205,11 +231,13 @@ class Builder {
     const bool encdec = m_.encoder_decoder();
     TensorId enc_tokens = kNone;
     if (encdec) enc_tokens = tensor("enc.tokens", {B, T_enc}, 4, TensorKind::input, -1);
-    TensorId tokens = tensor("tokens", {B, T_dec}, 4, TensorKind::input, -1);
+    // Tokens go to the first pipeline stage, targets to the last.
+    TensorId tokens = has_embed_ ? tensor("tokens", {B, T_dec}, 4, TensorKind::input, -1) : kNone;
     // Targets: the next (or masked) token of every position; one class per sequence for BERT's
     // sequence classifier (BertForPreTraining's next-sentence labels come as well).
-    TensorId targets = tensor("targets", m_.head == Head::seq_cls ? Shape{B} : Shape{B, T_dec}, 4,
-                              TensorKind::input, head_layer);
+    TensorId targets = has_head_ ? tensor("targets", m_.head == Head::seq_cls ? Shape{B} : Shape{B, T_dec},
+                                          4, TensorKind::input, head_layer)
+                                 : kNone;
     TensorId cls_targets = m_.head == Head::seq_cls ? targets : kNone;
     if (m_.head == Head::mlm && m_.n_labels > 0)
       cls_targets = tensor("targets.cls", {B}, 4, TensorKind::input, head_layer);
@@ -221,19 +249,20 @@ class Builder {
     if (rc == Recompute::full || sac) fwd = {TensorKind::activation, TensorKind::activation};
     if (rc == Recompute::selective) fwd.core = TensorKind::activation;
 
-    std::vector<BlockActs> acts;
-    std::vector<TensorId> checkpoints;  // block inputs as stored (maybe partitioned)
+    // Indexed by block (this pipeline stage's blocks filled in).
+    std::vector<BlockActs> acts(static_cast<std::size_t>(m_.n_blocks()));
+    std::vector<TensorId> checkpoints(static_cast<std::size_t>(m_.n_blocks()), kNone);  // block inputs as stored (maybe partitioned)
     auto run_blocks = [&](int64_t from, int64_t to, TensorId x) {
       for (int64_t l = from; l < to; ++l) {
         set_stack(l);
         TensorId stored = x;
         if (rc == Recompute::full && o_.partition_checkpoints)
           stored = partition_checkpoint(x, static_cast<int>(l));
-        checkpoints.push_back(stored);
+        checkpoints[static_cast<std::size_t>(l)] = stored;
         if (sac) sac_begin(static_cast<int>(l), Sac::Mode::forward);
-        acts.push_back(block(static_cast<int>(l), x, Phase::forward, fwd));
+        acts[static_cast<std::size_t>(l)] = block(static_cast<int>(l), x, Phase::forward, fwd);
         if (sac) sac_end();
-        x = acts.back().out;
+        x = acts[static_cast<std::size_t>(l)].out;
       }
       return x;
     };
@@ -253,14 +282,38 @@ class Builder {
       if (m_.positions == Positions::relative) position_bias(m_.n_layer, "dec");
       x = run_blocks(m_.n_layer, m_.n_blocks(), x);
     } else {
-      x = embedding(tokens, "embed", -1, embed_mask_);
-      x = run_blocks(0, m_.n_layer, x);
+      // This pipeline stage's chunks in order (one without interleaving). A chunk after the
+      // pipeline's first receives its input from the previous stage (Megatron-LM's
+      // recv_forward into a new tensor, which its first block keeps as its input); a chunk
+      // before the pipeline's last sends its output on and frees it (deallocate_output_tensor
+      // keeps only the autograd node).
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        const auto [a, b] = chunks_[c];
+        if (c == 0 && has_embed_) {
+          x = embedding(tokens, "embed", -1, embed_mask_);
+        } else {
+          const int l0 = static_cast<int>(a);
+          x = tensor(fmt::format("h.{}.pp.in", l0), {B, T, C}, ab, TensorKind::activation, l0);
+          op(fmt::format("h.{}.pp.recv", l0), OpKind::pp_recv, Phase::forward, l0, {}, {x}, {},
+             {}, {}, 0.0);
+        }
+        x = run_blocks(a, b, x);
+        if (c + 1 < chunks_.size() || !has_head_) {
+          const int le = static_cast<int>(b - 1);
+          g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::activation;
+          op(fmt::format("h.{}.pp.send", le), OpKind::pp_send, Phase::forward, le, {x}, {}, {},
+             {}, {}, 0.0);
+        }
+      }
     }
     T = T_dec;
-    // The last block's output is the head's input: saved whatever the recomputation.
-    g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
-    const TensorId dres = m_.head == Head::lm ? lm_head(x, targets, head_layer)
-                                              : bert_heads(x, targets, cls_targets, head_layer);
+    TensorId dres = kNone;
+    if (has_head_) {
+      // The last block's output is the head's input: saved whatever the recomputation.
+      g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::saved;
+      dres = m_.head == Head::lm ? lm_head(x, targets, head_layer)
+                                 : bert_heads(x, targets, cls_targets, head_layer);
+    }
 
     auto backward_blocks = [&](int64_t from, int64_t to, TensorId d) {
       for (int64_t l = to - 1; l >= from; --l) {
@@ -303,8 +356,27 @@ class Builder {
       embedding_bwd(enc_tokens, denc, "enc.embed", enc_embed_mask_);
       T = T_dec;
     } else {
-      backward_blocks(0, m_.n_layer, dres);
-      embedding_bwd(tokens, dres, "embed", embed_mask_);
+      // The chunks in reverse: a chunk's backward starts from its output's gradient (the
+      // head's, or received from the next stage) and ends by sending its input's gradient
+      // back (or into the embedding's backward).
+      for (std::size_t c = chunks_.size(); c-- > 0;) {
+        const auto [a, b] = chunks_[c];
+        TensorId d = dres;
+        if (c + 1 < chunks_.size() || !has_head_) {
+          const int le = static_cast<int>(b - 1);
+          d = tensor(fmt::format("h.{}.pp.out.d", le), {B, T, C}, ab, TensorKind::act_grad, le);
+          op(fmt::format("h.{}.pp.recv_grad", le), OpKind::pp_recv, Phase::backward, le, {}, {d},
+             {}, {}, {}, 0.0);
+        }
+        backward_blocks(a, b, d);
+        if (c == 0 && has_embed_) {
+          embedding_bwd(tokens, d, "embed", embed_mask_);
+        } else {
+          const int l0 = static_cast<int>(a);
+          op(fmt::format("h.{}.pp.send_grad", l0), OpKind::pp_send, Phase::backward, l0, {d}, {},
+             {}, {}, {}, 0.0);
+        }
+      }
     }
 
     // Autocast: the forward's weight casts that no backward reads (a fully recomputed block
@@ -430,6 +502,16 @@ class Builder {
   // softmax_keeps_input: each log_softmax's input, by its output.
   std::map<TensorId, TensorId> log_softmax_in_;
   bool hf_renorm_ = false;  // hf_modeling and the router renormalizes (hf_topk_renorm)
+  // Pipeline parallelism (GraphOptions::pp): this stage's model chunks, each a range of
+  // blocks [first, end), in order; whether it has the embedding (the first stage) and the
+  // head (the last).
+  std::vector<std::pair<int64_t, int64_t>> chunks_;
+  bool has_embed_ = true, has_head_ = true;
+  bool stage_block(int64_t l) const {
+    for (const auto& [a, b] : chunks_)
+      if (l >= a && l < b) return true;
+    return false;
+  }
   Param wte_, wpe_, embed_norm_, embed_proj_, lm_head_, final_norm_, enc_final_norm_, head_proj_;
   Param wtt_;                                  // BERT's token-type embeddings
   Param pooler_, mlm_dense_, mlm_norm_, mlm_bias_, cls_;  // BERT's heads
@@ -588,6 +670,10 @@ class Builder {
           (s.substr(dot + 1) == "weight" || s.substr(dot + 1) == "bias"))
         base = s.substr(0, dot);
       const uint64_t n = rank_numel(x);
+      // Pipeline parallelism: the blocks of this stage only; the embedding's tensors on the
+      // first stage, the final norm's and the head's on the last (top_param skips the rest).
+      if (x.layer >= 0 && x.layer < L && base != "enc_final_norm" && !stage_block(x.layer))
+        return;
       if (x.layer < 0 || x.layer >= L || base == "enc_final_norm") {
         top[std::string(base)] += n;
         if (n > 0) top_parts[std::string(base)].push_back(n);
@@ -617,9 +703,10 @@ class Builder {
       if (n > 0) per_parts[static_cast<std::size_t>(x.layer)][std::string(module)].push_back(n);
     });
     auto top_param = [&](const char* name, const char* key, const std::string& group, int layer) {
-      return param(name, top[key], group, layer, &top_parts[key]);
+      const bool here = group == "embed" ? has_embed_ : group == "head" ? has_head_ : true;
+      return here ? param(name, top[key], group, layer, &top_parts[key]) : Param{};
     };
-    g_.groups.push_back("embed");
+    if (has_embed_) g_.groups.push_back("embed");
     wte_ = top_param("wte", "embed", "embed", -1);
     wpe_ = top_param("wpe", "pos", "embed", -1);
     wtt_ = top_param("wtt", "type", "embed", -1);
@@ -627,6 +714,10 @@ class Builder {
     embed_norm_ = top_param("embed.norm", "embed_norm", "embed", -1);
     for (int l = 0; l < L; ++l) {
       const std::string h = fmt::format("h.{}", l);
+      if (!stage_block(l)) {  // another pipeline stage's block
+        blocks_.push_back(BlockParams{});
+        continue;
+      }
       g_.groups.push_back(h);
       auto& s = per[static_cast<std::size_t>(l)];
       auto& sp = per_parts[static_cast<std::size_t>(l)];
@@ -668,7 +759,7 @@ class Builder {
         enc_final_norm_ = top_param("enc.norm_f", "enc_final_norm", h, l);
       blocks_.push_back(b);
     }
-    g_.groups.push_back("head");
+    if (has_head_) g_.groups.push_back("head");
     const int H = static_cast<int>(L);
     final_norm_ = top_param("norm_f", "final_norm", "head", H);
     head_proj_ = top_param("head.proj", "head_proj", "head", H);
@@ -677,6 +768,12 @@ class Builder {
     mlm_dense_ = top_param("head.mlm.dense", "head.mlm.dense", "head", H);
     mlm_norm_ = top_param("head.mlm.norm", "head.mlm_norm", "head", H);
     lm_head_ = m_.tied_embeddings ? wte_ : top_param("lm_head", "head", "head", H);
+    // The last of several pipeline stages holds its own copy of tied word embeddings as the
+    // output layer (Megatron-LM's LanguageModule.setup_embeddings_and_output_layer: the last
+    // stage's output_layer.weight, initialized from and kept equal to the first stage's
+    // word embeddings through the embedding group's gradient all-reduce).
+    if (m_.tied_embeddings && has_head_ && !has_embed_)
+      lm_head_ = param("lm_head", top["embed"], "head", H, &top_parts["embed"]);
     cls_ = top_param("head.cls", "head.cls", "head", H);
   }
 
@@ -2076,6 +2173,10 @@ TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in)
   if (o.seq < 1) throw Error(fmt::format("--seq: must be >= 1, got {}", o.seq));
   if (o.tp < 1) throw Error(fmt::format("--tp: must be >= 1, got {}", o.tp));
   if (o.ep < 1) throw Error(fmt::format("--ep: must be >= 1, got {}", o.ep));
+  if (o.pp < 1) throw Error(fmt::format("--pp: must be >= 1, got {}", o.pp));
+  if (o.pp_chunks < 1) throw Error(fmt::format("--vp: must be >= 1, got {}", o.pp_chunks));
+  if (o.pp_stage < 0 || o.pp_stage >= o.pp)
+    throw Error(fmt::format("pipeline stage {} of --pp {}: out of range", o.pp_stage, o.pp));
   if (o.ep > 1 && !m.is_moe())
     throw Error(fmt::format("--ep {}: {} has no experts to place", o.ep, m.name),
                 "expert parallelism applies to Mixture-of-Experts models; leave out --ep");

@@ -133,6 +133,14 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
     throw Error(fmt::format("--contiguous-memory-optimization: DeepSpeed's activation "
                             "checkpointing, not {}'s", to_string(o.profile)),
                 "plan it with --profile deepspeed");
+  // Pipeline, context and sequence parallelism are Megatron-LM's and DeepSpeed's (its
+  // PipelineEngine, DeepSpeed-Ulysses); the PyTorch profiles model DDP and FSDP without them.
+  if ((s.pp > 1 || s.cp > 1 || s.sp) &&
+      (o.profile == Profile::pytorch || o.profile == Profile::fsdp))
+    throw Error(fmt::format("--profile {}: {} is not modelled for it",
+                            to_string(o.profile), s.pp > 1 ? "--pp" : s.cp > 1 ? "--cp" : "--sp"),
+                "plan pipeline, context and sequence parallelism with --profile zeroplan or "
+                "deepspeed");
   if (o.profile == Profile::pytorch) {
     if (s.stage != 0)
       throw Error(fmt::format("--profile pytorch: --stage {}: plain PyTorch does not partition", s.stage),
@@ -218,17 +226,47 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
         e.strategy.seq, m.n_positions,
         m.positions == models::Positions::rotary ? "rotary"
         : m.positions == models::Positions::alibi ? "ALiBi" : "relative"));
-  const models::TrainingGraph g = models::build_training_graph(m, graph_options(m, e.strategy, o));
-  e.activations = summarize_activations(g);
-  e.schedule = build_schedule(g, e.strategy, e.options);
-  e.memory = replay(e.schedule, e.options);
-  e.per_device = e.memory.per_device;
+  // One graph per pipeline stage (one without pipelining); the estimate is the most loaded
+  // stage's, the others listed beside it.
+  models::GraphOptions go = graph_options(m, e.strategy, o);
+  for (int64_t st = 0; st < e.strategy.pp; ++st) {
+    go.pp_stage = st;
+    const models::TrainingGraph g = models::build_training_graph(m, go);
+    ActivationSummary act = summarize_activations(g);
+    MemorySchedule sched = build_schedule(g, e.strategy, e.options);
+    MemoryReport mem = replay(sched, e.options);
+    if (e.strategy.pp > 1) {
+      PipelineStage ps;
+      ps.stage = st;
+      const int64_t per_chunk = m.n_blocks() / (e.strategy.pp * e.strategy.vp);
+      for (int64_t c = 0; c < e.strategy.vp; ++c)  // graph.cpp's chunks: virtual stage c pp + st
+        ps.blocks.push_back({(c * e.strategy.pp + st) * per_chunk, (c * e.strategy.pp + st + 1) * per_chunk});
+      ps.in_flight = pipeline_in_flight(e.strategy, st);
+      ps.n_params = sched.n_params;
+      for (const MemBuffer& b : sched.buffers)
+        if (b.name == "pp.in_flight") ps.in_flight_bytes = b.bytes;
+      ps.per_device = mem.per_device;
+      e.stages.push_back(ps);
+    }
+    if (st == 0 || mem.per_device.peak(Tier::gpu) > e.per_device.peak(Tier::gpu)) {
+      e.stage = st;
+      e.activations = std::move(act);
+      e.schedule = std::move(sched);
+      e.memory = std::move(mem);
+      e.per_device = e.memory.per_device;
+    }
+  }
   // The device total of both profiles (zeroplan's outside-arena part is a bound).
   e.memory.device = outside_allocator(e.strategy, o);
   e.memory.device.reserved = e.memory.peak_reserved[0];
   if (hw != nullptr) {
     e.hardware = *hw;
     e.shortfalls = shortfalls(e.per_device, e.strategy, *hw);
+    // Another stage may miss on a tier where the most loaded one (by gpu) does not.
+    for (const PipelineStage& ps : e.stages)
+      if (ps.stage != e.stage)
+        for (const std::string& why : shortfalls(ps.per_device, e.strategy, *hw))
+          e.shortfalls.push_back(fmt::format("pipeline stage {}: {}", ps.stage, why));
     e.fits = e.shortfalls.empty();
   }
   return e;
@@ -278,6 +316,23 @@ nlohmann::json to_json(const Estimate& e) {
   for (Tier t : kTiers)
     alloc[std::string(to_string(t))] = e.memory.peak_allocated[static_cast<std::size_t>(t)];
   j["peak_allocated"] = alloc;
+  // Pipeline parallelism: per_device above is the most loaded stage's; every stage here.
+  if (!e.stages.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const PipelineStage& ps : e.stages)
+      stages.push_back({{"stage", ps.stage},
+                        {"blocks", ps.blocks},
+                        {"in_flight", ps.in_flight},
+                        {"in_flight_activations", ps.in_flight_bytes},
+                        {"params", ps.n_params},
+                        {"per_device", to_json(ps.per_device)}});
+    j["pipeline"] = {{"pp", e.strategy.pp},
+                     {"vp", e.strategy.vp},
+                     {"schedule", to_string(e.strategy.pp_schedule)},
+                     {"micro_batches", e.strategy.grad_accum},
+                     {"most_loaded_stage", e.stage},
+                     {"stages", stages}};
+  }
   // The three figures a user compares with: torch.cuda.max_memory_allocated (peak_allocated),
   // max_memory_reserved (peak_reserved; the cpu and nvme tiers reserve what they allocate),
   // and nvidia-smi's device total (the reservation plus the context, cuBLAS's workspace and

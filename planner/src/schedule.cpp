@@ -71,10 +71,12 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   }
   g.flash_attention = s.flash_attention;
   g.tp = s.mp;
-  if (s.pp > 1 || s.cp > 1 || (s.sp && s.mp > 1))
-    throw Error(fmt::format("{}: parsed, but not planned yet",
-                            s.pp > 1 ? "--pp" : s.cp > 1 ? "--cp" : "--sp"),
-                "plan tensor parallelism (--tp) with data parallelism and ZeRO for now");
+  g.pp = s.pp;  // the stage: pp_stage, 0 here; estimate() builds each stage's graph
+  g.pp_chunks = s.vp;
+  if (s.cp > 1 || (s.sp && s.mp > 1))
+    throw Error(fmt::format("{}: parsed, but not planned yet", s.cp > 1 ? "--cp" : "--sp"),
+                "plan tensor and pipeline parallelism (--tp, --pp) with data parallelism and "
+                "ZeRO for now");
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
   // the strategy asks for; encoder-decoder models: the decoder's length.
   g.ep = s.ep;
@@ -445,6 +447,27 @@ class ScheduleBuilder {
     int32_t last_bwd = -1;
     for (int32_t i = 0; i < n; ++i)
       if (op_at(i).phase == Phase::backward) last_bwd = i;
+    // Pipeline parallelism: while this micro-batch runs its forward and backward through the
+    // stage's vp chunks, the stage holds the saved activations of the other (micro-batch,
+    // chunk) pairs in flight (pipeline_in_flight: k pairs in all, this micro-batch's vp
+    // among them), each what one chunk's forward leaves for its backward: this stage's graph
+    // (one micro-batch through its vp chunks) saves summarize_activations' saved_total, a
+    // chunk's share 1/vp of it (the chunks hold equal blocks; the embedding's and the head's
+    // few tensors are spread over them, Megatron's accounting does the same with its
+    // interleaving penalty). One buffer for them, from before the first op to the end of the
+    // backward: the stage's peak is then the in-flight pairs' activations beside this
+    // micro-batch's own peak, as in 1F1B's steady state (Megatron's theoretical_memory_usage.py
+    // compute_activation_memory multiplies one micro-batch's activations by the in-flight
+    // count likewise).
+    uint32_t in_flight = UINT32_MAX;
+    if (s_.pp > 1) {
+      const uint64_t k = static_cast<uint64_t>(pipeline_in_flight(s_, g_.options.pp_stage));
+      const uint64_t v = static_cast<uint64_t>(s_.vp);
+      const uint64_t saved = summarize_activations(g_).saved_total;
+      if (k > v)
+        in_flight = alloc(-1, add_buffer("pp.in_flight", Tier::gpu, Category::activations,
+                                         checked_mul(saved / v, k - v, "in-flight activation bytes")));
+    }
 
     // DeepSpeed stage 1 after earlier micro-steps: their first hook allocated the ipg buffers.
     if (deepspeed_grads() && s_.stage == 1 && s_.grad_accum > 1 && contiguous() && n > 0)
@@ -490,6 +513,7 @@ class ScheduleBuilder {
         if (fsdp()) fsdp_end_run(i, run_at_[static_cast<std::size_t>(i)]);
         else end_run(i, run_at_[static_cast<std::size_t>(i)]);
       }
+      if (i == last_bwd && in_flight != UINT32_MAX) free(i, in_flight);
       if (fsdp() && i == last_bwd) {
         while (!pending_.empty())
           fsdp_reduce_scatter(i, fsdp_unit_of(g_.tensor(pending_.front()).group, s_));
@@ -1800,6 +1824,14 @@ DeviceTotal outside_allocator(const Strategy& s, const PlanOptions& o) {
   }
   return {.context = kCudaContextBytes, .cublas_workspace = kCublasWorkspaceBytes,
           .nccl = s.dp > 1 ? kTorchNcclBytes : 0};
+}
+
+// (Micro-batch, model chunk) pairs whose activations a pipeline stage holds at once
+// (pipeline.hpp in_flight_closed_form, with the sources: GPipe m; 1F1B min(p - i, m);
+// interleaved Megatron's warmup + 1 chunks).
+int64_t pipeline_in_flight(const Strategy& s, int64_t stage) {
+  if (s.pp <= 1) return 1;
+  return in_flight_closed_form(s.pp_schedule, s.pp, s.grad_accum, s.vp, stage);
 }
 
 MemorySchedule build_schedule(const TrainingGraph& g, const Strategy& s, const PlanOptions& o) {

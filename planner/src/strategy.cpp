@@ -152,9 +152,17 @@ void validate(const Strategy& s) {
   positive(s.pp, "--pp", "the pipeline-parallel degree (stages), 1 without pipelining");
   positive(s.vp, "--vp", "model chunks per pipeline stage (the interleaved schedule), 1 without");
   positive(s.cp, "--cp", "the context-parallel degree, 1 without context parallelism");
+  if (s.pp > 1 && s.stage >= 2)
+    throw Error(fmt::format("--pp {} with --stage {}: ZeRO-2 and ZeRO-3 do not combine with "
+                            "pipeline parallelism", s.pp, s.stage),
+                "DeepSpeed's PipelineEngine asserts zero_optimization.stage < 2 (deepspeed/"
+                "runtime/pipe/engine.py), and Megatron's distributed optimizer is stage 1: use "
+                "--stage 0 or 1");
   if (s.vp > 1 && s.pp == 1)
     throw Error(fmt::format("--vp {}: needs --pp > 1", s.vp),
                 "virtual pipeline stages interleave the chunks of a pipeline; give --pp too");
+  if (s.pp > 1 || s.pp_schedule != PipelineSchedule::one_f_one_b)
+    validate_pipeline(s.pp_schedule, s.pp, s.grad_accum, s.vp);
   positive(s.micro_batch, "--micro-batch", "sequences per rank per micro-step, e.g. 1");
   positive(s.grad_accum, "--grad-accum", "micro-steps per optimizer step, e.g. 1");
   if (s.seq < 0)
@@ -605,6 +613,7 @@ json to_json(const Strategy& s) {
           {"sp", s.sp},
           {"pp", s.pp},
           {"vp", s.vp},
+          {"pp_schedule", to_string(s.pp_schedule)},
           {"cp", s.cp},
           {"cp_kind", to_string(s.cp_kind)},
           {"micro_batch", s.micro_batch},
@@ -669,7 +678,7 @@ json to_json(const Strategy& s) {
 Strategy strategy_from_json(const json& j, const std::string& origin) {
   if (!j.is_object()) throw Error(fmt::format("{}: 'strategy' must be an object", origin));
   reject_unknown(j,
-                 {"stage", "dp", "mp", "tp", "sp", "pp", "vp", "cp", "cp_kind", "micro_batch", "seq", "grad_accum", "precision",
+                 {"stage", "dp", "mp", "tp", "sp", "pp", "vp", "pp_schedule", "cp", "cp_kind", "micro_batch", "seq", "grad_accum", "precision",
                   "optimizer", "checkpointing", "flash_attention", "offload_optimizer",
                   "offload_param", "dpu", "partition_activations", "cpu_checkpointing",
                   "contiguous_memory_optimization", "number_checkpoints", "overlap_comm",
@@ -720,6 +729,10 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   s.moe_routing = enum_field("moe_routing", moe_routing_from_string, s.moe_routing,
                              "\"balanced\" or \"worst\"");
   s.cp_kind = enum_field("cp_kind", cp_kind_from_string, s.cp_kind, "\"ring\" or \"ulysses\"");
+  // Unsaid, the schedule is Megatron's choice: interleaved with virtual stages, else 1F1B.
+  if (s.vp > 1) s.pp_schedule = PipelineSchedule::interleaved;
+  s.pp_schedule = enum_field("pp_schedule", pipeline_schedule_from_string, s.pp_schedule,
+                             "\"gpipe\", \"1f1b\" or \"interleaved\"");
   s.master_precision = enum_field("master_precision", precision_from_string, s.master_precision,
                                   "\"fp32\" or \"bf16\"");
   s.optimizer_precision = enum_field("optimizer_precision", precision_from_string,
@@ -816,6 +829,7 @@ std::string describe(const Strategy& s) {
   if (s.sp && s.mp > 1) out += ", sp";
   if (s.pp > 1) out += fmt::format(", pp {}", s.pp);
   if (s.vp > 1) out += fmt::format(" x vp {}", s.vp);
+  if (s.pp > 1) out += fmt::format(" ({})", to_string(s.pp_schedule));
   if (s.cp > 1) out += fmt::format(", cp {} ({})", s.cp, to_string(s.cp_kind));
   if (s.ep > 1) out += fmt::format(", ep {}", s.ep);
   if (s.moe_routing == MoeRouting::worst) out += ", worst-case routing";

@@ -287,11 +287,33 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
   if (cuda && e.options.profile == planner::Profile::deepspeed && mem.init_peak[0] > mem.after_init[0])
     out += fmt::format("init: {} allocated at most in deepspeed.initialize, {} after it\n",
                        format_bytes(mem.init_peak[0]), format_bytes(mem.after_init[0]));
-  if (!e.activations.saved_per_layer.empty())
+  // Per block: the first block of the stage described (every block without pipelining).
+  const std::size_t b0 =
+      e.stages.empty() ? 0 : static_cast<std::size_t>(e.stages[static_cast<std::size_t>(e.stage)].blocks.front().first);
+  if (b0 < e.activations.saved_per_layer.size())
     out += fmt::format("saved for backward at the end of forward: {} ({} per block)\n",
                        format_bytes(e.activations.saved_total),
-                       format_bytes(e.activations.saved_per_layer.front() +
-                                    e.activations.stats_per_layer.front()));
+                       format_bytes(e.activations.saved_per_layer[b0] +
+                                    e.activations.stats_per_layer[b0]));
+  if (!e.stages.empty()) {
+    // Pipeline parallelism: the table above is the most loaded stage's; each stage's peaks.
+    out += fmt::format("\npipeline: {} stages{}, {}, {} micro-batches per step; the table above "
+                       "is stage {} (the most loaded)\n",
+                       e.strategy.pp, e.strategy.vp > 1 ? fmt::format(" x {} chunks", e.strategy.vp) : "",
+                       planner::to_string(e.strategy.pp_schedule), e.strategy.grad_accum, e.stage);
+    Table ps({"stage", "blocks", "in flight", "params", "activations", "gpu peak", "cpu peak"},
+             {Align::right, Align::left, Align::right, Align::right, Align::right, Align::right,
+              Align::right});
+    for (const planner::PipelineStage& s : e.stages) {
+      std::string blocks;
+      for (const auto& [a, b] : s.blocks) blocks += fmt::format("{}{}-{}", blocks.empty() ? "" : ",", a, b - 1);
+      ps.add({fmt::format("{}", s.stage), blocks,
+              fmt::format("{}", s.in_flight), format_count(s.n_params),
+              format_bytes(s.per_device[Tier::gpu][Category::activations]),
+              format_bytes(s.per_device.peak(Tier::gpu)), format_bytes(s.per_device.peak(Tier::cpu))});
+    }
+    out += ps.render(f);
+  }
   if (e.fits.has_value()) {
     out += "\n";
     if (*e.fits) {

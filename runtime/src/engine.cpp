@@ -136,8 +136,13 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
                   "run --ep > 1 with --device cpu, or --ep 1 on GPUs");
   }
   if (s.mp != 1 || s.partition_activations)
-    throw Error("zero-run has no tensor parallelism: --mp must be 1",
+    throw Error("zero-run has no tensor parallelism: --tp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
+  if (s.pp != 1 || s.cp != 1)
+    throw Error(fmt::format("zero-run has no {} parallelism: --{} must be 1",
+                            s.pp != 1 ? "pipeline" : "context", s.pp != 1 ? "pp" : "cp"),
+                "plan pipeline and context parallelism with zero-plan; run data and expert "
+                "parallelism here");
   // The optimizer step (cpu_adam.hpp and the devices' fused kernels) is Adam/AdamW or SGD
   // with momentum; the other optimizers are planned only.
   if (s.optimizer != planner::OptimizerKind::adam && s.optimizer != planner::OptimizerKind::adamw &&

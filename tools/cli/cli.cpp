@@ -45,6 +45,12 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "model chunks per pipeline stage (Megatron's virtual pipeline stages, the "
                  "interleaved 1F1B schedule); needs --pp [1]")
       ->group(g);
+  app.add_option("--pp-schedule", f.pp_schedule,
+                 "gpipe (all forwards, then all backwards: every micro-batch in flight), 1f1b "
+                 "(PipeDream-Flush, Megatron's default: stage i holds min(pp - i, micro-batches)) "
+                 "or interleaved (1F1B over --vp model chunks per stage) [1f1b; interleaved "
+                 "with --vp]")
+      ->group(g);
   app.add_option("--cp", f.cp,
                  "context-parallel degree: every sequence split into cp parts of T/cp tokens "
                  "on cp ranks [1]")
@@ -310,6 +316,12 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--pp")) s.pp = parse_int("--pp", pp);
   if (given("--vp")) s.vp = parse_int("--vp", vp);
   if (given("--cp")) s.cp = parse_int("--cp", cp);
+  if (given("--pp-schedule"))
+    s.pp_schedule = parse_enum<planner::PipelineSchedule>("--pp-schedule", pp_schedule,
+                                                          planner::pipeline_schedule_from_string,
+                                                          "gpipe, 1f1b or interleaved");
+  else if (s.vp > 1)
+    s.pp_schedule = planner::PipelineSchedule::interleaved;
   if (given("--cp-kind"))
     s.cp_kind = parse_enum<planner::CpKind>("--cp-kind", cp_kind, planner::cp_kind_from_string,
                                             "ring or ulysses");

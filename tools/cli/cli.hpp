@@ -25,7 +25,7 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config, fsdp_config;
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
-  std::string pp, vp, cp, cp_kind;
+  std::string pp, vp, cp, cp_kind, pp_schedule;
   bool sp = false;
   std::string master_weights, optimizer_states, reduce_dtype, optimizer_impl, fsdp_version,
       fsdp_shard_size;

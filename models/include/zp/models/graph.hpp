@@ -64,6 +64,9 @@ enum class OpKind : uint8_t {
   // instead of running it (torch.utils.checkpoint's _CachedTorchDispatchMode pops them). It
   // reads them (they live until then) and costs nothing.
   sac_reuse,
+  // Pipeline parallelism: a stage receives its input activation from the previous stage (and
+  // its output's gradient from the next) and sends its output (and its input's gradient).
+  pp_recv, pp_send,
 };
 std::string_view to_string(OpKind k);
 
@@ -89,6 +92,19 @@ struct GraphOptions {
   bool flash_attention = false;  // fused attention: saves output + log-sum-exp, no T x T
   int64_t seq_target = 0;     // encoder-decoder models: the decoder's length (0: seq)
   int64_t tp = 1;             // tensor-parallel degree t
+  // Pipeline parallelism: this graph is stage pp_stage of pp, the blocks
+  // [pp_stage * L/pp, (pp_stage + 1) * L/pp) (L divisible by pp). The first stage has the
+  // embedding, the last the final norm, the head and the loss; a stage after the first
+  // receives its input (B, T, C) and sends its input's gradient back, a stage before the last
+  // sends its output and receives that output's gradient (Megatron-LM's p2p communication).
+  // With tied embeddings the last stage holds a copy of the word embeddings as its output
+  // layer (Megatron's shared embedding group keeps the two copies equal).
+  // With pp_chunks > 1 (Megatron's virtual pipeline stages, the interleaved schedule) the
+  // stage holds pp_chunks model chunks of L/(pp pp_chunks) blocks, chunk c being virtual
+  // stage c pp + pp_stage; the graph runs one micro-batch through them in order.
+  int64_t pp = 1;
+  int64_t pp_stage = 0;
+  int64_t pp_chunks = 1;
   // Expert parallelism: each rank holds E/ep of every MoE layer's routed experts and runs the
   // rows routed to them. Balanced routing gives a rank as many rows as it sends (k*B*T);
   // moe_worst_case sizes them for every token of the ep group choosing this rank's experts.

@@ -24,6 +24,17 @@
 
 namespace zp::planner {
 
+// Pipeline parallelism: one stage's ranks (each of its tp x cp x dp ranks holds the same).
+struct PipelineStage {
+  int64_t stage = 0;
+  // Its model chunks' blocks, [first, end) each (one chunk without interleaving).
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  int64_t in_flight = 1;  // (micro-batch, chunk) pairs whose activations it holds at once
+  uint64_t n_params = 0;                   // parameters per rank
+  uint64_t in_flight_bytes = 0;            // the other micro-batches' saved activations
+  PerDevice per_device;
+};
+
 struct Estimate {
   models::ModelSpec model;
   models::ParamInventory params;
@@ -39,6 +50,10 @@ struct Estimate {
   // Every default the plan took rather than the user: "--seq 4096 (...)", a DeepSpeed
   // config's "auto" values; the CLI adds the flags left out. Shown in the headline.
   std::vector<std::string> assumed;
+  // Pipeline parallelism (strategy.pp > 1): every stage, and which one the fields above
+  // describe: the most loaded (the largest gpu peak; the first of equals).
+  std::vector<PipelineStage> stages;
+  int64_t stage = 0;
 };
 
 // Resolves defaults that depend on the model (seq 0 -> min(the model's context,

@@ -141,6 +141,10 @@ uint64_t partition_elems(const std::vector<uint64_t>& group_elems,
 // them h.<l>.moe.experts.fc / .proj (ParamTensor::expert in the inventory).
 bool is_expert_tensor(const models::Tensor& t);
 
+// Pipeline parallelism: the micro-batches whose activations stage `stage` (0-based) of s.pp
+// holds at once under the step's schedule (1 without pipelining). schedule.cpp has the source.
+int64_t pipeline_in_flight(const Strategy& s, int64_t stage);
+
 // Elements of one pinned host tile through which an offloaded optimizer returns the updated
 // 16-bit parameters (two tiles, alternating): DeepSpeed's CPU Adam TILE, 128 Mi elements,
 // the default of Strategy::buffers.offload_tile_size.

@@ -17,6 +17,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "zp/planner/pipeline.hpp"
+
 namespace zp::planner {
 
 enum class Precision { fp32, fp16, bf16 };
@@ -155,6 +157,9 @@ struct Strategy {
   // schedule) when > 1. Micro-batches per step: grad_accum.
   int64_t pp = 1;
   int64_t vp = 1;
+  // The pipeline's schedule (pipeline.hpp): 1f1b by default, interleaved with vp > 1 (as
+  // Megatron-LM picks it), or gpipe (all forwards, then all backwards).
+  PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;
   // Context parallelism: every sequence split into cp parts of T/cp tokens on cp ranks.
   int64_t cp = 1;
   CpKind cp_kind = CpKind::ring;
