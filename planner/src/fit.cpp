@@ -508,6 +508,12 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
 }
 
 FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
+  // The search's per-shape caches hold one graph per shape; a pipeline's stages are several.
+  if (r.base.pp > 1 || r.base.cp > 1 || (r.base.sp && r.base.mp > 1))
+    throw Error(fmt::format("fit: {} is not searched yet",
+                            r.base.pp > 1 ? "--pp" : r.base.cp > 1 ? "--cp" : "--sp"),
+                "estimate a pipeline with `zero-plan estimate --pp N` (every stage, the most "
+                "loaded named); fit searches ZeRO, data, tensor and expert parallelism");
   const Cluster2 cl2 = resolve_cluster(r);
   const Cluster cl{cl2.gpus, cl2.nodes};
   FitResult out;
