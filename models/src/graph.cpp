@@ -58,7 +58,7 @@ std::string_view to_string(OpKind k) {
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
       "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd", "tanh",
-      "tanh_bwd", "sac_reuse", "pp_recv", "pp_send"};
+      "tanh_bwd", "sac_reuse", "pp_recv", "pp_send", "sp_all_gather", "sp_reduce_scatter"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -213,6 +213,27 @@ class Builder {
     }
     has_embed_ = o.pp_stage == 0;
     has_head_ = o.pp_stage == o.pp - 1;
+    sp_ = o.sp && t > 1;
+    if (sp_) {
+      auto refuse = [&](const std::string& what) {
+        throw Error(fmt::format("--sp: {} ({}): not planned with sequence parallelism", what, m.name),
+                    "Megatron's sequence parallelism is planned for decoder-only pre-norm dense "
+                    "blocks (GPT, LLaMA, Mistral, Qwen); leave out --sp");
+      };
+      if (m.encoder_decoder()) refuse("an encoder-decoder model");
+      if (m.is_moe()) refuse("Mixture-of-Experts layers");
+      if (m.attention == Attention::mla) refuse("multi-head latent attention");
+      if (m.residual == Residual::parallel) refuse("parallel attention and MLP");
+      if (m.norm_place != NormPlace::pre) refuse("norms after the sublayers");
+      if (m.embed_proj_dim > 0 || m.head == Head::seq_cls || m.head == Head::mlm)
+        refuse("an embedding projection or a BERT head");
+      if (o.recompute == Recompute::selective_op) refuse("torchtitan's per-op recomputation");
+      if (o.partition_checkpoints) refuse("ZeRO-R's partitioned checkpoints");
+      if (o.hf_modeling || o.autocast) refuse("Hugging Face's modeling code");
+      if (T % t != 0)
+        throw Error(fmt::format("--sp: --seq {} is not divisible by --tp {}", T, t),
+                    "sequence parallelism splits every sequence into tp equal parts");
+    }
     V = (m.vocab_size + t - 1) / t;  // vocab-parallel head; Megatron pads V to a multiple
     Q = checked_mul(NH, HS, "attention width");
     QKV = checked_add(Q, checked_mul(2 * KVH, m.attention == Attention::mla ? 0 : HS, "key/value width"),
@@ -293,7 +314,7 @@ class Builder {
           x = embedding(tokens, "embed", -1, embed_mask_);
         } else {
           const int l0 = static_cast<int>(a);
-          x = tensor(fmt::format("h.{}.pp.in", l0), {B, T, C}, ab, TensorKind::activation, l0);
+          x = outer_tensor(fmt::format("h.{}.pp.in", l0), C, ab, TensorKind::activation, l0);
           op(fmt::format("h.{}.pp.recv", l0), OpKind::pp_recv, Phase::forward, l0, {}, {x}, {},
              {}, {}, 0.0);
         }
@@ -364,7 +385,7 @@ class Builder {
         TensorId d = dres;
         if (c + 1 < chunks_.size() || !has_head_) {
           const int le = static_cast<int>(b - 1);
-          d = tensor(fmt::format("h.{}.pp.out.d", le), {B, T, C}, ab, TensorKind::act_grad, le);
+          d = outer_tensor(fmt::format("h.{}.pp.out.d", le), C, ab, TensorKind::act_grad, le);
           op(fmt::format("h.{}.pp.recv_grad", le), OpKind::pp_recv, Phase::backward, le, {}, {d},
              {}, {}, {}, 0.0);
         }
@@ -507,6 +528,38 @@ class Builder {
   // head (the last).
   std::vector<std::pair<int64_t, int64_t>> chunks_;
   bool has_embed_ = true, has_head_ = true;
+  // Sequence parallelism (GraphOptions::sp with t > 1): the tensors held with T/t tokens.
+  bool sp_ = false;
+  std::set<TensorId> sharded_;
+  bool sharded(TensorId t) const { return sp_ && sharded_.contains(t); }
+  // (B, T/t, w) under sequence parallelism, else (B, T, w): the shape of a tensor between
+  // the tensor-parallel regions.
+  Shape outer(int64_t w) const { return {B, sp_ ? T / o_.tp : T, w}; }
+  TensorId outer_tensor(std::string name, int64_t w, uint32_t elem_bytes, TensorKind kind, int l) {
+    const TensorId t = tensor(std::move(name), outer(w), elem_bytes, kind, l);
+    if (sp_) sharded_.insert(t);
+    return t;
+  }
+  int64_t tokens_of(TensorId t) const {
+    const Shape& sh = g_.tensors[static_cast<std::size_t>(t)].shape;
+    return sh.size() == 3 ? sh[0] * sh[1] : B * T;
+  }
+  // The all-gather of a sequence-sharded tensor into a transient whole one (Megatron's
+  // gather_from_sequence_parallel_region), dying after its one reader.
+  TensorId sp_gather(const std::string& name, TensorId x, int l, Phase ph) {
+    const Tensor& t = g_.tensors[static_cast<std::size_t>(x)];
+    const TensorId full = tensor(name, {B, T, t.shape.back()}, t.elem_bytes,
+                                 t.kind == TensorKind::act_grad ? TensorKind::act_grad
+                                                                : TensorKind::activation, l);
+    op(name, OpKind::sp_all_gather, ph, l, {x}, {full}, {}, {}, {}, 0.0);
+    return full;
+  }
+  // The reduce-scatter of whole partial sums into the sequence-sharded tensor (Megatron's
+  // reduce_scatter_to_sequence_parallel_region); backward's accumulates into it.
+  void sp_scatter(const std::string& name, TensorId full, TensorId x, int l, Phase ph) {
+    op(name, OpKind::sp_reduce_scatter, ph, l, {full}, {x}, {}, {}, {}, double(B * T) *
+       double(g_.tensors[static_cast<std::size_t>(full)].shape.back()));
+  }
   bool stage_block(int64_t l) const {
     for (const auto& [a, b] : chunks_)
       if (l >= a && l < b) return true;
@@ -532,7 +585,7 @@ class Builder {
     std::string name;
   };
   TensorId need(Target& t, int l) {
-    if (t.id == kNone) t.id = tensor(t.name, {B, T, C}, aw, TensorKind::act_grad, l);
+    if (t.id == kNone) t.id = outer_tensor(t.name, C, aw, TensorKind::act_grad, l);
     return t.id;
   }
   static Target target(TensorId existing) { return Target{existing, {}}; }
@@ -802,6 +855,14 @@ class Builder {
       pos_ids_[name == "enc.embed" ? 0 : 1] = ids;
     }
     TensorId x = emb;
+    if (sp_) {
+      // Sequence parallelism: the vocabulary-parallel lookup's partial sums are reduce-
+      // scattered into the sequence shards (Megatron's embedding with
+      // reduce_scatter_embeddings), the embedding's dropout on the shard.
+      g_.tensors[static_cast<std::size_t>(emb)].kind = TensorKind::activation;
+      x = outer_tensor(name + ".rs.out", C, aw, drop ? TensorKind::activation : TensorKind::saved, layer);
+      sp_scatter(name + ".rs", emb, x, layer, Phase::forward);
+    }
     if (embed_proj_.w != kNone) {  // OPT's project_in: saved as its input for the backward
       g_.tensors[static_cast<std::size_t>(emb)].kind = TensorKind::saved;
       embed_raw_ = emb;
@@ -817,11 +878,11 @@ class Builder {
       if (drop) g_.tensors[static_cast<std::size_t>(x)].kind = TensorKind::activation;
     }
     if (!drop) return x;
-    const TensorId mask = tensor(name + ".drop.mask", {B, T, C}, 1, TensorKind::saved, layer);
-    const TensorId out = tensor(name + ".drop.out", {B, T, C}, g_.tensors[static_cast<std::size_t>(x)].elem_bytes,
-                                TensorKind::saved, layer);
+    const TensorId mask = outer_tensor(name + ".drop.mask", C, 1, TensorKind::saved, layer);
+    const TensorId out = outer_tensor(name + ".drop.out", C, g_.tensors[static_cast<std::size_t>(x)].elem_bytes,
+                                      TensorKind::saved, layer);
     op(name + ".drop", OpKind::dropout, Phase::forward, layer, {x}, {out, mask}, {}, {}, {},
-       double(B * T * C));
+       double(tokens_of(x) * C));
     g_.ops.back().dropout_p = m_.embd_dropout;
     mask_out = mask;
     return out;
@@ -837,7 +898,7 @@ class Builder {
     const int layer = -1;
     if (mask != kNone) {
       op(name + ".drop.bwd", OpKind::dropout_bwd, Phase::backward, layer, {dres, mask}, {dres},
-         {}, {}, {}, double(B * T * C));
+         {}, {}, {}, double(tokens_of(dres) * C));
       g_.ops.back().dropout_p = m_.embd_dropout;
     }
     TensorId d = dres;
@@ -851,6 +912,7 @@ class Builder {
       matmul_bwd(name + ".proj", d, embed_raw_, de, embed_proj_, layer, E, C);
       d = de;
     }
+    if (sharded(d)) d = sp_gather(name + ".bwd.ag", d, layer, Phase::backward);
     std::vector<TensorId> in = {d, tokens};
     const TensorId ids = pos_ids_[name == "enc.embed" ? 0 : 1];
     if (ids != kNone) in.push_back(ids);
@@ -904,11 +966,14 @@ class Builder {
     Shape shape = x.shape;
     if (part > 0) shape.back() = part;  // normalizes the first `part` features (MLA's kv_a)
     const int64_t width = shape.back();
-    stats = tensor(name + ".stats", {B, T, ln ? 2 : 1}, 4, kind, layer, true);
+    // Sequence parallelism: a sharded input's norm is sharded, statistics and all.
+    const int64_t rows = sharded(in) ? shape[1] : T;
+    stats = tensor(name + ".stats", {B, rows, ln ? 2 : 1}, 4, kind, layer, true);
     const TensorId out = tensor(name + ".out", shape, aw, kind, layer);
+    if (sharded(in)) sharded_.insert(out);
     op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""),
        ln ? OpKind::layernorm : OpKind::rmsnorm, ph, layer, {in}, {out, stats}, {}, {p.w}, {},
-       8.0 * double(B * T * width));
+       8.0 * double(B * rows * width));
     return out;
   }
   void norm_bwd(const std::string& name, TensorId d_out, TensorId in, TensorId stats,
@@ -918,7 +983,7 @@ class Builder {
     const int64_t width = g_.tensors[static_cast<std::size_t>(in)].shape.back();
     op(name + ".bwd", m_.norm == Norm::layernorm ? OpKind::layernorm_bwd : OpKind::rmsnorm_bwd,
        Phase::backward, layer, {d_out, in, stats}, {dres}, {}, {p.w}, {p.g},
-       12.0 * double(B * T * width));
+       12.0 * double(tokens_of(in) * width));
   }
 
   // Autocast (GraphOptions::autocast): the casts a forward (or recomputed) matmul `name` on
@@ -976,19 +1041,39 @@ class Builder {
               Phase ph, int64_t n_in, int64_t n_out, int64_t rows = 0, Aten aten = Aten::unset) {
     pending_aten_ = aten;
     const double r = rows > 0 ? double(rows) : double(B * T);
+    const std::string re = ph == Phase::recompute ? ".re" : "";
+    // Sequence parallelism: a sharded input is all-gathered first; a sharded output receives
+    // the reduce-scatter of the whole product.
+    if (sharded(in)) in = sp_gather(name + ".ag" + re, in, layer, ph);
+    const TensorId sharded_out = sharded(out) ? out : kNone;
+    if (sharded_out != kNone)
+      out = tensor(name + ".partial", {B, T, n_out}, g_.tensors[static_cast<std::size_t>(out)].elem_bytes,
+                   TensorKind::activation, layer);
     std::vector<TensorId> ins = {in}, outs = {out};
     autocast_matmul(name, in, p, layer, ph, n_in, rows, ins, outs);
-    op(fmt::format("{}{}", name, ph == Phase::recompute ? ".re" : ""), OpKind::matmul, ph, layer,
+    pending_aten_ = aten;
+    op(fmt::format("{}{}", name, re), OpKind::matmul, ph, layer,
        ins, outs, {}, {p.w}, {}, 2.0 * r * double(n_in) * double(n_out));
+    if (sharded_out != kNone) sp_scatter(name + ".rs" + re, out, sharded_out, layer, ph);
   }
   // dX = dY W^T and dW += X^T dY: twice the forward FLOPs.
   void matmul_bwd(const std::string& name, TensorId d_out, TensorId in, TensorId d_in,
                   const Param& p, int layer, int64_t n_in, int64_t n_out, int64_t rows = 0) {
     const double r = rows > 0 ? double(rows) : double(B * T);
+    // Sequence parallelism: a row-parallel linear's sharded output gradient and a column-
+    // parallel one's sharded input are all-gathered (the input again: only its shard was
+    // kept); a sharded input gradient receives the reduce-scatter of the whole one.
+    if (sharded(d_out)) d_out = sp_gather(name + ".bwd.ag_d", d_out, layer, Phase::backward);
+    if (sharded(in)) in = sp_gather(name + ".bwd.ag", in, layer, Phase::backward);
+    const TensorId sharded_d_in = sharded(d_in) ? d_in : kNone;
+    if (sharded_d_in != kNone)
+      d_in = tensor(name + ".d.partial", {B, T, n_in}, g_.tensors[static_cast<std::size_t>(d_in)].elem_bytes,
+                    TensorKind::act_grad, layer);
     std::vector<TensorId> ins = {d_out, in};
     autocast_matmul_bwd(name, p, ins);
     op(name + ".bwd", OpKind::matmul_bwd, Phase::backward, layer, ins, {d_in}, {}, {p.w},
        {p.g}, 4.0 * r * double(n_in) * double(n_out));
+    if (sharded_d_in != kNone) sp_scatter(name + ".bwd.rs", d_in, sharded_d_in, layer, Phase::backward);
   }
 
   TensorId partition_checkpoint(TensorId x, int l) {
@@ -1227,13 +1312,13 @@ class Builder {
     }
     if (p.sinks.w != kNone) g_.ops.back().params.push_back(p.sinks.w);
     const bool rdrop = o_.dropout && m_.resid_dropout > 0;
-    TensorId proj = tensor(h + ".attn.proj", {B, T, C}, ab, TensorKind::activation, l);
+    TensorId proj = outer_tensor(h + ".attn.proj", C, ab, TensorKind::activation, l);
     matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, QO, C, 0, linear_aten(m_.out_bias));
     if (rdrop) {
-      a.proj_mask = tensor(h + ".attn.proj.drop.mask", {B, T, C}, 1, k.block, l);
-      const TensorId dropped = tensor(h + ".attn.proj.drop.out", {B, T, C}, ab, TensorKind::activation, l);
+      a.proj_mask = outer_tensor(h + ".attn.proj.drop.mask", C, 1, k.block, l);
+      const TensorId dropped = outer_tensor(h + ".attn.proj.drop.out", C, ab, TensorKind::activation, l);
       op(h + ".attn.proj.drop" + re, OpKind::dropout, ph, l, {proj}, {dropped, a.proj_mask}, {}, {},
-         {}, double(B * T * C));
+         {}, double(tokens_of(proj) * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
       proj = dropped;
     }
@@ -1354,6 +1439,7 @@ class Builder {
       up = tensor(name + ".up", shp, ab, k.block, l);
       matmul(name + ".up", in, up, fc, l, ph, C, width, rows, aten);
     } else {
+      if (sharded(in)) in = sp_gather(name + ".gate_up.ag" + re, in, l, ph);
       fch = tensor(name + ".gate", shp, ab, k.block, l);
       up = tensor(name + ".up", shp, ab, k.block, l);
       pending_aten_ = lin.routed ? Aten::grouped_mm : Aten::mm;  // a fused gate_up has no bias
@@ -1370,8 +1456,8 @@ class Builder {
       op(name + ".swiglu" + re, OpKind::swiglu, ph, l, {fch, up}, out, {}, {}, {},
          6.0 * n * double(width));
     }
-    const TensorId out = tensor(name + ".proj", rows > 0 ? Shape{rows, C} : Shape{B, T, C}, ab,
-                                TensorKind::activation, l);
+    const TensorId out = rows > 0 ? tensor(name + ".proj", Shape{rows, C}, ab, TensorKind::activation, l)
+                                  : outer_tensor(name + ".proj", C, ab, TensorKind::activation, l);
     matmul(name + ".proj", act, out, fc2, l, ph, width, C, rows, aten);
     return out;
   }
@@ -1385,7 +1471,7 @@ class Builder {
     const TensorId d_act = tensor(name + (gelu ? (relu() ? ".relu.d" : ".gelu.d") : ".swiglu.d"),
                                   shp, ab, TensorKind::act_grad, l);
     matmul_bwd(name + ".proj", d_out, act, d_act, fc2, l, width, C, rows);
-    const TensorId din = need(d_in, l);
+    TensorId din = need(d_in, l);
     if (gelu && relu()) {
       op(name + ".relu.bwd", OpKind::relu_bwd, Phase::backward, l, {d_act, act}, {d_act}, {}, {},
          {}, n * double(width));
@@ -1404,10 +1490,16 @@ class Builder {
       in_g.insert(in_g.end(), hf.begin(), hf.end());
       op(name + ".swiglu.bwd", OpKind::swiglu_bwd, Phase::backward, l, in_g, {d_gu}, {}, {}, {},
          10.0 * n * double(width));
+      const TensorId din_sharded = sharded(din) ? din : kNone;
+      if (sharded(in)) in = sp_gather(name + ".gate_up.bwd.ag", in, l, Phase::backward);
+      if (din_sharded != kNone)
+        din = tensor(name + ".gate_up.d.partial", {B, T, C}, g_.tensors[static_cast<std::size_t>(din)].elem_bytes,
+                     TensorKind::act_grad, l);
       std::vector<TensorId> ins = {d_gu, in};
       autocast_matmul_bwd(name + ".gate_up", fc, ins);
       op(name + ".gate_up.bwd", OpKind::matmul_bwd, Phase::backward, l, ins, {din}, {},
          {fc.w}, {fc.g}, 4.0 * n * double(C) * double(2 * width));
+      if (din_sharded != kNone) sp_scatter(name + ".gate_up.bwd.rs", din, din_sharded, l, Phase::backward);
     }
   }
 
@@ -1554,10 +1646,10 @@ class Builder {
                        : dense_mlp(h + ".mlp", l, ph, k, in, p.fc, p.fc2, F, a.fch, a.up, a.act,
                                    a.act_hf, MlpLinears{m_.mlp_bias, m_.fused_gate_up, false});
     if (o_.dropout && m_.resid_dropout > 0) {
-      a.mlp_mask = tensor(h + ".mlp.drop.mask", {B, T, C}, 1, k.block, l);
-      const TensorId dropped = tensor(h + ".mlp.drop.out", {B, T, C}, ab, TensorKind::activation, l);
+      a.mlp_mask = outer_tensor(h + ".mlp.drop.mask", C, 1, k.block, l);
+      const TensorId dropped = outer_tensor(h + ".mlp.drop.out", C, ab, TensorKind::activation, l);
       op(h + ".mlp.drop" + re, OpKind::dropout, ph, l, {out}, {dropped, a.mlp_mask}, {}, {}, {},
-         double(B * T * C));
+         double(tokens_of(out) * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
       out = dropped;
     }
@@ -1568,9 +1660,9 @@ class Builder {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     TensorId d = d_out;
     if (a.mlp_mask != kNone) {
-      d = tensor(h + ".mlp.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
+      d = outer_tensor(h + ".mlp.drop.d", C, ab, TensorKind::act_grad, l);
       op(h + ".mlp.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_out, a.mlp_mask}, {d},
-         {}, {}, {}, double(B * T * C));
+         {}, {}, {}, double(tokens_of(d) * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
     }
     if (m_.moe.is_moe_layer(l))
@@ -1581,9 +1673,9 @@ class Builder {
 
   TensorId residual(const std::string& name, int l, Phase ph, std::vector<TensorId> in,
                     TensorKind kind) {
-    const TensorId out = tensor(name, {B, T, C}, aw, kind, l);
+    const TensorId out = outer_tensor(name, C, aw, kind, l);
     op(name + (ph == Phase::recompute ? ".re" : ""), OpKind::residual, ph, l, std::move(in), {out},
-       {}, {}, {}, double(B * T * C));
+       {}, {}, {}, double(tokens_of(out) * C));
     return out;
   }
 
@@ -1776,9 +1868,9 @@ class Builder {
     if (logits_tanh != kNone)
       op("logits.softcap.bwd", OpKind::softcap_bwd, Phase::backward, head_layer,
          {dlogits, logits_tanh}, {dlogits}, {}, {}, {}, 3.0 * btv);
-    TensorId d_head_in = tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", {B, T, E},
-                                g_.tensors[static_cast<std::size_t>(head_in)].elem_bytes,
-                                TensorKind::act_grad, head_layer);
+    TensorId d_head_in = outer_tensor(head_proj_.w != kNone ? "head.proj.d" : "lnf.d", E,
+                                      g_.tensors[static_cast<std::size_t>(head_in)].elem_bytes,
+                                      TensorKind::act_grad, head_layer);
     matmul_bwd("lm_head", dlogits, head_in, d_head_in, lm_head_, head_layer, E, V);
     TensorId d_nf = d_head_in;
     if (head_proj_.w != kNone) {
@@ -1786,7 +1878,7 @@ class Builder {
       matmul_bwd("head.proj", d_head_in, nf, d_nf, head_proj_, head_layer, C, E);
     }
     if (final_norm_.w == kNone) return d_nf;
-    TensorId dres = tensor("dresidual", {B, T, C}, aw, TensorKind::act_grad, head_layer);
+    TensorId dres = outer_tensor("dresidual", C, aw, TensorKind::act_grad, head_layer);
     norm_bwd("lnf", d_nf, x, nf_stats, dres, final_norm_, head_layer);
     return dres;
   }
@@ -1899,7 +1991,7 @@ class Builder {
     const BlockParams& p = blocks_[static_cast<std::size_t>(l)];
     TensorId d_proj = d_out;
     if (a.proj_mask != kNone) {
-      d_proj = tensor(h + ".attn.proj.drop.d", {B, T, C}, ab, TensorKind::act_grad, l);
+      d_proj = outer_tensor(h + ".attn.proj.drop.d", C, ab, TensorKind::act_grad, l);
       op(h + ".attn.proj.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_out, a.proj_mask},
          {d_proj}, {}, {}, {}, double(B * T * C));
       g_.ops.back().dropout_p = m_.resid_dropout;

@@ -73,8 +73,9 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   g.tp = s.mp;
   g.pp = s.pp;  // the stage: pp_stage, 0 here; estimate() builds each stage's graph
   g.pp_chunks = s.vp;
-  if (s.cp > 1 || (s.sp && s.mp > 1))
-    throw Error(fmt::format("{}: parsed, but not planned yet", s.cp > 1 ? "--cp" : "--sp"),
+  g.sp = s.sp;
+  if (s.cp > 1)
+    throw Error("--cp: parsed, but not planned yet",
                 "plan tensor and pipeline parallelism (--tp, --pp) with data parallelism and "
                 "ZeRO for now");
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing

@@ -119,6 +119,89 @@ TEST_CASE("flash attention keeps no s^2 tensor; tensor parallelism splits eq. (2
   CHECK_THROWS_AS(build_training_graph(gpt(h, a, 2, s), bad), zp::Error);
 }
 
+TEST_CASE("Korthikanti et al. 2022 table 2, every row, exactly") {
+  // Activations memory per transformer layer (bytes, 16-bit activations with dropout), Table 2:
+  //   no parallelism                               sbh (34 + 5as/h)
+  //   tensor parallel (baseline)                   sbh (10 + 24/t + 5as/(ht))
+  //   tensor + sequence parallel                   sbh (34/t + 5as/(ht))
+  //   tensor parallel + selective recomputation    sbh (10 + 24/t)
+  //   tensor + sequence + selective recomputation  sbh (34/t)
+  //   full recomputation                           sbh (2)
+  // Written as integers (every term divides for these shapes). The layernorms' fp32 mean and
+  // rstd the paper neglects are counted apart (stats_per_layer): 16 s b, over t with sequence
+  // parallelism. Full recomputation keeps the block input: 2sbh, or its shard 2sbh/t with
+  // sequence parallelism (the paper's row assumes none).
+  struct Case {
+    int64_t s, b, h, a;
+  };
+  for (Case c : {Case{256, 2, 128, 8}, Case{512, 1, 256, 16}, Case{1024, 2, 768, 12}}) {
+    const uint64_t s = c.s, b = c.b, h = c.h, a = c.a, sbh = s * b * h;
+    for (int64_t ti : {1, 2, 4}) {
+      const uint64_t t = static_cast<uint64_t>(ti);
+      CAPTURE(c.s);
+      CAPTURE(c.h);
+      CAPTURE(t);
+      auto layer = [&](bool sp, Recompute rc) {
+        GraphOptions o = opts(c.b, rc);
+        o.tp = ti;
+        o.sp = sp;
+        const auto act = summarize_activations(build_training_graph(gpt(c.h, c.a, 3, c.s), o));
+        CHECK(act.saved_per_layer[0] == act.saved_per_layer[1]);
+        if (rc != Recompute::full) CHECK(act.stats_per_layer[1] == 16 * s * b / (sp ? t : 1));
+        return act.saved_per_layer[1];
+      };
+      CHECK(layer(false, Recompute::none) == 10 * sbh + 24 * sbh / t + 5 * a * s * s * b / t);
+      CHECK(layer(true, Recompute::none) == 34 * sbh / t + 5 * a * s * s * b / t);
+      CHECK(layer(false, Recompute::selective) == 10 * sbh + 24 * sbh / t);
+      CHECK(layer(true, Recompute::selective) == 34 * sbh / t);
+      CHECK(layer(false, Recompute::full) == 2 * sbh);
+      CHECK(layer(true, Recompute::full) == 2 * sbh / t);
+      if (t == 1) CHECK(layer(false, Recompute::none) == korthikanti(s, b, h, a));
+    }
+  }
+}
+
+TEST_CASE("sequence parallelism: the gathered inputs and scattered outputs are transient, "
+          "and the graph refuses what it does not model") {
+  // Megatron stores a column-parallel linear's input as its shard and all-gathers it again in
+  // backward (Korthikanti et al. 2022 sec. 4.2.2): every all-gathered tensor dies at its one
+  // reader, so nothing whole is kept across the forward; per layer and pass, one all-gather
+  // before each of qkv and fc, one reduce-scatter after each of proj and mlp.proj.
+  GraphOptions o = opts(2);
+  o.tp = 2;
+  o.sp = true;
+  const TrainingGraph g = build_training_graph(gpt(128, 8, 2, 256), o);
+  int gathers = 0, scatters = 0;
+  for (const Op& op : g.ops) {
+    if (op.layer != 1) continue;
+    if (op.kind == OpKind::sp_all_gather && op.phase == Phase::forward) ++gathers;
+    if (op.kind == OpKind::sp_reduce_scatter && op.phase == Phase::forward) ++scatters;
+  }
+  CHECK(gathers == 2);
+  CHECK(scatters == 2);
+  const Liveness lv = liveness(g);
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::sp_all_gather)
+      for (TensorId t : op.outputs) {
+        CAPTURE(g.tensor(t).name);
+        CHECK(lv.last[static_cast<std::size_t>(t)] - lv.first[static_cast<std::size_t>(t)] <= 1);
+      }
+  // t = 1: sequence parallelism is a no-op (Megatron turns it off); an odd split refused.
+  GraphOptions one = opts(2);
+  one.sp = true;
+  CHECK(summarize_activations(build_training_graph(gpt(128, 8, 2, 256), one)).saved_total ==
+        summarize_activations(build_training_graph(gpt(128, 8, 2, 256), opts(2))).saved_total);
+  GraphOptions odd = opts(1);
+  odd.tp = 4;
+  odd.sp = true;
+  odd.seq = 250;
+  CHECK_THROWS_WITH_AS(build_training_graph(gpt(128, 8, 2, 256), odd),
+                       doctest::Contains("--seq 250 is not divisible by --tp 4"), zp::Error);
+  ModelSpec par = gpt(128, 8, 2, 256);
+  par.residual = Residual::parallel;
+  CHECK_THROWS_WITH_AS(build_training_graph(par, o), doctest::Contains("--sp"), zp::Error);
+}
+
 TEST_CASE("selective recomputation with flash attention recomputes no T x T scores") {
   // The planner bug of issue 18: llama-3.1-8b at seq 8192, B=2 with --flash-attention
   // --checkpointing selective peaked at h.31.attn.softmax.re, a (B, NH, T, T) softmax that

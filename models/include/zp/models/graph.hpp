@@ -67,6 +67,10 @@ enum class OpKind : uint8_t {
   // Pipeline parallelism: a stage receives its input activation from the previous stage (and
   // its output's gradient from the next) and sends its output (and its input's gradient).
   pp_recv, pp_send,
+  // Megatron's sequence parallelism: the all-gather of a sequence-sharded tensor over the
+  // tensor-parallel ranks before a column-parallel linear, the reduce-scatter after a row-
+  // parallel one (and their mirror images in backward).
+  sp_all_gather, sp_reduce_scatter,
 };
 std::string_view to_string(OpKind k);
 
@@ -92,6 +96,14 @@ struct GraphOptions {
   bool flash_attention = false;  // fused attention: saves output + log-sum-exp, no T x T
   int64_t seq_target = 0;     // encoder-decoder models: the decoder's length (0: seq)
   int64_t tp = 1;             // tensor-parallel degree t
+  // Megatron's sequence parallelism over the t ranks (Korthikanti et al. 2022 sec. 4.2.2): the
+  // tensors between the tensor-parallel regions (the residual stream, the norms' inputs,
+  // outputs and statistics, the residual dropouts' masks and outputs, the embedding's output)
+  // hold T/t tokens per rank. A column-parallel linear all-gathers its sequence-sharded input
+  // into a transient (B, T, C) (and again in backward: only the shard is kept), a row-parallel
+  // one reduce-scatters its (B, T, C) partial sums; the backward mirrors both. Decoder-only
+  // pre-norm dense blocks; T divisible by t.
+  bool sp = false;
   // Pipeline parallelism: this graph is stage pp_stage of pp, the blocks
   // [pp_stage * L/pp, (pp_stage + 1) * L/pp) (L divisible by pp). The first stage has the
   // embedding, the last the final norm, the head and the loss; a stage after the first
