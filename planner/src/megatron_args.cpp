@@ -131,6 +131,8 @@ std::vector<std::string> split_shell_words(std::string_view text, std::string_vi
       if (in_word) words.push_back(std::move(word));
       word.clear();
       in_word = false;
+    } else if (c == '#' && !in_word) {  // a comment, to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
     } else if (c == '\\') {
       if (i + 1 == text.size())
         throw Error(fmt::format("{}: ends in a backslash", flag),

@@ -45,7 +45,7 @@ int64_t params(const std::string& text) {
 
 // examples/llama/train_llama3_8b_h100_fp8.sh: MODEL_ARGS, TRAINING_ARGS with DDP_ARGS,
 // MODEL_PARALLEL_ARGS (TP_SIZE=1, CP_SIZE=1), the mock DATA_ARGS_LIST and
-// EVAL_AND_LOGGING_ARGS, with the script's variables substituted (NUM_LAYERS=32,
+// EVAL_AND_LOGGING_ARGS with their comments, the script's variables substituted (NUM_LAYERS=32,
 // SEQ_LENGTH=MAX_POSITION_EMBEDDINGS=8192, MICRO_BATCH_SIZE=1, GLOBAL_BATCH_SIZE=128); its
 // DTYPE_ARGS (fp8) are kLlama3Fp8.
 const std::string kLlama3 =
@@ -57,12 +57,17 @@ const std::string kLlama3 =
     "--apply-layernorm-1p --untie-embeddings-and-output-weights --disable-bias-linear "
     "--micro-batch-size 1 --global-batch-size 128 --train-samples 1953125000 "
     "--lr-decay-samples 1949218748 --lr-warmup-samples 3906252 --lr 0.00015 --min-lr 0.00001 "
-    "--decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 --lr-decay-style cosine --clip-grad 1.0 "
+    "--decoupled-lr 5.0e-4      # Specific to decoupled AdamW, ensure optimizer is compatible\n"
+    "--decoupled-min-lr 4.5e-5  # Specific to decoupled AdamW\n"
+    "--lr-decay-style cosine --clip-grad 1.0 "
     "--weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --bf16 --grad-reduce-in-bf16 "
     "--cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc "
     "--empty-unused-memory-level 1 --exit-duration-in-mins 235 "
     "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
-    "--tensor-model-parallel-size 1 --context-parallel-size 1 --sequence-parallel "
+    "--tensor-model-parallel-size 1 --context-parallel-size 1\n"
+    "# --pipeline-model-parallel-size $PP_SIZE # Not explicitly set in llama script options, "
+    "assume 1 if not multi-node PP\n"
+    "--sequence-parallel  # Always enable sequence parallelism with TP_SIZE=2\n"
     "--mock-data --tokenizer-type NullTokenizer --vocab-size 128256 "
     "--data-cache-path \"${PWD}/benchmark_cache_llama3_8b_fp8\" --tiktoken-pattern v2 "
     "--split '99,1,0' --no-create-attention-mask-in-dataloader --no-mmap-bin-files "
@@ -101,7 +106,7 @@ const std::string kMixtral =
 // MODEL_PARALLEL_ARGS, DATA_ARGS and EVAL_AND_LOGGING_ARGS as the script passes them.
 const std::string kGpt3 =
     "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
-    "--max-position-embeddings 2048 --attention-backend auto "
+    "--max-position-embeddings 2048 --attention-backend auto # Can use (flash/fused/unfused/local)\n"
     "--micro-batch-size 1 --global-batch-size 1536 "
     "--step-batch-size-schedule \"0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536\" "
     "--train-iters 500000 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 "
@@ -123,6 +128,9 @@ TEST_CASE("Megatron args: split as a shell splits them") {
         V{"a b", "a\\b", "x \"q\" $v \\ \\z", "a b", "", "--p=a bc"});
   CHECK(split_shell_words("ab\\\ncd --bf16 \\\n--fp16", "--x") == V{"abcd", "--bf16", "--fp16"});
   CHECK(split_shell_words("", "--x").empty());
+  // A word starting with # comments out the rest of its line; inside a word it is a character.
+  CHECK(split_shell_words("--bf16 # --fp16 'x\n--seed 1#2 \\#3 '#4'", "--x") ==
+        V{"--bf16", "--seed", "1#2", "#3", "#4"});
   CHECK(split_shell_words("   ", "--x").empty());
   // Refusals name the flag.
   CHECK(has(error_of([] { (void)split_shell_words("--data-path 'a b", "--megatron-args"); }),

@@ -312,6 +312,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   const bool mg_given = given("--megatron-args");
   planner::MegatronArgs mg;
   if (mg_given) {
+    if (!fsdp_config.empty())
+      throw Error("--megatron-args and --fsdp-config describe two different runs",
+                  "Megatron's data parallelism is its own (or DeepSpeed's, with --ds-config)");
     mg = planner::parse_megatron_args(megatron_args);
     s = planner::apply_megatron_args(s, mg, n_layer, ds_config.empty() ? nullptr : &ds);
   }

@@ -29,7 +29,9 @@ namespace zp::planner {
 // Splits `text` into words as a POSIX shell does before running a command (no expansions):
 // blanks (space, tab, newline) separate words; '...' keeps every character; inside "..." a
 // backslash escapes only $ ` " \ and newline; outside quotes a backslash escapes the next
-// character, and backslash-newline joins two lines. An unterminated quote or a trailing
+// character, and backslash-newline joins two lines; a word starting with # begins a comment
+// to the end of the line (as in Megatron's example scripts' argument arrays). An
+// unterminated quote or a trailing
 // backslash is a zp::Error naming `flag`.
 std::vector<std::string> split_shell_words(std::string_view text, std::string_view flag);
 
