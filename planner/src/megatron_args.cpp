@@ -478,6 +478,9 @@ Strategy apply_megatron_args(Strategy s, const MegatronArgs& a, int64_t n_layer,
              "Megatron asserts it; choose a divisor");
     s.vp = layers / s.pp / *vlayers;
   }
+  // megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: the interleaved
+  // 1F1B schedule with virtual stages, 1F1B without; Megatron has no GPipe.
+  s.pp_schedule = s.vp > 1 ? PipelineSchedule::interleaved : PipelineSchedule::one_f_one_b;
 
   // Batch and sequence. --global-batch-size waits for dp (settle_megatron_batch).
   if (const auto b = positive(a, "--micro-batch-size")) s.micro_batch = *b;

@@ -242,6 +242,9 @@ TEST_CASE("Megatron args: parallelism") {
   CHECK(s.ep == 8);
   CHECK(!mg("--sequence-parallel").sp);  // validate_args turns it off at tp 1
   CHECK(mg("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 3").vp == 3);
+  CHECK(mg("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 3").pp_schedule ==
+        PipelineSchedule::interleaved);
+  CHECK(mg("--pipeline-model-parallel-size 4").pp_schedule == PipelineSchedule::one_f_one_b);
   // 32 layers over pp 4: 8 per stage, 2 per virtual stage: 4 model chunks per rank.
   CHECK(mg("--num-layers 32 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2").vp == 4);
   CHECK(mg("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2", 32).vp == 4);
