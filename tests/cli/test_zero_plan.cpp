@@ -2,6 +2,7 @@
 // for every kind of bad input (never a crash, never output on stdout).
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -484,4 +485,96 @@ TEST_CASE("--optimizer: the memory-saving optimizers plan fewer optimizer bytes 
   CHECK(r.out.find("adam8bit") != std::string::npos);
   check_bad_input(zero_plan({"estimate", "--model", "llama-2-7b", "--optimizer", "adam9bit"}),
                   "--optimizer: unknown value 'adam9bit'");
+}
+
+TEST_CASE("megatron-args: a Megatron-LM command line plans as the same run in zeroplan's flags") {
+  auto json_of = [](std::vector<std::string> args) {
+    const Result r = zero_plan(std::move(args));
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  // Megatron's --tensor-model-parallel-size 2 ... with --use-distributed-optimizer on 8 GPUs
+  // (dp = 8 / tp 2 = 4), and the same run written the second way: tp 2, ZeRO stage 1, bf16,
+  // Megatron's Adam (AdamW) and TransformerEngine's flash/fused attention.
+  const auto mg = json_of({"estimate", "--model", "llama-3.1-8b", "--megatron-args",
+                           "--tensor-model-parallel-size 2 --micro-batch-size 1 --seq-length 4096 "
+                           "--bf16 --use-distributed-optimizer", "--dp", "4", "--format", "json"});
+  const auto zp_flags = json_of({"estimate", "--model", "llama-3.1-8b", "--tp", "2", "--micro-batch", "1",
+                                 "--seq", "4096", "--precision", "bf16", "--stage", "1", "--optimizer",
+                                 "adamw", "--attention", "flash", "--dp", "4", "--format", "json"});
+  CHECK(mg["per_device"] == zp_flags["per_device"]);
+  CHECK(mg["strategy"] == zp_flags["strategy"]);
+  CHECK(mg["assumed"].empty());  // Megatron's defaults are what its command line says
+  // Expert parallelism the same way.
+  const auto ep = json_of({"estimate", "--model", "mixtral-8x7b", "--megatron-args",
+                           "--expert-model-parallel-size 2 --micro-batch-size 1 --seq-length 2048 --bf16 "
+                           "--use-distributed-optimizer", "--dp", "4", "--format", "json"});
+  const auto ep_flags = json_of({"estimate", "--model", "mixtral-8x7b", "--ep", "2", "--micro-batch", "1",
+                                 "--seq", "2048", "--precision", "bf16", "--stage", "1", "--optimizer",
+                                 "adamw", "--attention", "flash", "--dp", "4", "--format", "json"});
+  CHECK(ep["per_device"] == ep_flags["per_device"]);
+  CHECK(ep["strategy"]["ep"] == 2);
+
+  // The global batch over micro-batch x dp: 64 / (2 x 4) = 8; explicit flags override.
+  auto s = json_of({"estimate", "--model", "gpt2", "--megatron-args",
+                    "--micro-batch-size 2 --global-batch-size 64 --tensor-model-parallel-size 2",
+                    "--dp", "4", "--format", "json"})["strategy"];
+  CHECK(s["grad_accum"] == 8);
+  CHECK(s["tp"] == 2);
+  CHECK(s["precision"] == "fp32");  // neither --bf16 nor --fp16
+  s = json_of({"estimate", "--model", "gpt2", "--megatron-args",
+               "--micro-batch-size 2 --global-batch-size 64 --tensor-model-parallel-size 2 --bf16",
+               "--dp", "4", "--tp", "4", "--grad-accum", "3", "--precision", "fp16", "--format", "json"})["strategy"];
+  CHECK(s["tp"] == 4);
+  CHECK(s["grad_accum"] == 3);
+  CHECK(s["precision"] == "fp16");
+  // Megatron-DeepSpeed: the DeepSpeed config's ZeRO stage with Megatron's tensor parallelism.
+  zp::test::TempDir dir;
+  const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2},
+      "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 2})");
+  s = json_of({"estimate", "--model", "gpt2", "--ds-config", ds, "--megatron-args",
+               "--tensor-model-parallel-size 2 --micro-batch-size 2 --bf16", "--format", "json"})["strategy"];
+  CHECK(s["stage"] == 2);
+  CHECK(s["tp"] == 2);
+
+  // Without --model the size flags are the model (examples/llama's Llama 3 8B shape):
+  // 8,030,261,248 parameters, as HF meta-llama/Llama-3.1-8B.
+  const std::string llama3 =
+      "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+      "--group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192 "
+      "--max-position-embeddings 8192 --position-embedding-type rope --rotary-base 1000000 "
+      "--attention-dropout 0.0 --hidden-dropout 0.0 --swiglu --normalization RMSNorm "
+      "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 "
+      "--micro-batch-size 1 --bf16 --use-distributed-optimizer";
+  const auto own = json_of({"estimate", "--megatron-args", llama3, "--dp", "8", "--format", "json"});
+  CHECK(own["model"]["name"] == "megatron");
+  CHECK(own["model"]["params"] == 8'030'261'248);
+  const auto cat = json_of({"estimate", "--model", "llama-3.1-8b", "--megatron-args", llama3, "--dp", "8",
+                            "--format", "json"});
+  CHECK(own["per_device"] == cat["per_device"]);
+  const Result text = zero_plan({"estimate", "--megatron-args", llama3, "--dp", "8"});
+  CHECK(text.out.rfind("model:     megatron (llama)", 0) == 0);
+  const std::string plan = dir.file("plan.json");
+  REQUIRE(zero_plan({"plan", "--megatron-args",
+                     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 "
+                     "--vocab-size 96 --seq-length 32", "-o", plan}).rc == 0);
+  std::ifstream plan_file(plan);
+  CHECK(nlohmann::json::parse(plan_file)["model"]["name"] == "megatron");
+
+  // Bad input: one error naming the flag, a hint, exit 2.
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--megatron-args", "--tensor-model-paralel-size 2"}),
+                  "--megatron-args: unknown flag --tensor-model-paralel-size");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--megatron-args", "--data-path 'a b"}),
+                  "--megatron-args: unterminated single quote");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--megatron-args", "--micro-batch-size two"}),
+                  "--micro-batch-size expects an integer, got 'two'");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--megatron-args", "--hidden-size 5120"}),
+                  "--hidden-size 5120 contradicts --model llama-3.1-8b (hidden size 4096)");
+  check_bad_input(zero_plan({"estimate", "--model", "gpt2", "--megatron-args",
+                             "--micro-batch-size 2 --global-batch-size 60", "--dp", "4"}),
+                  "global batch 60 is not divisible by micro-batch 2 x data-parallel degree 4");
+  check_bad_input(zero_plan({"estimate", "--megatron-args", "--tensor-model-parallel-size 2"}),
+                  "--num-layers is missing");
+  check_bad_input(zero_plan({"estimate", "--stage", "1"}), "--model is required");
 }

@@ -12,6 +12,7 @@
 #include "zp/json_fields.hpp"
 #include "zp/units.hpp"
 #include "zp/planner/accelerate_config.hpp"
+#include "zp/planner/megatron_args.hpp"
 #include "zp/planner/model_states.hpp"
 
 #include <nlohmann/json.hpp>
@@ -204,6 +205,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
   app.add_option("--ds-config", f.ds_config,
                  "DeepSpeed JSON config; fills the fields above, explicit flags override it")
       ->group(g);
+  app.add_option("--megatron-args", f.megatron_args,
+                 "a Megatron-LM argument list in one string (\"--tensor-model-parallel-size 8 "
+                 "--bf16 ...\"): fills the fields above (Megatron's defaults for its flags left "
+                 "out; explicit flags override), and without --model describes the model")
+      ->group(g);
   app.add_option("--fsdp-config", f.fsdp_config,
                  "accelerate config file (YAML from `accelerate config`, or JSON) of an FSDP run: "
                  "fills the fields above and implies --profile fsdp; explicit flags override it")
@@ -303,6 +309,15 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
                   "leave out --profile (--fsdp-config implies fsdp) or give --profile fsdp");
     s = planner::apply_accelerate_config(s, read_text_file(fsdp_config), fsdp_config, assumed);
   }
+  const bool mg_given = given("--megatron-args");
+  planner::MegatronArgs mg;
+  if (mg_given) {
+    if (!fsdp_config.empty())
+      throw Error("--megatron-args and --fsdp-config describe two different runs",
+                  "Megatron's data parallelism is its own (or DeepSpeed's, with --ds-config)");
+    mg = planner::parse_megatron_args(megatron_args);
+    s = planner::apply_megatron_args(s, mg, n_layer, ds_config.empty() ? nullptr : &ds);
+  }
   if (given("--stage")) {
     // Accept only 0..3 written as an integer; "4" and "two" get the same one-line error.
     if (stage.size() != 1 || stage[0] < '0' || stage[0] > '3')
@@ -372,7 +387,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       throw Error("--flash-attention contradicts --attention eager", "give one of them");
   } else if (flash_attention) {
     s.flash_attention = true;
-  } else if (o.profile != planner::Profile::zeroplan) {
+  } else if (o.profile != planner::Profile::zeroplan && !mg_given) {
     s.flash_attention = true;  // transformers' default attention keeps no T x T tensor
   }
   if (given("--offload-optimizer"))
@@ -488,6 +503,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
         param_swap_prefetch_depth == "0"
             ? 0
             : parse_count(param_swap_prefetch_depth, "--param-swap-prefetch-depth");
+  if (mg_given && !given("--grad-accum")) planner::settle_megatron_batch(s, mg);
   planner::validate(s);
   if (assumed != nullptr) {
     // A flag given settles the DeepSpeed config's "auto" for its field.
@@ -511,12 +527,12 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     };
     std::vector<std::string> left;
     const bool acc = !fsdp_config.empty();  // stage, dp and precision come from it
-    if (!given("--stage") && !in_ds({"zero_optimization", "stage"}) && !acc)
+    if (!given("--stage") && !in_ds({"zero_optimization", "stage"}) && !acc && !mg_given)
       left.push_back(fmt::format("--stage {}", s.stage));
     if (!given("--dp") && !acc) left.push_back(fmt::format("--dp {}", s.dp));
-    if (!given("--micro-batch") && !in_ds({"train_micro_batch_size_per_gpu"}))
+    if (!given("--micro-batch") && !in_ds({"train_micro_batch_size_per_gpu"}) && !mg.has("--micro-batch-size"))
       left.push_back(fmt::format("--micro-batch {}", s.micro_batch));
-    if (!given("--precision") && ds_config.empty() && !acc)
+    if (!given("--precision") && ds_config.empty() && !acc && !mg_given)
       left.push_back(fmt::format("--precision {}", planner::to_string(s.precision)));
     // Plain PyTorch in 16 bits on fp32 weights is autocast (models::GraphOptions::autocast).
     if (o.profile == planner::Profile::pytorch && s.precision != planner::Precision::fp32 &&
@@ -524,9 +540,9 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       left.push_back(fmt::format("autocast to {} on fp32 weights (the Trainer's --{}; a bf16 "
                                  "model is --master-weights bf16)",
                                  planner::to_string(s.precision), planner::to_string(s.precision)));
-    if (!given("--optimizer") && !in_ds({"optimizer"}))
+    if (!given("--optimizer") && !in_ds({"optimizer"}) && !mg_given)
       left.push_back(fmt::format("--optimizer {}", planner::to_string(s.optimizer)));
-    if (!given("--checkpointing") && !acc)
+    if (!given("--checkpointing") && !acc && !mg_given)
       left.push_back(fmt::format("--checkpointing {}", planner::to_string(s.checkpointing)));
     // How the model reaches deepspeed.initialize (schedule.cpp deepspeed_model_arrives).
     if (o.profile == planner::Profile::deepspeed && s.stage == 3 && !given("--zero-init"))
@@ -536,7 +552,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
         !given("--load-on-gpu"))
       left.push_back("the model loaded on the host (deepspeed.initialize moves it to the GPU "
                      "whole; --load-on-gpu if the script put it there)");
-    if (!given("--attention") && !flash_attention)
+    if (!given("--attention") && !flash_attention && !mg_given)
       left.push_back(o.profile == planner::Profile::zeroplan
                          ? std::string("--attention eager (zero-run's kernels)")
                          : std::string("--attention sdpa (transformers' default)"));
@@ -547,6 +563,19 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     }
   }
   return s;
+}
+
+models::ModelSpec load_model(const std::string& model, StrategyFlags& flags) {
+  const bool mg = flags.given("--megatron-args");
+  if (model.empty() && !mg)
+    throw Error("--model is required", "a catalog name (zero-plan models), a config.json, or "
+                "--megatron-args with the model's --num-layers, --hidden-size, ...");
+  const models::ModelSpec m =
+      model.empty() ? planner::megatron_model(planner::parse_megatron_args(flags.megatron_args))
+                    : models::load_model(model);
+  if (mg && !model.empty()) planner::check_megatron_model(planner::parse_megatron_args(flags.megatron_args), m);
+  flags.n_layer = m.n_layer;
+  return m;
 }
 
 void add_target_flags(CLI::App& app, TargetFlags& f, std::string_view default_device) {

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zp/models/model_spec.hpp"
 #include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
 #include "zp/reports/table.hpp"
@@ -27,6 +28,8 @@ struct StrategyFlags {
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
   std::string pp, vp, cp, cp_kind, pp_schedule;
   bool sp = false;
+  std::string megatron_args;  // a Megatron-LM argument list (planner/megatron_args.hpp)
+  int64_t n_layer = 0;        // the model's layers, set by load_model (Megatron flags count them)
   std::string master_weights, optimizer_states, reduce_dtype, optimizer_impl, fsdp_version,
       fsdp_shard_size;
   bool reshard_after_forward = true, fused_optimizer = false, fsdp_use_orig_params = false;
@@ -46,7 +49,8 @@ struct StrategyFlags {
   std::string load_on_gpu;
   CLI::App* app = nullptr;  // to ask which flags were given
 
-  // Defaults, then the DeepSpeed config (--ds-config), then explicit flags. The profile
+  // Defaults, then the DeepSpeed config (--ds-config), then the Megatron arguments
+  // (--megatron-args; their global batch once dp is settled), then explicit flags. The profile
   // decides the attention left unsaid: eager (zero-run's kernels) for zeroplan, SDPA
   // (transformers' default, no T x T tensor kept) for deepspeed. With `assumed`, one line per
   // default taken (a flag left out and not in the DeepSpeed config, the config's "auto"s).
@@ -60,6 +64,10 @@ struct StrategyFlags {
 };
 
 void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
+
+// The model of --model, or without it the one --megatron-args' size flags describe (with both,
+// the flags must agree with the model); records its layer count in flags.n_layer.
+models::ModelSpec load_model(const std::string& model, StrategyFlags& flags);
 
 // --profile zeroplan|deepspeed and --device cpu|cuda: whose allocations are predicted.
 struct TargetFlags {

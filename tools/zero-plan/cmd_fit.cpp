@@ -14,6 +14,7 @@
 #include "zp/models/graph.hpp"
 #include "zp/planner/estimate.hpp"
 #include "zp/planner/fit.hpp"
+#include "zp/planner/megatron_args.hpp"
 #include "zp/planner/simulate.hpp"
 #include "zp/units.hpp"
 
@@ -26,7 +27,8 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
   c.app = app.add_subcommand(
       "fit", "the fastest configurations that fit a machine, and the largest model that does");
   CLI::App& f = *c.app;
-  f.add_option("--model", c.model, "catalog name (zero-plan models) or a HF config.json")->required();
+  f.add_option("--model", c.model, "catalog name (zero-plan models) or a HF config.json [the model "
+               "--megatron-args describes]");
   f.add_option("--hardware", c.hardware,
                "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) or a hardware JSON file")
       ->required();
@@ -146,10 +148,10 @@ nlohmann::json ds_estimator(const planner::Strategy& s, const models::ParamInven
 
 }  // namespace
 
-int FitCommand::run() const {
+int FitCommand::run() {
   const auto fmt_ = parse_format(format);
   planner::FitRequest r;
-  r.model = models::load_model(model);
+  r.model = load_model(model, flags);
   r.hw = planner::load_hardware(hardware);
   r.gpus = count_flag(gpus, "--gpus");
   if (r.gpus < 1) throw Error("--gpus: must be >= 1, got 0", "e.g. --gpus 8");
@@ -166,18 +168,22 @@ int FitCommand::run() const {
     throw Error("--device cpu: fit plans GPU training", "leave out --device");
   const planner::Strategy s = flags.resolve_for_gpus(r.gpus, r.options);
   r.base = s;
-  if (flags.given("--stage")) r.stages = {s.stage};
+  // What the Megatron arguments state is pinned as the flags saying it would be.
+  const auto mg = flags.given("--megatron-args") ? planner::parse_megatron_args(flags.megatron_args)
+                                                 : planner::MegatronArgs{};
+  if (flags.given("--stage") || mg.has("--use-distributed-optimizer")) r.stages = {s.stage};
   if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
   if (flags.given("--offload-param") || !flags.ds_config.empty() || !flags.fsdp_config.empty())
     r.offload_param = {s.offload_param};
-  if (flags.given("--micro-batch")) r.micro_batches = {s.micro_batch};
-  if (flags.given("--checkpointing")) r.checkpointing = {s.checkpointing};
+  if (flags.given("--micro-batch") || mg.has("--micro-batch-size")) r.micro_batches = {s.micro_batch};
+  if (flags.given("--checkpointing") || mg.has("--recompute-granularity") || mg.has("--recompute-activations"))
+    r.checkpointing = {s.checkpointing};
   // torchtitan, whose runs the fsdp profile predicts, checkpoints per op by default.
   else if (r.options.profile == planner::Profile::fsdp)
     r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
-  if (flags.given("--tp")) r.mps = {s.mp};
-  if (flags.given("--ep")) r.eps = {s.ep};
+  if (flags.given("--tp") || mg.has("--tensor-model-parallel-size")) r.mps = {s.mp};
+  if (flags.given("--ep") || mg.has("--expert-model-parallel-size")) r.eps = {s.ep};
   if (flags.given("--dp")) {
     if (s.dp * s.mp != r.gpus)
       throw Error(fmt::format("--dp {} x --mp {} = {} GPUs, but --gpus is {}", s.dp, s.mp,

@@ -20,7 +20,7 @@ struct FitCommand {
   TargetFlags target;
 
   bool parsed() const { return app != nullptr && app->parsed(); }
-  int run() const;  // exit code: 0 something fits, 1 nothing does
+  int run();  // exit code: 0 something fits, 1 nothing does (sets flags.n_layer)
 };
 
 // Registers `fit` on `app`; `cmd` must outlive the parse.

@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
   zp::cli::StrategyFlags est_flags;
   zp::cli::TargetFlags est_target;
   auto* est = app.add_subcommand("estimate", "per-device memory for one model and strategy");
-  est->add_option("--model", est_model, "catalog name (zero-plan models) or a HF config.json")->required();
+  est->add_option("--model", est_model, "catalog name (zero-plan models) or a HF config.json "
+                  "[the model --megatron-args describes]");
   est->add_option("--hardware", est_hw, "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) "
                   "or a hardware JSON file: adds the fits verdict");
   zp::cli::add_strategy_flags(*est, est_flags);
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
   zp::cli::StrategyFlags plan_flags;
   zp::cli::TargetFlags plan_target;
   auto* plan = app.add_subcommand("plan", "write a plan file that zero-run executes and checks");
-  plan->add_option("--model", plan_model, "catalog name or a HF config.json")->required();
+  plan->add_option("--model", plan_model, "catalog name or a HF config.json [the model --megatron-args describes]");
   zp::cli::add_strategy_flags(*plan, plan_flags);
   zp::cli::add_target_flags(*plan, plan_target, "cpu");
   plan->add_option("--seed", plan_seed, "seed of the weights and the data order [1234]");
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
       else zp::cli::emit("", zp::reports::render_inventory(models::load_model(models_name), fmt_));
     } else if (est->parsed()) {
       const auto fmt_ = zp::cli::parse_format(est_format);
-      const auto m = models::load_model(est_model);
+      const auto m = zp::cli::load_model(est_model, est_flags);
       const auto o = est_target.resolve(planner::Backend::cuda, &est_flags);
       std::vector<std::string> assumed;
       const auto s = est_flags.resolve(o, &assumed);
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
     } else if (fit_cmd.parsed()) {
       return fit_cmd.run();
     } else if (plan->parsed()) {
-      const auto m = models::load_model(plan_model);
+      const auto m = zp::cli::load_model(plan_model, plan_flags);
       const auto o = plan_target.resolve(planner::Backend::cpu, &plan_flags);
       const auto p = planner::make_plan(m, plan_flags.resolve(o), o,
                                         parse_count(plan_seed, "--seed"));

@@ -121,7 +121,7 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
   const bool flags_given = [&] {
     for (const char* f : {"--stage", "--dp", "--micro-batch", "--seq", "--grad-accum",
                           "--precision", "--optimizer", "--checkpointing", "--ds-config",
-                          "--offload-optimizer", "--offload-param", "--dpu"})
+                          "--offload-optimizer", "--offload-param", "--dpu", "--megatron-args"})
       if (app.count(f) > 0) return true;
     return false;
   }();
@@ -139,19 +139,21 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
                     "make a plan for this model with zero-plan plan --model ... -o plan.json");
     }
   } else {
-    if (a.model.empty())
+    if (a.model.empty() && app.count("--megatron-args") == 0)
       throw Error("nothing to run: give a plan file or --model",
                   "zero-run plan.json, or zero-run --model gpt2-tiny --stage 2 --dp 2");
+    cli::StrategyFlags flags = a.flags;  // load_model notes the layers for the Megatron flags
+    const models::ModelSpec model = cli::load_model(a.model, flags);
     // Without --dp, the ranks that are running are the data-parallel degree (--ep is checked
     // against it).
     const bool dp_given = app.count("--dp") > 0;
-    planner::Strategy st = dp_given ? a.flags.resolve() : a.flags.resolve_for_gpus(n_ranks);
+    planner::Strategy st = dp_given ? flags.resolve() : flags.resolve_for_gpus(n_ranks);
     if (!dp_given) st.dp = n_ranks;
     // The graph of the device that runs it: cpu computes in fp32 without dropout (fast on a
     // CPU), cuda in the training precision with dropout (what training on GPUs does). A plan
     // file runs on either device.
     const planner::Backend backend = a.device == "cuda" ? planner::Backend::cuda : planner::Backend::cpu;
-    s.plan = planner::make_plan(models::load_model(a.model), st,
+    s.plan = planner::make_plan(model, st,
                                 {planner::Profile::zeroplan, backend}, parse_count(a.seed, "--seed"));
   }
   if (app.count("--seed") > 0 && !a.plan_path.empty()) s.plan.seed = parse_count(a.seed, "--seed");
