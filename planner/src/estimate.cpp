@@ -141,6 +141,10 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
                             to_string(o.profile), s.pp > 1 ? "--pp" : s.cp > 1 ? "--cp" : "--sp"),
                 "plan pipeline, context and sequence parallelism with --profile zeroplan or "
                 "deepspeed");
+  if (s.grad_precision && *s.grad_precision != s.precision && o.profile != Profile::zeroplan)
+    throw Error(fmt::format("--grad-precision {}: Megatron-LM's main_grad, not {}'s",
+                            to_string(*s.grad_precision), to_string(o.profile)),
+                "plan Megatron-style fp32 gradients with --profile zeroplan");
   if (o.profile == Profile::pytorch) {
     if (s.stage != 0)
       throw Error(fmt::format("--profile pytorch: --stage {}: plain PyTorch does not partition", s.stage),

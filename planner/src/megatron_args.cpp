@@ -508,6 +508,16 @@ Strategy apply_megatron_args(Strategy s, const MegatronArgs& a, int64_t n_layer,
              "Megatron-DeepSpeed needs the same precision in both; fix one of them");
   }
   s.precision = p;
+  // The gradients: Megatron's DDP buffer (main_grad) is fp32 with --bf16 unless
+  // --grad-reduce-in-bf16 or --main-grads-dtype bf16, and with --fp16 only under
+  // --accumulate-allreduce-grads-in-fp32 (arguments.py validate_args). Under Megatron-
+  // DeepSpeed (a DeepSpeed config beside) DeepSpeed's engine holds the gradients instead.
+  if (ds != nullptr) {
+    // the DeepSpeed config's
+  } else if (p == Precision::bf16 && !a.has("--grad-reduce-in-bf16") && a.value("--main-grads-dtype").value_or("fp32") == "fp32")
+    s.grad_precision = Precision::fp32;
+  else if (p == Precision::fp16 && a.has("--accumulate-allreduce-grads-in-fp32"))
+    s.grad_precision = Precision::fp32;
 
   // The distributed optimizer: ZeRO stage 1 over the data-parallel group. Megatron's
   // DistributedOptimizer (megatron/core/optimizer/distrib_optimizer.py; docs/source/

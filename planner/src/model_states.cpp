@@ -80,8 +80,9 @@ PerDevice model_state_bytes(uint64_t n, const Strategy& s) {
 
 PerDevice model_state_bytes(uint64_t n, uint64_t part, const Strategy& s, StateLayout layout,
                             std::optional<uint64_t> optimizer_bytes, uint64_t gpu_step_elems) {
-  const BytesPerParam b =
+  BytesPerParam b =
       bytes_per_param(s.precision, s.optimizer, s.master_precision, s.optimizer_precision);
+  b.grads = grad_bytes(s);  // fp32 with Megatron's main_grad (Strategy::grad_precision)
   // Without per-tensor bytes: one flat tensor of the `held` elements the optimizer updates.
   auto flat = [&](uint64_t held, uint64_t moment_bytes) {
     const int64_t shape[] = {static_cast<int64_t>(held)};

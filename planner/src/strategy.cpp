@@ -152,6 +152,18 @@ void validate(const Strategy& s) {
   positive(s.pp, "--pp", "the pipeline-parallel degree (stages), 1 without pipelining");
   positive(s.vp, "--vp", "model chunks per pipeline stage (the interleaved schedule), 1 without");
   positive(s.cp, "--cp", "the context-parallel degree, 1 without context parallelism");
+  if (s.grad_precision && *s.grad_precision != s.precision) {
+    if (*s.grad_precision != Precision::fp32)
+      throw Error(fmt::format("--grad-precision {}: gradients are kept in the training precision "
+                              "({}) or in fp32", to_string(*s.grad_precision), to_string(s.precision)),
+                  "give --grad-precision fp32 (Megatron's main_grad) or leave it out");
+    if (s.stage >= 2 || s.offload_optimizer != Offload::none)
+      throw Error(fmt::format("--grad-precision fp32 with --stage {}{}: planned at stages 0-1 with "
+                              "the optimizer on the GPU", s.stage,
+                              s.offload_optimizer != Offload::none ? " and an offloaded optimizer" : ""),
+                  "fp32 gradients are Megatron's DDP grad buffer, beside its distributed optimizer "
+                  "(stage 1)");
+  }
   if (s.pp > 1 && s.stage >= 2)
     throw Error(fmt::format("--pp {} with --stage {}: ZeRO-2 and ZeRO-3 do not combine with "
                             "pipeline parallelism", s.pp, s.stage),
@@ -636,6 +648,8 @@ json to_json(const Strategy& s) {
           {"target_seq", s.target_seq},
           {"master_precision", to_string(s.master_precision)},
           {"optimizer_precision", to_string(s.optimizer_precision)},
+          // null: the training precision
+          {"grad_precision", s.grad_precision ? json(to_string(*s.grad_precision)) : json(nullptr)},
           {"reshard_after_forward", s.reshard_after_forward},
           {"reduce_precision", to_string(s.reduce_precision)},
           {"fused_optimizer", s.fused_optimizer},
@@ -685,7 +699,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "contiguous_gradients", "offload_optimizer_ratio", "zero_init", "load_on_gpu",
                   "buffers",
                   "ep", "moe_routing", "moe_capacity_factor", "target_seq", "master_precision",
-                  "optimizer_precision", "reshard_after_forward", "reduce_precision",
+                  "optimizer_precision", "grad_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "quantized_weights",
                   "deepspeed_version", "torch_version", "fsdp_version", "fsdp_use_orig_params",
                   "fsdp_shard_size"},
@@ -737,6 +751,9 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                                   "\"fp32\" or \"bf16\"");
   s.optimizer_precision = enum_field("optimizer_precision", precision_from_string,
                                      s.optimizer_precision, "\"fp32\" or \"bf16\"");
+  if (f.has("grad_precision") && !j.at("grad_precision").is_null())
+    s.grad_precision = enum_field("grad_precision", precision_from_string, s.precision,
+                                  "null, \"fp32\", \"fp16\" or \"bf16\"");
   s.reduce_precision = enum_field("reduce_precision", precision_from_string, s.reduce_precision,
                                   "\"fp32\" or \"bf16\"");
   s.reshard_after_forward = f.boolean("reshard_after_forward", true);
@@ -852,6 +869,8 @@ std::string describe(const Strategy& s) {
   if (s.master_precision != Precision::fp32) out += fmt::format(", {} master", to_string(s.master_precision));
   if (s.optimizer_precision != Precision::fp32)
     out += fmt::format(", {} moments", to_string(s.optimizer_precision));
+  if (s.grad_precision && *s.grad_precision != s.precision)
+    out += fmt::format(", {} grads", to_string(*s.grad_precision));
   if (s.partition_activations) out += s.cpu_checkpointing ? ", P_a+cpu" : ", P_a";
   if (s.contiguous_memory_optimization)
     out += fmt::format(", contiguous checkpoints ({})", s.number_checkpoints);

@@ -138,6 +138,11 @@ void Engine::check(const planner::Plan& plan, std::string_view device, int ranks
   if (s.mp != 1 || s.partition_activations)
     throw Error("zero-run has no tensor parallelism: --tp must be 1",
                 "plan model parallelism with zero-plan; run data parallelism here");
+  if (s.grad_precision && *s.grad_precision != s.precision)
+    throw Error(fmt::format("--grad-precision {}: zero-run keeps gradients in the training "
+                            "precision ({})", planner::to_string(*s.grad_precision),
+                            planner::to_string(s.precision)),
+                "plan Megatron's fp32 main_grad with zero-plan; run without --grad-precision");
   if (s.pp != 1 || s.cp != 1)
     throw Error(fmt::format("zero-run has no {} parallelism: --{} must be 1",
                             s.pp != 1 ? "pipeline" : "context", s.pp != 1 ? "pp" : "cp"),

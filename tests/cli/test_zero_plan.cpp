@@ -502,7 +502,8 @@ TEST_CASE("megatron-args: a Megatron-LM command line plans as the same run in ze
                            "--bf16 --use-distributed-optimizer", "--dp", "4", "--format", "json"});
   const auto zp_flags = json_of({"estimate", "--model", "llama-3.1-8b", "--tp", "2", "--micro-batch", "1",
                                  "--seq", "4096", "--precision", "bf16", "--stage", "1", "--optimizer",
-                                 "adamw", "--attention", "flash", "--dp", "4", "--format", "json"});
+                                 "adamw", "--attention", "flash", "--dp", "4", "--grad-precision",
+                                 "fp32", "--format", "json"});
   CHECK(mg["per_device"] == zp_flags["per_device"]);
   CHECK(mg["strategy"] == zp_flags["strategy"]);
   CHECK(mg["assumed"].empty());  // Megatron's defaults are what its command line says
@@ -512,7 +513,8 @@ TEST_CASE("megatron-args: a Megatron-LM command line plans as the same run in ze
                            "--use-distributed-optimizer", "--dp", "4", "--format", "json"});
   const auto ep_flags = json_of({"estimate", "--model", "mixtral-8x7b", "--ep", "2", "--micro-batch", "1",
                                  "--seq", "2048", "--precision", "bf16", "--stage", "1", "--optimizer",
-                                 "adamw", "--attention", "flash", "--dp", "4", "--format", "json"});
+                                 "adamw", "--attention", "flash", "--dp", "4", "--grad-precision",
+                                 "fp32", "--format", "json"});
   CHECK(ep["per_device"] == ep_flags["per_device"]);
   CHECK(ep["strategy"]["ep"] == 2);
 

@@ -215,3 +215,55 @@ TEST_CASE("pipeline parallelism refuses what it cannot plan") {
   CHECK_THROWS_WITH_AS(estimate(gpt(64, 4, 8, 64), fsdp, nullptr, {Profile::pytorch}),
                        doctest::Contains("--pp is not modelled"), zp::Error);
 }
+
+TEST_CASE("model states per rank equal Megatron's distributed-optimizer accounting, 6 + 12/dp bytes per parameter") {
+  // Megatron-LM megatron/training/theoretical_memory_usage.py compute_weight_and_optimizer_
+  // memory: bf16 parameters (2 bytes), fp32 main gradients (4) and, with
+  // --use-distributed-optimizer, fp32 main parameters and Adam's two moments (12) sharded over
+  // the data-parallel ranks: 6 + 12/dp bytes per parameter of a rank's model shard. Its shard
+  // sizes, per transformer layer of Llama-3.1-8B (h 4096, ffn 14336, 32 heads, 8 query groups,
+  // RMSNorm, SwiGLU, untied, vocabulary 128256 = 501 x 256, already padded for tp 2):
+  //   attention 2 h^2 (1 + g/a) = 41,943,040 and MLP 2 h ffn 3/2 = 176,160,768, split over tp;
+  //   layernorms 2 h = 8,192, replicated; embedding h V = 525,336,576, split over tp.
+  // The first stage holds the embedding and L/pp layers; the last its layers, the output layer
+  // (h V) and the final norm (h), which the formula spreads as h/pp over every stage (its
+  // replicated_params_in_transformer_block / pp) where the model holds it on the last.
+  const ModelSpec m = load_model("llama-3.1-8b");
+  const uint64_t h = 4096, ffn = 14336, a = 32, g = 8, V = 128256, L = 32;
+  const uint64_t attention = 2 * h * h * (a + g) / a, mlp = 2 * h * ffn * 3 / 2, norms = 2 * h;
+  REQUIRE(attention == 41'943'040);
+  REQUIRE(mlp == 176'160'768);
+  for (const auto& [tp, pp, dp] : {std::tuple<uint64_t, uint64_t, uint64_t>{2, 4, 8},
+                                   std::tuple<uint64_t, uint64_t, uint64_t>{1, 2, 4},
+                                   std::tuple<uint64_t, uint64_t, uint64_t>{4, 8, 2}}) {
+    CAPTURE(tp);
+    CAPTURE(pp);
+    CAPTURE(dp);
+    const uint64_t layers = L / pp;
+    const uint64_t first = (layers * (attention + mlp) + h * V) / tp + layers * norms;
+    const uint64_t last = first + h;  // the output layer in place of the embedding, and the final norm
+    Strategy s;
+    s.mp = static_cast<int64_t>(tp);
+    s.pp = static_cast<int64_t>(pp);
+    s.dp = static_cast<int64_t>(dp);
+    s.stage = 1;
+    s.precision = Precision::bf16;
+    s.grad_precision = Precision::fp32;
+    s.seq = 512;
+    s.grad_accum = static_cast<int64_t>(pp);
+    s.flash_attention = true;
+    const Estimate e = estimate(m, s, nullptr);
+    REQUIRE(e.stages.size() == pp);
+    auto states = [](const PerDevice& d) {
+      return d[Tier::gpu][Category::params] + d[Tier::gpu][Category::grads] +
+             d[Tier::gpu][Category::master] + d[Tier::gpu][Category::optimizer];
+    };
+    REQUIRE(first % dp == 0);  // the partitions divide evenly: no padding to compare
+    CHECK(e.stages.front().n_params == first);
+    CHECK(e.stages.back().n_params == last);
+    CHECK(states(e.stages.front().per_device) == 6 * first + 12 * first / dp);
+    CHECK(states(e.stages.back().per_device) == 6 * last + 12 * ((last + dp - 1) / dp));
+    // The middle stages: Megatron's "other shards", its layers only.
+    if (pp > 2) CHECK(e.stages[1].n_params == layers * (attention + mlp) / tp + layers * norms);
+  }
+}

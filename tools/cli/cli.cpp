@@ -46,6 +46,11 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
                  "model chunks per pipeline stage (Megatron's virtual pipeline stages, the "
                  "interleaved 1F1B schedule); needs --pp [1]")
       ->group(g);
+  app.add_option("--grad-precision", f.grad_precision,
+                 "the gradients' dtype: fp32 with 16-bit training is Megatron's main_grad (its "
+                 "DDP buffer accumulates and reduces in fp32; on with --bf16), 4 bytes per "
+                 "parameter; stages 0-1 [the training precision]")
+      ->group(g);
   app.add_option("--pp-schedule", f.pp_schedule,
                  "gpipe (all forwards, then all backwards: every micro-batch in flight), 1f1b "
                  "(PipeDream-Flush, Megatron's default: stage i holds min(pp - i, micro-batches)) "
@@ -331,6 +336,11 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
   if (given("--pp")) s.pp = parse_int("--pp", pp);
   if (given("--vp")) s.vp = parse_int("--vp", vp);
   if (given("--cp")) s.cp = parse_int("--cp", cp);
+  // An explicit --precision overrides the gradient dtype a Megatron command line implied.
+  if (given("--precision") && !given("--grad-precision")) s.grad_precision.reset();
+  if (given("--grad-precision"))
+    s.grad_precision = parse_enum<planner::Precision>("--grad-precision", grad_precision,
+                                                      planner::precision_from_string, "fp32, fp16 or bf16");
   if (given("--pp-schedule"))
     s.pp_schedule = parse_enum<planner::PipelineSchedule>("--pp-schedule", pp_schedule,
                                                           planner::pipeline_schedule_from_string,

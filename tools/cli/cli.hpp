@@ -26,7 +26,7 @@ struct StrategyFlags {
   std::string stage, dp, mp, micro_batch, seq, grad_accum, precision, optimizer, checkpointing,
       offload_optimizer, offload_param, ds_config, fsdp_config;
   std::string ep, moe_routing, moe_capacity_factor, target_seq, attention;
-  std::string pp, vp, cp, cp_kind, pp_schedule;
+  std::string pp, vp, cp, cp_kind, pp_schedule, grad_precision;
   bool sp = false;
   std::string megatron_args;  // a Megatron-LM argument list (planner/megatron_args.hpp)
   int64_t n_layer = 0;        // the model's layers, set by load_model (Megatron flags count them)

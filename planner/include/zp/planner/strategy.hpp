@@ -241,6 +241,13 @@ struct Strategy {
   // needs a bf16 master.
   Precision master_precision = Precision::fp32;
   Precision optimizer_precision = Precision::fp32;
+  // The gradients' dtype (--grad-precision): unset, the training precision; fp32 with 16-bit
+  // training is Megatron-LM's main_grad, the DDP grad buffer that accumulates and reduces in
+  // fp32 (megatron/training/arguments.py validate_args: on with --bf16 unless
+  // --grad-reduce-in-bf16, off with --fp16 unless --accumulate-allreduce-grads-in-fp32):
+  // 4 bytes of gradient per parameter. Planned at stages 0-1 (the distributed optimizer is
+  // stage 1) with the optimizer on the GPU.
+  std::optional<Precision> grad_precision;
   // PyTorch FSDP (the fsdp profile; stage 3 is FULL_SHARD / fully_shard): whether a
   // transformer block's parameters are freed after its forward and all-gathered again for
   // backward (FSDP2's reshard_after_forward, torchtitan's default; false is FSDP1's
@@ -325,6 +332,12 @@ void validate(const Strategy& s);
 
 // The expert-data-parallel degree dp/ep: the ranks over which expert parameters (and their
 // gradients, master weights and optimizer states) are ZeRO-partitioned.
+// Bytes of one gradient element: the training dtype's, or Strategy::grad_precision's.
+inline uint64_t grad_bytes(const Strategy& s) {
+  const Precision p = s.grad_precision.value_or(s.precision);
+  return p == Precision::fp32 ? 4 : 2;
+}
+
 inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1); }
 
 // The GPUs one replica of the model spans (tp x pp x cp) and the job's world (times dp).
