@@ -169,6 +169,30 @@ class Builder {
     HS = m.qk_head_dim();
     VS = m.v_head_dim();
     const int64_t t = o.tp;
+    if (o.cp > 1) {
+      // Context parallelism: this rank's share of every sequence is what the graph holds.
+      if (m.encoder_decoder())
+        throw Error(fmt::format("--cp {}: {} is an encoder-decoder model; context parallelism is "
+                                "planned for decoder-only models", o.cp, m.name),
+                    "plan it without --cp");
+      if (!o.flash_attention)
+        throw Error(fmt::format("--cp {}: ring attention is blockwise; plan it with --flash-attention",
+                                o.cp),
+                    "Megatron's context parallelism runs TransformerEngine's fused or flash "
+                    "attention; add --flash-attention");
+      if (m.attention == Attention::mla || o.hf_modeling || o.autocast)
+        throw Error(fmt::format("--cp {}: not planned for {}", o.cp,
+                                m.attention == Attention::mla ? "multi-head latent attention"
+                                                              : "Hugging Face's modeling code"),
+                    "plan context parallelism with --profile zeroplan or deepspeed on GQA/MHA models");
+      if (T % (2 * o.cp) != 0)
+        throw Error(fmt::format("--cp {}: --seq {} is not a multiple of 2 x {}", o.cp, T, o.cp),
+                    "Megatron splits every sequence into 2 cp chunks (each rank takes two, for "
+                    "balance under the causal mask)");
+      cp_full_T_ = T;
+      T = T / o.cp;
+      T_dec = T_enc = T;
+    }
     auto divide = [&](int64_t v, const char* what) {
       if (v % t != 0)
         throw Error(fmt::format("--tp {}: {} {} is not divisible by the tensor-parallel degree",
@@ -528,6 +552,15 @@ class Builder {
   // head (the last).
   std::vector<std::pair<int64_t, int64_t>> chunks_;
   bool has_embed_ = true, has_head_ = true;
+  // Context parallelism: the whole sequence's length (T is this rank's T/cp); 0 without.
+  int64_t cp_full_T_ = 0;
+  // Ring attention's buffers (GraphOptions::cp): a packed key|value block of this rank's
+  // tokens, cp of them held by the forward (and a recomputation), two with their gradients
+  // by the backward.
+  uint64_t cp_kv_block() const {
+    return static_cast<uint64_t>(B) * static_cast<uint64_t>(T) * 2 * static_cast<uint64_t>(KVH) *
+           static_cast<uint64_t>(HS) * ab;
+  }
   // Sequence parallelism (GraphOptions::sp with t > 1): the tensors held with T/t tokens.
   bool sp_ = false;
   std::set<TensorId> sharded_;
@@ -1101,7 +1134,8 @@ class Builder {
   // masked blocks (the eager path computes the whole T x T and masks it).
   double keys(int l) const {
     const int64_t w = m_.window.window_of(l);
-    return o_.flash_attention && w > 0 && w < T ? double(w) : double(T);
+    const int64_t Tk = cp_full_T_ > 0 ? cp_full_T_ : T;  // ring attention: every key
+    return o_.flash_attention && w > 0 && w < Tk ? double(w) : double(Tk);
   }
 
   // The attention core: scores, softmax, dropout, attention x V (or one fused flash op).
@@ -1306,6 +1340,7 @@ class Builder {
       if (a.k_rep != kNone) src.insert(src.end(), {a.k_rep, a.v_rep});
       op(h + ".attn.flash" + re, OpKind::flash_attention, ph, l, src, {a.atty, a.lse}, {}, {},
          {}, 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
+      if (cp_full_T_ > 0) g_.ops.back().comm_bytes = cp_kv_block() * static_cast<uint64_t>(o_.cp);
     } else {
       a.atty_kind = k.block;
       attention_core(h, l, ph, k.core, a, true);
@@ -2021,6 +2056,7 @@ class Builder {
       if (d_rep != kNone) out_f.push_back(d_rep);
       op(h + ".attn.flash.bwd", OpKind::flash_attention_bwd, Phase::backward, l, in_f, out_f,
          {dq_acc, dsum}, {}, {}, 2.5 * 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
+      if (cp_full_T_ > 0) g_.ops.back().comm_bytes = cp_kv_block() * 2 * 2;  // two blocks of kv and dkv
     } else {
       const TensorId probs = a.probs16 != kNone ? a.probs16 : a.att_drop != kNone ? a.att_drop : a.att;
       const Tensor& att = g_.tensors[static_cast<std::size_t>(a.att)];

@@ -74,10 +74,10 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   g.pp = s.pp;  // the stage: pp_stage, 0 here; estimate() builds each stage's graph
   g.pp_chunks = s.vp;
   g.sp = s.sp;
-  if (s.cp > 1)
-    throw Error("--cp: parsed, but not planned yet",
-                "plan tensor and pipeline parallelism (--tp, --pp) with data parallelism and "
-                "ZeRO for now");
+  g.cp = s.cp;
+  if (s.cp > 1 && s.cp_kind == CpKind::ulysses)
+    throw Error("--cp-kind ulysses: parsed, but not planned yet",
+                "plan context parallelism as ring attention (--cp-kind ring, Megatron's) for now");
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
   // the strategy asks for; encoder-decoder models: the decoder's length.
   g.ep = s.ep;
@@ -490,6 +490,9 @@ class ScheduleBuilder {
       if (const uint64_t a2a = alltoall_buffer_bytes(op); a2a > 0)
         scratch.push_back(alloc(i, add_buffer("a2a." + op.name, Tier::gpu, Category::buffers, a2a,
                                               op.layer)));
+      if (op.comm_bytes > 0)  // ring attention's key/value blocks (graph.hpp Op::comm_bytes)
+        scratch.push_back(alloc(i, add_buffer("comm." + op.name, Tier::gpu, Category::buffers,
+                                              op.comm_bytes, op.layer)));
       if (grads_per_tensor() && op.phase != Phase::optimizer)
         for (TensorId gt : op.grads) alloc_grad(i, gt);
       if (op.phase == Phase::optimizer) optimizer_buffers(i);

@@ -202,6 +202,62 @@ TEST_CASE("sequence parallelism: the gathered inputs and scattered outputs are t
   CHECK_THROWS_WITH_AS(build_training_graph(par, o), doctest::Contains("--sp"), zp::Error);
 }
 
+TEST_CASE("context parallelism (ring): a rank holds the activations of T/cp tokens and the ring's key/value blocks") {
+  // Each of cp ranks keeps, per layer, what a T/cp-token sequence keeps (flash attention: no
+  // s^2 term), the attention's queries against all T keys: forward FLOPs 2 B NH (T/cp) T
+  // (HS + VS). TransformerEngine's ring (AttnFuncWithCPAndKVP2P) holds cp packed key|value
+  // blocks of T/cp tokens (2 KVH HS elements per token) while the forward runs, two blocks of
+  // keys|values and two of their gradients in backward.
+  const int64_t s = 1024, b = 2, h = 256, a = 8;
+  for (int64_t cp : {2, 4}) {
+    CAPTURE(cp);
+    GraphOptions o = opts(b);
+    o.flash_attention = true;
+    o.cp = cp;
+    const TrainingGraph g = build_training_graph(gpt(h, a, 2, s), o);
+    GraphOptions shorter = opts(b);
+    shorter.flash_attention = true;
+    shorter.seq = s / cp;
+    const auto ring = summarize_activations(g);
+    const auto local = summarize_activations(build_training_graph(gpt(h, a, 2, s), shorter));
+    CHECK(ring.saved_per_layer == local.saved_per_layer);
+    CHECK(ring.stats_per_layer == local.stats_per_layer);
+    CHECK(ring.saved_per_layer[0] == 34ULL * (s / cp) * b * h);
+    const uint64_t block = static_cast<uint64_t>(b) * (s / cp) * 2 * a * (h / a) * 2;  // 16-bit
+    int flash_ops = 0;
+    for (const Op& op : g.ops) {
+      if (op.kind == OpKind::flash_attention) {
+        ++flash_ops;
+        CHECK(op.comm_bytes == block * cp);
+        CHECK(op.flops == doctest::Approx(2.0 * b * a * double(s / cp) * s * (2 * (h / a))));
+      }
+      if (op.kind == OpKind::flash_attention_bwd) CHECK(op.comm_bytes == 4 * block);
+    }
+    CHECK(flash_ops == 2);
+    Strategy st;
+    st.cp = cp;
+    st.seq = s;
+    st.micro_batch = b;
+    const MemorySchedule sched = build_schedule(g, st, {});
+    uint64_t fwd = 0, bwd = 0;
+    for (const MemBuffer& x : sched.buffers) {
+      if (x.name == "comm.h.1.attn.flash") fwd = x.bytes;
+      if (x.name == "comm.h.1.attn.flash.bwd") bwd = x.bytes;
+    }
+    CHECK(fwd == block * cp);  // the whole sequence's keys and values, during each forward
+    CHECK(bwd == 4 * block);
+  }
+  GraphOptions eager = opts(b);
+  eager.cp = 2;
+  CHECK_THROWS_WITH_AS(build_training_graph(gpt(h, a, 2, s), eager),
+                       doctest::Contains("--flash-attention"), zp::Error);
+  GraphOptions odd = opts(b);
+  odd.flash_attention = true;
+  odd.cp = 3;
+  CHECK_THROWS_WITH_AS(build_training_graph(gpt(h, a, 2, s), odd),
+                       doctest::Contains("not a multiple of 2 x 3"), zp::Error);
+}
+
 TEST_CASE("selective recomputation with flash attention recomputes no T x T scores") {
   // The planner bug of issue 18: llama-3.1-8b at seq 8192, B=2 with --flash-attention
   // --checkpointing selective peaked at h.31.attn.softmax.re, a (B, NH, T, T) softmax that

@@ -104,6 +104,14 @@ struct GraphOptions {
   // one reduce-scatters its (B, T, C) partial sums; the backward mirrors both. Decoder-only
   // pre-norm dense blocks; T divisible by t.
   bool sp = false;
+  // Context parallelism (Megatron-LM's, ring attention through TransformerEngine): each of cp
+  // ranks holds T/cp tokens of every sequence, every per-token tensor with them; attention
+  // is blockwise (flash attention required), its queries against all T keys, the keys and
+  // values passed around the ring: TransformerEngine's AttnFuncWithCPAndKVP2P forward keeps
+  // one packed key|value block per step, cp of them until it returns, its backward two
+  // blocks of keys|values with their gradients (comm_bytes of the attention ops). Decoder-
+  // only models; T divisible by 2 cp (Megatron's load-balanced halves).
+  int64_t cp = 1;
   // Pipeline parallelism: this graph is stage pp_stage of pp, the blocks
   // [pp_stage * L/pp, (pp_stage + 1) * L/pp) (L divisible by pp). The first stage has the
   // embedding, the last the final norm, the head and the loss; a stage after the first
@@ -227,6 +235,9 @@ struct Op {
   std::vector<TensorId> grads;    // weight gradients accumulated
   double flops = 0;               // floating-point operations (multiply-add = 2)
   double dropout_p = 0;           // dropout and dropout_bwd: the probability of dropping
+  // A communication buffer held while the op runs (category buffers): ring attention's key
+  // and value blocks passed between the context-parallel ranks.
+  uint64_t comm_bytes = 0;
 };
 
 // Vertex = op index; edge = a tensor (data dependency) or -1 (stream order: ops issue in
