@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -58,7 +59,8 @@ std::string_view to_string(OpKind k) {
       "moe_route", "moe_dispatch", "moe_combine", "moe_route_bwd", "moe_dispatch_bwd",
       "moe_combine_bwd", "position_bias", "position_bias_bwd", "concat", "concat_bwd",
       "gate_mul", "gate_mul_bwd", "relu", "relu_bwd", "softcap", "softcap_bwd", "tanh",
-      "tanh_bwd", "sac_reuse", "pp_recv", "pp_send", "sp_all_gather", "sp_reduce_scatter"};
+      "tanh_bwd", "sac_reuse", "pp_recv", "pp_send", "sp_all_gather", "sp_reduce_scatter",
+      "cp_all_to_all"};
   return kNames[static_cast<std::size_t>(k)];
 }
 
@@ -110,6 +112,9 @@ struct BlockActs {
   TensorId kv_a = kNone, kv_an = kNone, kv_a_stats = kNone, kv_lat = kNone;
   TensorId att = kNone, att_mask = kNone, att_drop = kNone, lse = kNone, att_tanh = kNone;
   TensorId atty = kNone;
+  // DeepSpeed-Ulysses: the core's q|k|v and output over all T tokens and heads/cp (atty is
+  // then the output brought back to this rank's tokens, the projection's input).
+  TensorId qkv_u = kNone, atty_u = kNone;
   TensorId probs16 = kNone;    // autocast: the values matmul's 16-bit copy of fp32 probabilities
   TensorId att_in = kNone;     // softmax_keeps_input: the scores the softmax read
   TensorId scores = kNone;     // the softmax's input (eager attention)
@@ -175,7 +180,7 @@ class Builder {
         throw Error(fmt::format("--cp {}: {} is an encoder-decoder model; context parallelism is "
                                 "planned for decoder-only models", o.cp, m.name),
                     "plan it without --cp");
-      if (!o.flash_attention)
+      if (!o.flash_attention && !o.cp_ulysses)
         throw Error(fmt::format("--cp {}: ring attention is blockwise; plan it with --flash-attention",
                                 o.cp),
                     "Megatron's context parallelism runs TransformerEngine's fused or flash "
@@ -185,11 +190,22 @@ class Builder {
                                 m.attention == Attention::mla ? "multi-head latent attention"
                                                               : "Hugging Face's modeling code"),
                     "plan context parallelism with --profile zeroplan or deepspeed on GQA/MHA models");
-      if (T % (2 * o.cp) != 0)
-        throw Error(fmt::format("--cp {}: --seq {} is not a multiple of 2 x {}", o.cp, T, o.cp),
-                    "Megatron splits every sequence into 2 cp chunks (each rank takes two, for "
-                    "balance under the causal mask)");
-      cp_full_T_ = T;
+      if (o.cp_ulysses) {
+        if (T % o.cp != 0)
+          throw Error(fmt::format("--cp {}: --seq {} is not divisible by it", o.cp, T),
+                      "DeepSpeed-Ulysses splits every sequence into cp equal parts");
+        if (m.attn_sinks || o.recompute == Recompute::selective_op)
+          throw Error(fmt::format("--cp {} --cp-kind ulysses: not planned with {}", o.cp,
+                                  m.attn_sinks ? "attention sinks" : "per-op recomputation"),
+                      "plan it with --cp-kind ring, or without --cp");
+        ulysses_cp_ = o.cp;
+      } else {
+        if (T % (2 * o.cp) != 0)
+          throw Error(fmt::format("--cp {}: --seq {} is not a multiple of 2 x {}", o.cp, T, o.cp),
+                      "Megatron splits every sequence into 2 cp chunks (each rank takes two, for "
+                      "balance under the causal mask)");
+        cp_full_T_ = T;
+      }
       T = T / o.cp;
       T_dec = T_enc = T;
     }
@@ -202,6 +218,11 @@ class Builder {
     };
     NH = divide(m.n_head, "attention heads");
     KVH = m.attention == Attention::mla ? NH : divide(m.n_kv_head, "key/value heads");
+    if (ulysses_cp_ > 1 && (NH % ulysses_cp_ != 0 || KVH % ulysses_cp_ != 0))
+      throw Error(fmt::format("--cp {} --cp-kind ulysses: {} heads and {} key/value heads per "
+                              "tensor-parallel rank are not divisible by it", ulysses_cp_, NH, KVH),
+                  "DeepSpeed-Ulysses gives each rank heads/cp whole heads; choose --cp dividing "
+                  "both, or --cp-kind ring");
     F = divide(m.n_inner, "MLP width");
     if (m.is_moe()) {
       Fe = divide(m.moe.expert_inner, "expert MLP width");
@@ -552,8 +573,44 @@ class Builder {
   // head (the last).
   std::vector<std::pair<int64_t, int64_t>> chunks_;
   bool has_embed_ = true, has_head_ = true;
-  // Context parallelism: the whole sequence's length (T is this rank's T/cp); 0 without.
+  // Context parallelism: the whole sequence's length (T is this rank's T/cp) under the ring;
+  // 0 without.
   int64_t cp_full_T_ = 0;
+  // DeepSpeed-Ulysses' degree (1 without): while the attention core is built, the builder's
+  // dimensions are the heads view's, all T tokens and heads/cp (HeadsView).
+  int64_t ulysses_cp_ = 1;
+  struct HeadsView {
+    Builder& b;
+    int64_t T, NH, KVH, Q, QKV, QO;
+    explicit HeadsView(Builder& x)
+        : b(x), T(x.T), NH(x.NH), KVH(x.KVH), Q(x.Q), QKV(x.QKV), QO(x.QO) {
+      const int64_t c = x.ulysses_cp_;
+      x.T *= c;
+      x.NH /= c;
+      x.KVH /= c;
+      x.Q /= c;
+      x.QKV /= c;
+      x.QO /= c;
+    }
+    ~HeadsView() {
+      b.T = T;
+      b.NH = NH;
+      b.KVH = KVH;
+      b.Q = Q;
+      b.QKV = QKV;
+      b.QO = QO;
+    }
+    HeadsView(const HeadsView&) = delete;
+    HeadsView& operator=(const HeadsView&) = delete;
+  };
+  // The all-to-all of one tensor between the token view (B, T/cp, w) and the heads view
+  // (B, T, w/cp); `to` gives the new tensor's shape. Same bytes either side.
+  TensorId ulysses_a2a(const std::string& name, std::vector<TensorId> in, const Shape& to,
+                       TensorKind kind, int l, Phase ph) {
+    const TensorId out = tensor(name, to, ab, kind, l);
+    op(name, OpKind::cp_all_to_all, ph, l, std::move(in), {out}, {}, {}, {}, 0.0);
+    return out;
+  }
   // Ring attention's buffers (GraphOptions::cp): a packed key|value block of this rank's
   // tokens, cp of them held by the forward (and a recomputation), two with their gradients
   // by the backward.
@@ -1331,6 +1388,18 @@ class Builder {
     const std::string re = ph == Phase::recompute ? ".re" : "";
     qkv_projection(h, l, ph, k, in, a);
     if (hf_repeat_kv(l)) repeat_kv(h, l, ph, k, a);
+    // DeepSpeed-Ulysses: the core runs in the heads view on q|k|v brought there by an
+    // all-to-all (the normed q, k with v, one tensor), its output brought back after.
+    std::optional<HeadsView> heads;
+    const TensorId qkv_local = a.qkv, qk_local = a.qk;
+    if (ulysses_cp_ > 1) {
+      std::vector<TensorId> src_local = qkv_of(a);
+      if (a.qk != kNone) src_local.insert(src_local.begin(), a.qk);
+      heads.emplace(*this);
+      a.qkv_u = ulysses_a2a(h + ".attn.ulysses.qkv" + re, src_local, {B, T, QKV}, k.block, l, ph);
+      a.qkv = a.qkv_u;
+      a.qk = kNone;
+    }
     if (o_.flash_attention) {
       a.atty = tensor(h + ".attn.y", {B, T, QO}, ab, k.block, l);
       a.lse = tensor(h + ".attn.lse", {B, NH, T}, 4, k.block, l, true);
@@ -1346,6 +1415,13 @@ class Builder {
       attention_core(h, l, ph, k.core, a, true);
     }
     if (p.sinks.w != kNone) g_.ops.back().params.push_back(p.sinks.w);
+    if (heads) {
+      a.qkv = qkv_local;
+      a.qk = qk_local;
+      a.atty_u = a.atty;
+      heads.reset();
+      a.atty = ulysses_a2a(h + ".attn.ulysses.y" + re, {a.atty_u}, {B, T, QO}, k.block, l, ph);
+    }
     const bool rdrop = o_.dropout && m_.resid_dropout > 0;
     TensorId proj = outer_tensor(h + ".attn.proj", C, ab, TensorKind::activation, l);
     matmul(h + ".attn.proj", a.atty, proj, p.proj, l, ph, QO, C, 0, linear_aten(m_.out_bias));
@@ -2016,6 +2092,20 @@ class Builder {
   }
 
   void recompute_core(int l, BlockActs& a) {
+    if (ulysses_cp_ > 1) {  // the core in the heads view, on the all-to-all's q|k|v
+      const TensorId qkv_local = a.qkv, qk_local = a.qk, atty = a.atty;
+      a.qkv = a.qkv_u;
+      a.qk = kNone;
+      a.atty = a.atty_u;
+      {
+        HeadsView heads(*this);
+        attention_core(fmt::format("h.{}", l), l, Phase::recompute, TensorKind::saved, a, false);
+      }
+      a.qkv = qkv_local;
+      a.qk = qk_local;
+      a.atty = atty;
+      return;
+    }
     attention_core(fmt::format("h.{}", l), l, Phase::recompute, TensorKind::saved, a, false);
   }
 
@@ -2031,15 +2121,30 @@ class Builder {
          {d_proj}, {}, {}, {}, double(B * T * C));
       g_.ops.back().dropout_p = m_.resid_dropout;
     }
-    const TensorId d_atty = tensor(h + ".attn.y.d", {B, T, QO}, ab, TensorKind::act_grad, l);
-    matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty, p.proj, l, QO, C);
-    const TensorId d_qkv = tensor(h + ".attn.qkv.d", {B, T, QKV}, ab, TensorKind::act_grad, l);
+    const TensorId d_atty_local = tensor(h + ".attn.y.d", {B, T, QO}, ab, TensorKind::act_grad, l);
+    matmul_bwd(h + ".attn.proj", d_proj, a.atty, d_atty_local, p.proj, l, QO, C);
+    const TensorId d_qkv_local = tensor(h + ".attn.qkv.d", {B, T, QKV}, ab, TensorKind::act_grad, l);
+    // DeepSpeed-Ulysses: the core's backward in the heads view (the output's gradient brought
+    // there by an all-to-all, q|k|v's taken back by another), on the core's own tensors.
+    TensorId d_atty = d_atty_local, d_qkv = d_qkv_local;
+    BlockActs u = a;
+    std::optional<HeadsView> heads;
+    if (ulysses_cp_ > 1) {
+      u.qkv = a.qkv_u;
+      u.qk = kNone;
+      u.atty = a.atty_u;
+      heads.emplace(*this);
+      d_atty = ulysses_a2a(h + ".attn.ulysses.y.d", {d_atty_local}, {B, T, QO}, TensorKind::act_grad, l,
+                           Phase::backward);
+      d_qkv = tensor(h + ".attn.ulysses.qkv.d", {B, T, QKV}, ab, TensorKind::act_grad, l);
+    }
+    const BlockActs& c = u;
     const double s2 = double(B * NH) * double(T) * double(T);
-    std::vector<TensorId> src = qkv_of(a);
-    if (a.qk != kNone) src.insert(src.begin(), a.qk);
+    std::vector<TensorId> src = qkv_of(c);
+    if (c.qk != kNone) src.insert(src.begin(), c.qk);
     const TensorId bias = pos_bias_of(l);
     // hf_modeling: the copies' gradients, summed back into the shared heads (repeat_kv.bwd).
-    const TensorId d_rep = a.k_rep == kNone ? kNone
+    const TensorId d_rep = c.k_rep == kNone ? kNone
                            : tensor(h + ".attn.repeat_kv.d", {B, 2 * (NH - KVH), T, HS}, ab,
                                     TensorKind::act_grad, l);
     if (o_.flash_attention) {
@@ -2048,9 +2153,9 @@ class Builder {
       const TensorId dsum = tensor(h + ".attn.flash.dsum", {B, NH, T}, 4, TensorKind::workspace, l);
       std::vector<TensorId> in_f = {d_atty};
       in_f.insert(in_f.end(), src.begin(), src.end());
-      in_f.push_back(a.atty);
-      in_f.push_back(a.lse);
-      if (d_rep != kNone) in_f.insert(in_f.end(), {a.k_rep, a.v_rep});
+      in_f.push_back(c.atty);
+      in_f.push_back(c.lse);
+      if (d_rep != kNone) in_f.insert(in_f.end(), {c.k_rep, c.v_rep});
       std::vector<TensorId> out_f = {d_qkv};
       if (bias != kNone) out_f.push_back(pos_bias_grad(l));
       if (d_rep != kNone) out_f.push_back(d_rep);
@@ -2058,8 +2163,8 @@ class Builder {
          {dq_acc, dsum}, {}, {}, 2.5 * 2.0 * double(B * NH) * double(T) * keys(l) * double(HS + VS));
       if (cp_full_T_ > 0) g_.ops.back().comm_bytes = cp_kv_block() * 2 * 2;  // two blocks of kv and dkv
     } else {
-      const TensorId probs = a.probs16 != kNone ? a.probs16 : a.att_drop != kNone ? a.att_drop : a.att;
-      const Tensor& att = g_.tensors[static_cast<std::size_t>(a.att)];
+      const TensorId probs = c.probs16 != kNone ? c.probs16 : c.att_drop != kNone ? c.att_drop : c.att;
+      const Tensor& att = g_.tensors[static_cast<std::size_t>(c.att)];
       const Shape att_shape = att.shape;
       // transformers' eager attention is autograd's ops: each backward writes a new gradient in
       // its tensor's dtype and the one it read dies after it (at most two (B, NH, T, T)
@@ -2073,33 +2178,33 @@ class Builder {
       TensorId d_att = hf ? grad_like(".attn.probs.d", probs)
                           : tensor(h + ".attn.att.d", att_shape, att.elem_bytes, TensorKind::act_grad, l);
       std::vector<TensorId> in_v = {d_atty, probs}, out_v = {d_att, d_qkv};
-      for (TensorId t : qkv_of(a)) in_v.push_back(t);
+      for (TensorId t : qkv_of(c)) in_v.push_back(t);
       if (d_rep != kNone) {
-        in_v.push_back(a.v_rep);
+        in_v.push_back(c.v_rep);
         out_v.push_back(d_rep);
       }
       op(h + ".attn.values.bwd", OpKind::attn_values_bwd, Phase::backward, l, in_v, out_v, {}, {},
          {}, 4.0 * s2 * double(VS));
-      if (a.att_mask != kNone) {
-        const TensorId d_drop = hf ? grad_like(".attn.drop.d", a.att) : d_att;
-        op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, a.att_mask},
+      if (c.att_mask != kNone) {
+        const TensorId d_drop = hf ? grad_like(".attn.drop.d", c.att) : d_att;
+        op(h + ".attn.drop.bwd", OpKind::dropout_bwd, Phase::backward, l, {d_att, c.att_mask},
            {d_drop}, {}, {}, {}, s2);
         g_.ops.back().dropout_p = m_.attn_dropout;
         d_att = d_drop;
       }
-      std::vector<TensorId> in_sm = {d_att, a.att};
-      if (a.sink_idx != kNone) in_sm.push_back(a.sink_idx);
-      if (a.att_in != kNone) in_sm.push_back(a.att_in);
-      const TensorId d_scores = hf ? grad_like(".attn.scores.d", a.scores) : d_att;
+      std::vector<TensorId> in_sm = {d_att, c.att};
+      if (c.sink_idx != kNone) in_sm.push_back(c.sink_idx);
+      if (c.att_in != kNone) in_sm.push_back(c.att_in);
+      const TensorId d_scores = hf ? grad_like(".attn.scores.d", c.scores) : d_att;
       op(h + ".attn.softmax.bwd", OpKind::softmax_bwd, Phase::backward, l, in_sm, {d_scores}, {},
          {}, {}, 4.0 * s2);
       d_att = d_scores;
-      if (a.att_tanh != kNone)
-        op(h + ".attn.softcap.bwd", OpKind::softcap_bwd, Phase::backward, l, {d_att, a.att_tanh},
+      if (c.att_tanh != kNone)
+        op(h + ".attn.softcap.bwd", OpKind::softcap_bwd, Phase::backward, l, {d_att, c.att_tanh},
            {d_att}, {}, {}, {}, 3.0 * s2);
       std::vector<TensorId> in_s = {d_att};
       in_s.insert(in_s.end(), src.begin(), src.end());
-      if (d_rep != kNone) in_s.push_back(a.k_rep);
+      if (d_rep != kNone) in_s.push_back(c.k_rep);
       std::vector<TensorId> out_s = {d_qkv};
       if (bias != kNone) out_s.push_back(pos_bias_grad(l));
       if (d_rep != kNone) out_s.push_back(d_rep);
@@ -2107,6 +2212,12 @@ class Builder {
          {}, {}, 4.0 * s2 * double(HS));
     }
     if (p.sinks.g != kNone) g_.ops.back().grads.push_back(p.sinks.g);
+    if (heads) {
+      heads.reset();
+      op(h + ".attn.ulysses.qkv.bwd", OpKind::cp_all_to_all, Phase::backward, l, {d_qkv},
+         {d_qkv_local}, {}, {}, {}, 0.0);
+      d_qkv = d_qkv_local;
+    }
     if (d_rep != kNone)
       op(h + ".attn.repeat_kv.bwd", OpKind::concat_bwd, Phase::backward, l, {d_rep}, {d_qkv}, {},
          {}, {}, 2.0 * double(B * T) * double((NH - KVH) * HS));

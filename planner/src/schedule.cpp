@@ -75,9 +75,7 @@ models::GraphOptions graph_options(const models::ModelSpec& m, const Strategy& s
   g.pp_chunks = s.vp;
   g.sp = s.sp;
   g.cp = s.cp;
-  if (s.cp > 1 && s.cp_kind == CpKind::ulysses)
-    throw Error("--cp-kind ulysses: parsed, but not planned yet",
-                "plan context parallelism as ring attention (--cp-kind ring, Megatron's) for now");
+  g.cp_ulysses = s.cp_kind == CpKind::ulysses;
   // Mixture of experts: E/ep routed experts per rank, the routed rows sized for the routing
   // the strategy asks for; encoder-decoder models: the decoder's length.
   g.ep = s.ep;

@@ -258,6 +258,48 @@ TEST_CASE("context parallelism (ring): a rank holds the activations of T/cp toke
                        doctest::Contains("not a multiple of 2 x 3"), zp::Error);
 }
 
+TEST_CASE("context parallelism (DeepSpeed-Ulysses): T/cp tokens, attention over all T tokens of heads/cp") {
+  // Jacobs et al. 2023, deepspeed/sequence/layer.py DistributedAttention: q, k, v of this
+  // rank's s/cp tokens go through an all-to-all to s tokens of a/cp heads, the local attention
+  // keeps what it keeps there, and its output comes back through a second all-to-all as the
+  // projection's input. Eager (eq. 1 terms): the linear parts of s/cp tokens, 34 (s/cp) b h,
+  // and the attention core of a/cp heads over all s, 5 (a/cp) s^2 b; nothing else (the core's
+  // output in the heads view dies at the all-to-all). Flash: the s/cp-token graph's 34 (s/cp) b
+  // h, plus the core's output kept in the heads view for flash's backward, 2 b (s/cp) h.
+  const int64_t s = 512, b = 2, h = 128, a = 8;
+  for (int64_t cp : {2, 4}) {
+    CAPTURE(cp);
+    GraphOptions o = opts(b);
+    o.cp = cp;
+    o.cp_ulysses = true;
+    const auto eager = summarize_activations(build_training_graph(gpt(h, a, 2, s), o));
+    CHECK(eager.saved_per_layer[1] == 34ULL * (s / cp) * b * h + 5ULL * (a / cp) * s * s * b);
+    o.flash_attention = true;
+    const auto flash = summarize_activations(build_training_graph(gpt(h, a, 2, s), o));
+    CHECK(flash.saved_per_layer[1] == 34ULL * (s / cp) * b * h + 2ULL * b * (s / cp) * h);
+    // Selective recomputation of the eager core: the scores are recomputed in the heads view.
+    o.flash_attention = false;
+    o.recompute = Recompute::selective;
+    const auto sel = summarize_activations(build_training_graph(gpt(h, a, 2, s), o));
+    CHECK(sel.saved_per_layer[1] == 34ULL * (s / cp) * b * h);
+  }
+  // Four all-to-alls per layer and pass: q|k|v and the output forward, their gradients back.
+  GraphOptions o = opts(b);
+  o.cp = 2;
+  o.cp_ulysses = true;
+  const TrainingGraph g = build_training_graph(gpt(h, a, 2, s), o);
+  int fwd = 0, bwd = 0;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::cp_all_to_all && op.layer == 1) (op.phase == Phase::forward ? fwd : bwd)++;
+  CHECK(fwd == 2);
+  CHECK(bwd == 2);
+  GraphOptions heads = opts(b);
+  heads.cp = 16;
+  heads.cp_ulysses = true;
+  CHECK_THROWS_WITH_AS(build_training_graph(gpt(h, a, 2, s), heads),
+                       doctest::Contains("not divisible by it"), zp::Error);
+}
+
 TEST_CASE("selective recomputation with flash attention recomputes no T x T scores") {
   // The planner bug of issue 18: llama-3.1-8b at seq 8192, B=2 with --flash-attention
   // --checkpointing selective peaked at h.31.attn.softmax.re, a (B, NH, T, T) softmax that

@@ -71,6 +71,8 @@ enum class OpKind : uint8_t {
   // tensor-parallel ranks before a column-parallel linear, the reduce-scatter after a row-
   // parallel one (and their mirror images in backward).
   sp_all_gather, sp_reduce_scatter,
+  // DeepSpeed-Ulysses: the all-to-all between T/cp tokens x all heads and T tokens x heads/cp.
+  cp_all_to_all,
 };
 std::string_view to_string(OpKind k);
 
@@ -112,6 +114,13 @@ struct GraphOptions {
   // blocks of keys|values with their gradients (comm_bytes of the attention ops). Decoder-
   // only models; T divisible by 2 cp (Megatron's load-balanced halves).
   int64_t cp = 1;
+  // cp_ulysses: DeepSpeed-Ulysses instead of the ring (Jacobs et al. 2023; deepspeed/sequence/
+  // layer.py DistributedAttention): an all-to-all turns this rank's T/cp tokens of q, k and v
+  // (every head) into all T tokens of heads/cp, the attention (eager or flash) runs whole on
+  // those heads and keeps them for its backward, and a second all-to-all turns its output
+  // back into T/cp tokens for the output projection; the backward mirrors both. Heads and
+  // key/value heads (per tensor-parallel rank) divisible by cp; T divisible by cp.
+  bool cp_ulysses = false;
   // Pipeline parallelism: this graph is stage pp_stage of pp, the blocks
   // [pp_stage * L/pp, (pp_stage + 1) * L/pp) (L divisible by pp). The first stage has the
   // embedding, the last the final norm, the head and the loss; a stage after the first
