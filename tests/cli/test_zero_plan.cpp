@@ -580,3 +580,62 @@ TEST_CASE("megatron-args: a Megatron-LM command line plans as the same run in ze
                   "--num-layers is missing");
   check_bad_input(zero_plan({"estimate", "--stage", "1"}), "--model is required");
 }
+
+TEST_CASE("parallelism: --pp lists every stage and names the most loaded; --sp, --cp, bad values") {
+  // Llama-3.1-8B on 4 pipeline stages of 8 blocks, 1F1B with 8 micro-batches: stage i holds
+  // min(4 - i, 8) micro-batches (Narayanan et al. 2021 sec. 2.2.1), so the first is the most
+  // loaded; the JSON lists the stages with their blocks and per-device bytes.
+  const Result r = zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "4", "--grad-accum", "8",
+                              "--seq", "2048", "--stage", "1", "--dp", "2", "--flash-attention",
+                              "--format", "json"});
+  CAPTURE(r.err);
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& pl = j["pipeline"];
+  CHECK(pl["pp"] == 4);
+  CHECK(pl["schedule"] == "1f1b");
+  REQUIRE(pl["stages"].size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(pl["stages"][i]["in_flight"] == 4 - i);
+    CHECK(pl["stages"][i]["blocks"][0][0] == 8 * i);
+    CHECK(pl["stages"][i]["blocks"][0][1] == 8 * i + 8);
+  }
+  CHECK(pl["most_loaded_stage"] == 0);
+  CHECK(j["per_device"] == pl["stages"][0]["per_device"]);
+  CHECK(j["strategy"]["pp"] == 4);
+  const Result text = zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "4", "--vp", "2",
+                                 "--grad-accum", "8", "--seq", "2048", "--stage", "1", "--dp", "2",
+                                 "--flash-attention"});
+  CHECK(text.rc == 0);
+  CHECK(text.out.find("pipeline: 4 stages x 2 chunks, interleaved") != std::string::npos);
+  // Sequence and context parallelism shrink the activations of the same run.
+  auto acts = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"estimate", "--model", "llama-3.1-8b", "--tp", "4", "--seq", "8192",
+                                  "--flash-attention", "--format", "json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    const Result x = zero_plan(a);
+    CAPTURE(x.err);
+    REQUIRE(x.rc == 0);
+    return nlohmann::json::parse(x.out)["per_device"]["gpu"]["breakdown"]["activations"].get<uint64_t>();
+  };
+  const uint64_t tp = acts({}), sp = acts({"--sp"}), cp = acts({"--cp", "2"});
+  CHECK(sp < tp);
+  CHECK(cp < tp);
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "3"}),
+                  "--pp 3: 32 layers are not divisible");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "2", "--stage", "2"}),
+                  "ZeRO-2 and ZeRO-3 do not combine with pipeline parallelism");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp-schedule", "zigzag"}),
+                  "--pp-schedule: unknown value 'zigzag'");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--cp", "2"}),
+                  "--flash-attention");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--cp", "3", "--cp-kind", "ulysses",
+                             "--seq", "3072"}),
+                  "not divisible by it");
+  check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "2", "--profile", "fsdp",
+                             "--stage", "1"}),
+                  "--pp is not modelled");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8", "--pp", "2"}),
+                  "fit: --pp is not searched yet");
+}
