@@ -577,6 +577,67 @@ Strategy apply_megatron_args(Strategy s, const MegatronArgs& a, int64_t n_layer,
   return s;
 }
 
+std::string megatron_command_line(const Strategy& s) {
+  auto cannot = [](const std::string& what, const std::string& hint) {
+    throw Error(fmt::format("Megatron-LM arguments: {} has no Megatron-LM flag", what), hint);
+  };
+  if (s.stage >= 2 || s.offload_optimizer != Offload::none || s.offload_param != Offload::none)
+    cannot(s.stage >= 2 ? fmt::format("ZeRO stage {}", s.stage) : std::string("offloading"),
+           "Megatron-LM's distributed optimizer is stage 1; run the strategy with Megatron-"
+           "DeepSpeed and the DeepSpeed config (--emit-deepspeed)");
+  if (s.checkpointing == Checkpointing::selective_op)
+    cannot("torchtitan's per-op recomputation (selective-op)",
+           "Megatron recomputes full layers or the attention core (selective)");
+  std::vector<std::string> w;
+  auto flag = [&](const std::string& f, auto v) { w.push_back(fmt::format("{} {}", f, v)); };
+  flag("--tensor-model-parallel-size", s.mp);
+  if (s.sp && s.mp > 1) w.push_back("--sequence-parallel");
+  flag("--pipeline-model-parallel-size", s.pp);
+  if (s.vp > 1) flag("--num-virtual-stages-per-pipeline-rank", s.vp);
+  if (s.pp > 1 && s.pp_schedule == PipelineSchedule::gpipe)
+    cannot("the GPipe schedule", "Megatron-LM runs 1F1B, interleaved with virtual stages");
+  flag("--context-parallel-size", s.cp);
+  if (s.cp > 1) flag("--cp-comm-type", s.cp_kind == CpKind::ulysses ? "a2a" : "p2p");
+  if (s.ep > 1) flag("--expert-model-parallel-size", s.ep);
+  flag("--micro-batch-size", s.micro_batch);
+  flag("--global-batch-size",
+       checked_mul(checked_mul(s.micro_batch, s.dp, "global batch"), s.grad_accum, "global batch"));
+  if (s.seq > 0) flag("--seq-length", s.seq);
+  // Precision, and the gradients' dtype as validate_args derives it: fp32 main_grad with
+  // --bf16 unless --grad-reduce-in-bf16, with --fp16 only under
+  // --accumulate-allreduce-grads-in-fp32.
+  const bool fp32_grads = s.grad_precision == Precision::fp32;
+  if (s.precision == Precision::bf16) {
+    w.push_back("--bf16");
+    if (!fp32_grads) w.push_back("--grad-reduce-in-bf16");
+  } else if (s.precision == Precision::fp16) {
+    w.push_back("--fp16");
+    if (fp32_grads) w.push_back("--accumulate-allreduce-grads-in-fp32");
+  }
+  if (s.stage == 1) w.push_back("--use-distributed-optimizer");
+  switch (s.checkpointing) {
+    case Checkpointing::none: break;
+    case Checkpointing::full:
+      w.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+      break;
+    case Checkpointing::selective: w.push_back("--recompute-granularity selective"); break;
+    case Checkpointing::selective_op: break;  // refused above
+  }
+  flag("--attention-backend", s.flash_attention ? "flash" : "unfused");
+  switch (s.optimizer) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: flag("--optimizer", "adam"); break;  // FusedAdam, decoupled decay
+    case OptimizerKind::sgd: flag("--optimizer", "sgd"); break;
+    case OptimizerKind::sgd_plain: w.push_back("--optimizer sgd --sgd-momentum 0"); break;
+    case OptimizerKind::lion: flag("--optimizer", "lion"); break;
+    default: cannot(fmt::format("--optimizer {}", to_string(s.optimizer)), "Megatron-LM runs adam, sgd or lion");
+  }
+  if (overlaps_comm(s) && s.dp > 1) w.push_back("--overlap-grad-reduce");
+  std::string out;
+  for (const std::string& x : w) out += (out.empty() ? "" : " ") + x;
+  return out;
+}
+
 void settle_megatron_batch(Strategy& s, const MegatronArgs& a) {
   if (a.has("--global-batch-size") && a.has("--step-batch-size-schedule"))
     refuse(a, "--global-batch-size and --step-batch-size-schedule together",

@@ -158,3 +158,32 @@ TEST_CASE("fit: bad input and models that fit nowhere") {
   CHECK(r.out.find("needs") != std::string::npos);
   CHECK(r.out.find(", has ") != std::string::npos);
 }
+
+TEST_CASE("fit --emit-megatron: the winner as Megatron-LM arguments plans as the same run") {
+  // The arguments written for the winner, read back by `estimate --megatron-args` on the same
+  // GPUs, give the winner's own per-device bytes: the line says the whole strategy.
+  zp::test::TempDir dir;
+  const std::string args = dir.file("args.txt");
+  const Result fit = zero_plan({"fit", "--model", "llama-2-7b", "--hardware", "a100-80g", "--gpus", "8",
+                                "--stage", "1", "--emit-megatron", args, "--format", "json"});
+  CAPTURE(fit.err);
+  REQUIRE(fit.rc == 0);
+  std::string line = slurp(args);
+  REQUIRE(!line.empty());
+  CHECK(line.back() == '\n');
+  line.pop_back();
+  CHECK(line.find("--use-distributed-optimizer") != std::string::npos);
+  const auto winner = nlohmann::json::parse(fit.out)["candidates"][0];
+  const Result est = zero_plan({"estimate", "--model", "llama-2-7b", "--hardware", "a100-80g",
+                                "--dp", std::to_string(winner["strategy"]["dp"].get<int64_t>()),
+                                "--megatron-args", line, "--format", "json"});
+  CAPTURE(est.err);
+  REQUIRE(est.rc == 0);
+  CHECK(nlohmann::json::parse(est.out)["per_device"] == winner["per_device"]);
+  // A ZeRO-2 winner has no Megatron-LM arguments: refused, nothing written.
+  const std::string none = dir.file("none.txt");
+  check_bad_input(zero_plan({"fit", "--model", "llama-2-7b", "--hardware", "a100-80g", "--gpus", "8",
+                             "--stage", "2", "--emit-megatron", none}),
+                  "ZeRO stage 2 has no Megatron-LM flag");
+  CHECK_FALSE(std::ifstream(none).good());
+}

@@ -530,3 +530,81 @@ TEST_CASE("Megatron-LM's example command lines") {
   CHECK(has(error_of([] { (void)mg_dp(kGpt3, 1); }),
             "--global-batch-size and --step-batch-size-schedule together"));
 }
+
+TEST_CASE("a strategy written as Megatron-LM flags reads back as the same strategy") {
+  // megatron_command_line is the reader's inverse: what `zero-plan fit --emit-megatron` writes
+  // must plan, read back, as the run it was written for (Adam becomes Megatron's AdamW).
+  auto with = [](auto f) {
+    Strategy s;
+    s.dp = 4;
+    s.seq = 4096;
+    f(s);
+    return s;
+  };
+  const std::vector<Strategy> cases = {
+      with([](Strategy& s) {
+        s.mp = 4;
+        s.sp = true;
+        s.pp = 2;
+        s.grad_accum = 8;
+        s.stage = 1;
+        s.precision = Precision::bf16;
+        s.grad_precision = Precision::fp32;
+        s.flash_attention = true;
+        s.checkpointing = Checkpointing::selective;
+        s.optimizer = OptimizerKind::adamw;
+      }),
+      with([](Strategy& s) {
+        s.pp = 4;
+        s.vp = 2;
+        s.pp_schedule = PipelineSchedule::interleaved;
+        s.grad_accum = 8;
+        s.cp = 2;
+        s.cp_kind = CpKind::ulysses;
+        s.precision = Precision::bf16;  // bf16 gradients: --grad-reduce-in-bf16
+        s.checkpointing = Checkpointing::full;
+        s.micro_batch = 2;
+        s.optimizer = OptimizerKind::sgd;
+      }),
+      with([](Strategy& s) {
+        s.precision = Precision::fp16;
+        s.grad_precision = Precision::fp32;
+        s.ep = 2;
+        s.cp = 2;
+        s.flash_attention = true;
+        s.overlap_comm = true;
+        s.optimizer = OptimizerKind::adamw;
+      }),
+  };
+  for (const Strategy& s : cases) {
+    const std::string line = megatron_command_line(s);
+    CAPTURE(line);
+    Strategy back = apply_megatron_args(Strategy{}, parse_megatron_args(line), 32);
+    back.dp = s.dp;
+    settle_megatron_batch(back, parse_megatron_args(line));
+    CHECK(back.mp == s.mp);
+    CHECK(back.sp == s.sp);
+    CHECK(back.pp == s.pp);
+    CHECK(back.vp == s.vp);
+    CHECK(back.pp_schedule == s.pp_schedule);
+    CHECK(back.cp == s.cp);
+    CHECK(back.cp_kind == s.cp_kind);
+    CHECK(back.ep == s.ep);
+    CHECK(back.micro_batch == s.micro_batch);
+    CHECK(back.grad_accum == s.grad_accum);
+    CHECK(back.seq == s.seq);
+    CHECK(back.precision == s.precision);
+    CHECK(grad_bytes(back) == grad_bytes(s));
+    CHECK(back.stage == s.stage);
+    CHECK(back.checkpointing == s.checkpointing);
+    CHECK(back.flash_attention == s.flash_attention);
+    CHECK(back.optimizer == s.optimizer);
+    CHECK(overlaps_comm(back) == overlaps_comm(s));
+  }
+  Strategy z2;
+  z2.stage = 2;
+  CHECK_THROWS_WITH_AS(megatron_command_line(z2), doctest::Contains("ZeRO stage 2"), zp::Error);
+  Strategy sac;
+  sac.checkpointing = Checkpointing::selective_op;
+  CHECK_THROWS_WITH_AS(megatron_command_line(sac), doctest::Contains("selective-op"), zp::Error);
+}

@@ -41,6 +41,9 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
   f.add_flag("--progress", c.progress,
              "with --max-model: one line per probed depth on stderr [on when stderr is a terminal]");
   f.add_option("--emit-deepspeed", c.emit_deepspeed, "write the winner as a DeepSpeed config");
+  f.add_option("--emit-megatron", c.emit_megatron,
+               "write the winner as Megatron-LM arguments (one line for pretrain_gpt.py; ZeRO "
+               "stages 2-3 and offloading have none: use --emit-deepspeed with Megatron-DeepSpeed)");
   f.add_option("--trace", c.trace, "write the winner's simulated step as a Chrome trace (Perfetto)");
   f.add_option("-o,--output", c.output, "write to this file (atomically) instead of stdout");
   add_strategy_flags(f, c.flags);
@@ -55,6 +58,7 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
       "Examples:\n"
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16\n"
       "  zero-plan fit --model llama-2-7b --hardware a100-80g --gpus 8 --emit-deepspeed ds.json\n"
+      "  zero-plan fit --model llama-2-7b --hardware a100-80g --gpus 8 --stage 1 --emit-megatron args.txt\n"
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --max-model --offload-optimizer cpu");
 }
 
@@ -247,6 +251,9 @@ int FitCommand::run() {
   }
   if (!f.candidates.empty()) {
     const planner::Strategy& win = f.candidates.front().strategy;
+    // Settled before anything is written: a winner Megatron-LM cannot run writes nothing.
+    const std::string megatron = emit_megatron.empty() ? "" : planner::megatron_command_line(win);
+    if (!emit_megatron.empty()) emit(emit_megatron, megatron + "\n");
     if (!emit_deepspeed.empty()) {
       emit(emit_deepspeed, planner::deepspeed_config(win).dump(2) + "\n");
       for (const std::string& n : planner::deepspeed_notes(win)) std::cerr << "note: " << n << "\n";

@@ -13,7 +13,7 @@ namespace zp::cli {
 struct FitCommand {
   CLI::App* app = nullptr;
   std::string model, hardware, gpus = "1", nodes, top = "5", format, output, emit_deepspeed,
-      trace;
+      emit_megatron, trace;
   bool max_model = false;
   bool progress = false;  // --progress: max-model's probes on stderr even when not a terminal
   StrategyFlags flags;

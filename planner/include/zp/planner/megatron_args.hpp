@@ -83,6 +83,16 @@ models::ModelSpec megatron_model(const MegatronArgs& a);
 // is refused naming both values.
 void check_megatron_model(const MegatronArgs& a, const models::ModelSpec& m);
 
+// The other way: the Megatron-LM flags that run strategy `s` (what `zero-plan fit
+// --emit-megatron` writes for its winner): parallel sizes, batch (global = micro x dp x
+// grad_accum), sequence, precision and the gradients' dtype, the distributed optimizer
+// (stage 1), recomputation, attention backend, optimizer, overlapped reduction. Reading it back
+// with apply_megatron_args gives the same strategy (Adam is Megatron's AdamW). What Megatron-LM
+// cannot run is a zp::Error naming it: ZeRO stages 2-3 and offloading (the DeepSpeed config,
+// --emit-deepspeed, with Megatron-DeepSpeed), torchtitan's per-op recomputation, optimizers
+// it lacks.
+std::string megatron_command_line(const Strategy& s);
+
 // The flags Megatron-LM's parser accepts (the generated table), sorted.
 std::vector<std::string_view> megatron_flag_names();
 
