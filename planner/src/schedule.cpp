@@ -323,7 +323,7 @@ std::optional<uint64_t> per_tensor_optimizer_bytes(const TrainingGraph& g, const
     }
     return b;
   }
-  const int64_t ep = g.options.ep, w = fsdp ? fsdp_shard_world(s) : s.dp;
+  const int64_t ep = g.options.ep, w = fsdp ? fsdp_shard_world(s) : zero_dp(s);
   uint64_t whole = 0, per_expert = 0;  // per_expert: every routed expert's own tensors
   for (const models::ParamTensor& p : models::count_params(g.model).tensors) {
     std::vector<int64_t> shape = rank_shape(p, g.options);
@@ -433,7 +433,7 @@ class ScheduleBuilder {
   ScheduleBuilder(const TrainingGraph& g, const Strategy& s, const PlanOptions& o, MemorySchedule& out)
       : g_(g), s_(s), o_(o), out_(out) {
     p_bytes_ = g.options.param_bytes;
-    dp_ = static_cast<uint64_t>(s.dp);
+    dp_ = static_cast<uint64_t>(zero_dp(s));  // with context parallelism, dp x cp
     edp_ = static_cast<uint64_t>(expert_dp(s));
   }
 

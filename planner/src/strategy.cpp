@@ -137,7 +137,7 @@ std::string torch_version_string(uint32_t v) {
 bool overlaps_comm(const Strategy& s) { return s.overlap_comm.value_or(default_overlap_comm(s.stage)); }
 
 bool holds_buckets_in_flight(const Strategy& s) {
-  return s.stage >= 2 && s.dp > 1 && overlaps_comm(s);
+  return s.stage >= 2 && zero_dp(s) > 1 && overlaps_comm(s);
 }
 
 void validate(const Strategy& s) {
@@ -412,9 +412,15 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
                   "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
                   "communication_data_type", "elasticity", "autotuning", "checkpoint",
                   "data_types", "memory_breakdown", "load_universal_checkpoint",
-                  "disable_allgather", "seed", "dataloader_drop_last"},
+                  "disable_allgather", "seed", "dataloader_drop_last", "sequence_parallel_size"},
                  origin, "");
   Fields top(ds, origin);
+  // DeepSpeed-Ulysses (ALST): the config's sequence_parallel_size, as DeepSpeed's own sequence-
+  // parallel tests write it, is the Ulysses degree: context parallelism by all-to-all.
+  if (top.has("sequence_parallel_size") && !is_auto(ds, "sequence_parallel_size")) {
+    s.cp = top.positive_int("sequence_parallel_size", 1);
+    if (s.cp > 1) s.cp_kind = CpKind::ulysses;
+  }
   if (!is_auto(ds, "train_micro_batch_size_per_gpu"))
     s.micro_batch = top.positive_int("train_micro_batch_size_per_gpu", s.micro_batch);
   else

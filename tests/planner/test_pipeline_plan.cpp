@@ -8,6 +8,8 @@
 
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
@@ -266,4 +268,32 @@ TEST_CASE("model states per rank equal Megatron's distributed-optimizer accounti
     // The middle stages: Megatron's "other shards", its layers only.
     if (pp > 2) CHECK(e.stages[1].n_params == layers * (attention + mlp) / tp + layers * norms);
   }
+}
+
+TEST_CASE("with context parallelism ZeRO partitions over dp x cp; DeepSpeed's sequence_parallel_size is Ulysses") {
+  // Megatron's distributed optimizer shards over the data-parallel group with context
+  // parallel (megatron/core/optimizer/__init__.py intra_dp_cp_group): 6 + 12/(dp cp) bytes
+  // per parameter of the shard. Llama-3.1-8B at tp 2, pp 2, cp 2, dp 2: the first stage holds
+  // 16 layers' (41,943,040 + 176,160,768) / 2 + the embedding's 525,336,576 / 2 + 16 x 8,192.
+  const ModelSpec m = load_model("llama-3.1-8b");
+  const uint64_t first = (16ULL * (41'943'040 + 176'160'768) + 525'336'576) / 2 + 16ULL * 8'192;
+  Strategy s;
+  s.mp = 2;
+  s.pp = 2;
+  s.cp = 2;
+  s.dp = 2;
+  s.stage = 1;
+  s.grad_precision = Precision::fp32;
+  s.seq = 1024;
+  s.grad_accum = 2;
+  s.flash_attention = true;
+  const Estimate e = estimate(m, s, nullptr);
+  const PerDevice& d = e.stages.front().per_device;
+  REQUIRE(first % 4 == 0);
+  CHECK(d[Tier::gpu][Category::params] + d[Tier::gpu][Category::grads] == 6 * first);
+  CHECK(d[Tier::gpu][Category::master] + d[Tier::gpu][Category::optimizer] == 12 * first / 4);
+  const Strategy u = apply_deepspeed_config(Strategy{}, nlohmann::json::parse(R"({"sequence_parallel_size": 4})"),
+                                            "ds.json");
+  CHECK(u.cp == 4);
+  CHECK(u.cp_kind == CpKind::ulysses);
 }

@@ -338,7 +338,13 @@ inline uint64_t grad_bytes(const Strategy& s) {
   return p == Precision::fp32 ? 4 : 2;
 }
 
-inline int64_t expert_dp(const Strategy& s) { return s.dp / (s.ep > 0 ? s.ep : 1); }
+// ZeRO's partition group: the data-parallel ranks times the context-parallel ones, which hold
+// the same parameters and reduce the same gradients (Megatron's distributed optimizer shards
+// over intra_dp_cp_group, megatron/core/optimizer/__init__.py; finalize_model_grads.py reduces
+// over get_data_parallel_group(with_context_parallel=True); DeepSpeed-Ulysses partitions over
+// its sequence-data-parallel group).
+inline int64_t zero_dp(const Strategy& s) { return s.dp * (s.cp > 0 ? s.cp : 1); }
+inline int64_t expert_dp(const Strategy& s) { return zero_dp(s) / (s.ep > 0 ? s.ep : 1); }
 
 // The GPUs one replica of the model spans (tp x pp x cp) and the job's world (times dp).
 inline int64_t model_parallel_ranks(const Strategy& s) { return s.mp * s.pp * s.cp; }
