@@ -230,11 +230,27 @@ int64_t in_flight_closed_form(PipelineSchedule s, int64_t p, int64_t m, int64_t 
 PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v, double t_forward,
                              double t_backward, double t_p2p) {
   if (p < 1) throw Error(fmt::format("--pp: must be >= 1, got {}", p), "e.g. --pp 4");
+  const std::size_t n = static_cast<std::size_t>(p);
+  return time_pipeline(order, p, v, std::vector<double>(n, t_forward),
+                       std::vector<double>(n, t_backward), t_p2p);
+}
+
+PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v,
+                             const std::vector<double>& t_forward,
+                             const std::vector<double>& t_backward, double t_p2p) {
+  if (p < 1) throw Error(fmt::format("--pp: must be >= 1, got {}", p), "e.g. --pp 4");
   if (v < 1) throw Error(fmt::format("--vp: must be >= 1, got {}", v), "e.g. --vp 1");
   if (static_cast<int64_t>(order.size()) != p)
     throw Error(fmt::format("pipeline order: {} stages, --pp is {}", order.size(), p),
                 "pass the order pipeline_order built for the same --pp");
-  for (double t : {t_forward, t_backward, t_p2p})
+  if (static_cast<int64_t>(t_forward.size()) != p || static_cast<int64_t>(t_backward.size()) != p)
+    throw Error(fmt::format("pipeline timing: {} forward and {} backward times for {} stages",
+                            t_forward.size(), t_backward.size(), p),
+                "one forward and one backward time per stage");
+  std::vector<double> times(t_forward);
+  times.insert(times.end(), t_backward.begin(), t_backward.end());
+  times.push_back(t_p2p);
+  for (double t : times)
     if (!std::isfinite(t) || t < 0)
       throw Error(fmt::format("pipeline timing: pass and send times must be finite and >= 0, got "
                               "{}", t),
@@ -314,7 +330,7 @@ PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v, d
         if (dep_end < 0) break;  // woken again when it ends
         start = std::max(start, dep_end + (d->stage != s ? t_p2p : 0.0));
       }
-      const double dt = x.forward ? t_forward : t_backward;
+      const double dt = x.forward ? t_forward[static_cast<size_t>(s)] : t_backward[static_cast<size_t>(s)];
       double& e = end[key(s, x.chunk, x.microbatch, x.forward)];
       if (e >= 0)
         throw Error(fmt::format("pipeline order: stage {} runs micro-batch {} chunk {}'s {} twice",
@@ -335,6 +351,7 @@ PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v, d
                 "a stage must run a micro-batch's forward before the passes that depend on it");
 
   t.makespan = *std::max_element(free_at.begin(), free_at.end());
+  t.end = free_at;
   double idle_sum = 0, busy_sum = 0;
   for (int64_t s = 0; s < p; ++s) {
     t.idle.push_back(t.makespan - t.busy[static_cast<size_t>(s)]);
@@ -346,6 +363,55 @@ PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v, d
   t.bubble_over_ideal = busy_sum > 0 ? t.bubble_time / (busy_sum / static_cast<double>(p)) : 0;
   t.in_flight = in_flight(order);
   return t;
+}
+
+// Why the formulas hold (equal stages; pipeline.hpp has them): along the critical path the
+// first micro-batch's forward crosses the p stages, the slowest stage then runs its m (m v
+// chunks) passes back to back, and the last micro-batch's backward crosses back. With stages
+// of their own speeds the path crosses each stage once each way and waits on the slowest,
+// which holds when one stage is the slowest forward and backward; GPipe's forwards and
+// backwards are two such pipelines in a row.
+PipelineMakespan makespan_closed_form(PipelineSchedule s, int64_t p, int64_t m, int64_t v,
+                                      const std::vector<double>& t_forward,
+                                      const std::vector<double>& t_backward) {
+  validate_pipeline(s, p, m, v);
+  if (static_cast<int64_t>(t_forward.size()) != p || static_cast<int64_t>(t_backward.size()) != p)
+    throw Error(fmt::format("pipeline timing: {} forward and {} backward times for {} stages",
+                            t_forward.size(), t_backward.size(), p),
+                "one forward and one backward time per stage");
+  double sum_f = 0, sum_b = 0, max_f = 0, max_b = 0, max_fb = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(p); ++i) {
+    const double f = t_forward[i], b = t_backward[i];
+    if (!std::isfinite(f) || !std::isfinite(b) || f < 0 || b < 0)
+      throw Error(fmt::format("pipeline timing: stage {}'s pass times must be finite and >= 0, "
+                              "got {} and {}", i, f, b),
+                  "times per micro-batch, in any one unit");
+    sum_f += f;
+    sum_b += b;
+    max_f = std::max(max_f, f);
+    max_b = std::max(max_b, b);
+    max_fb = std::max(max_fb, f + b);
+  }
+  const double md = static_cast<double>(m), vd = static_cast<double>(v);
+  PipelineMakespan out;
+  switch (s) {
+    case PipelineSchedule::gpipe:
+      out.makespan = sum_f + sum_b + (md - 1) * (max_f + max_b);
+      break;
+    case PipelineSchedule::one_f_one_b:
+      out.makespan = sum_f + sum_b + (md - 1) * max_fb;
+      break;
+    case PipelineSchedule::interleaved:
+      out.makespan = (sum_f + sum_b + (md * vd - 1) * max_fb) / vd;
+      break;
+  }
+  out.end.reserve(static_cast<std::size_t>(p));
+  double before = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(p); ++i) {
+    out.end.push_back(out.makespan - before / vd);
+    before += t_backward[i];
+  }
+  return out;
 }
 
 }  // namespace zp::planner

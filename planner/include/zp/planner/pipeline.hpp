@@ -78,6 +78,7 @@ struct PipelineTiming {
   double bubble_fraction = 0;      // bubble_time / makespan
   double bubble_over_ideal = 0;    // bubble_time / mean busy: Narayanan et al.'s (p-1)/m
   std::vector<int64_t> in_flight;  // per stage, as in_flight(order)
+  std::vector<double> end;         // per stage: when its last pass ends
 };
 
 // Runs each stage's list in order; a pass starts when its stage is free and its dependency
@@ -91,5 +92,35 @@ struct PipelineTiming {
 // or deadlocks (a stage waits on a pass that waits on it).
 PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v, double t_forward,
                              double t_backward, double t_p2p = 0);
+// The same with stages of their own speeds: stage s's chunks take t_forward[s] / t_backward[s]
+// per micro-batch (p entries each).
+PipelineTiming time_pipeline(const PipelineOrder& order, int64_t p, int64_t v,
+                             const std::vector<double>& t_forward,
+                             const std::vector<double>& t_backward, double t_p2p = 0);
+
+// The makespan of schedule s from formulas alone (O(p), for the fit search and the step-time
+// simulator), when stage i takes f_i forward and b_i backward per micro-batch (all its v chunks
+// together, each chunk f_i / v and b_i / v):
+//   gpipe:       sum f + sum b + (m - 1)(max f + max b)
+//   1f1b:        sum (f + b) + (m - 1) max (f + b)
+//   interleaved: (sum (f + b) + (m v - 1) max (f + b)) / v
+// and stage i's last pass ends at makespan - (b_0 + ... + b_{i-1}) / v (stage 0 ends last:
+// the last micro-batch's backward walks back to it).
+// With equal stages these are Narayanan et al. 2021's (m + p - 1)(f + b) (sec. 2.2.1; GPipe's
+// too, Huang et al. 2019's bubble (K - 1)/(M + K - 1)) and (m v + p - 1)(f + b) / v (sec.
+// 2.2.2). They equal time_pipeline on pipeline_order exactly for GPipe whatever the stages
+// (two flow shops of identical jobs in a row), and for 1F1B and interleaving whenever one
+// stage is the slowest both forward and backward (equal stages; a last stage that also holds
+// the head, a first that holds the embedding). Over random stage times (forward 0.5-2,
+// backward 1-4 times it; p 2-8, m 1-32, v 2-4) 1F1B's is an upper bound at most 20% long,
+// the interleaved one within 10% either way (test_simulate_parallel.cpp). Checks p, m, v as
+// pipeline_order does.
+struct PipelineMakespan {
+  double makespan = 0;
+  std::vector<double> end;  // per stage: when its last pass ends
+};
+PipelineMakespan makespan_closed_form(PipelineSchedule s, int64_t p, int64_t m, int64_t v,
+                                      const std::vector<double>& t_forward,
+                                      const std::vector<double>& t_backward);
 
 }  // namespace zp::planner
