@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -33,6 +35,12 @@ std::string_view to_string(Resource r) {
 }
 
 namespace {
+
+// Communication: the time is the collective's or the send's, not HBM traffic.
+bool communication(OpKind k) {
+  return k == OpKind::pp_recv || k == OpKind::pp_send || k == OpKind::sp_all_gather ||
+         k == OpKind::sp_reduce_scatter;
+}
 
 bool compute_bound(OpKind k) {
   switch (k) {
@@ -72,11 +80,79 @@ StepCosts step_costs(const models::TrainingGraph& g) {
         c.n_expert_params += t.bytes / t.elem_bytes;
       }
     }
+  // Tensor parallelism (simulate.hpp step_costs has where each collective comes from).
+  const int64_t tp = g.options.tp;
+  c.tp = tp;
+  c.sp = g.options.sp && tp > 1;
+  c.tp_fwd.assign(n, {});
+  c.tp_bwd.assign(n, {});
+  const bool placed = tp > 1 && !c.sp;  // Megatron's all-reduces, placed by the graph's structure
+  const int64_t C = g.model.n_embd;
+  auto bytes_of = [&](TensorId id) { return static_cast<double>(g.tensor(id).bytes); };
+  auto residual_width = [&](TensorId id) {  // a (B, T, C) tensor
+    const std::vector<int64_t>& sh = g.tensor(id).shape;
+    return sh.size() == 3 && sh.back() == C;
+  };
+  std::vector<char> normalized(g.tensors.size(), 0);  // (B, T, C) outputs of a norm
+  // f: per (group, normalized tensor) the all-reduce of its gradient, in tp_bwd[group].
+  std::map<std::pair<std::size_t, TensorId>, std::size_t> f_of;
+  // Sequence parallelism's backward: a column-parallel input gathered again, waiting for the
+  // input-gradient GEMM it overlaps (group, index); the last backward GEMM's FLOPs.
+  std::pair<std::size_t, std::size_t> regather{SIZE_MAX, 0};
+  double last_gemm_flops = 0;
+  // Pipeline parallelism.
+  c.pp = g.options.pp;
+  c.pp_stage = g.options.pp_stage;
+  c.pp_chunks = g.options.pp_chunks;
   for (const models::Op& op : g.ops) {
     // A recomputation's read of SAC's storage moves nothing.
     if (op.phase == Phase::optimizer || op.kind == OpKind::sac_reuse) continue;
     const std::size_t i = group(op.layer);
     const bool fwd = op.phase == Phase::forward;
+    const bool block = i > 0 && i + 1 < n;
+    std::vector<TpCollective>& pass = fwd ? c.tp_fwd[i] : c.tp_bwd[i];
+    if ((op.kind == OpKind::layernorm || op.kind == OpKind::rmsnorm) && op.phase != Phase::backward)
+      for (TensorId o : op.outputs)
+        if (residual_width(o)) normalized[static_cast<std::size_t>(o)] = 1;
+    if (placed) {
+      const bool forward_like = op.phase != Phase::backward;  // forward or its recomputation
+      // g: row-parallel outputs (and an MoE layer's combine), the vocabulary-parallel lookup.
+      const bool row_parallel =
+          forward_like && block &&
+          ((op.kind == OpKind::matmul && residual_width(op.outputs.front()) &&
+            !normalized[static_cast<std::size_t>(op.inputs.front())]) ||
+           (op.kind == OpKind::moe_combine && residual_width(op.outputs.front())));
+      if (row_parallel || (op.kind == OpKind::embedding && residual_width(op.outputs.front())))
+        pass.push_back({CollectiveKind::all_reduce, bytes_of(op.outputs.front()), 0.0});
+      // f: the column-parallel linears' input gradient, overlapping their weight gradients.
+      if (op.kind == OpKind::matmul_bwd && op.inputs.size() >= 2 &&
+          normalized[static_cast<std::size_t>(op.inputs[1])]) {
+        auto [it, fresh] = f_of.try_emplace({i, op.inputs[1]}, pass.size());
+        if (fresh) pass.push_back({CollectiveKind::all_reduce, bytes_of(op.outputs.front()), 0.0});
+        pass[it->second].overlap_flops += op.flops / 2;
+      }
+    }
+    if (c.sp && op.kind == OpKind::sp_all_gather) {
+      pass.push_back({CollectiveKind::all_gather, bytes_of(op.outputs.front()), 0.0});
+      if (op.phase == Phase::backward &&
+          g.tensor(op.inputs.front()).kind != models::TensorKind::act_grad)
+        regather = {i, pass.size() - 1};
+    }
+    if (c.sp && op.kind == OpKind::sp_reduce_scatter)
+      pass.push_back({CollectiveKind::reduce_scatter, bytes_of(op.inputs.front()),
+                      op.phase == Phase::backward ? last_gemm_flops / 2 : 0.0});
+    if (op.kind == OpKind::matmul_bwd) {
+      last_gemm_flops = op.flops;
+      if (regather.first != SIZE_MAX) {  // the input gathered for this GEMM's weight gradient
+        c.tp_bwd[regather.first][regather.second].overlap_flops = op.flops / 2;
+        regather.first = SIZE_MAX;
+      }
+    }
+    if (op.kind == OpKind::pp_recv)
+      c.p2p_bytes = std::max<uint64_t>(c.p2p_bytes, g.tensor(op.outputs.front()).bytes);
+    if (op.kind == OpKind::pp_send)
+      c.p2p_bytes = std::max<uint64_t>(c.p2p_bytes, g.tensor(op.inputs.front()).bytes);
+    if (communication(op.kind)) continue;
     if (compute_bound(op.kind)) {
       (fwd ? c.fwd_flops : c.bwd_flops)[i] += op.flops;
     } else {
@@ -104,6 +180,13 @@ StepCosts step_costs(const models::TrainingGraph& g) {
   c.tokens = g.options.batch * g.options.seq;
   c.boundary_bytes = static_cast<uint64_t>(c.tokens) * static_cast<uint64_t>(g.model.n_embd) *
                      g.options.act_bytes;
+  // Tied embeddings across a pipeline: the first stage's word embeddings ("wte") and the last
+  // stage's copy of them as its output layer ("lm_head", graph.hpp GraphOptions::pp).
+  if (c.pp > 1 && g.model.tied_embeddings && (c.pp_stage == 0 || c.pp_stage == c.pp - 1))
+    for (const models::Tensor& x : g.tensors)
+      if (x.kind == models::TensorKind::param &&
+          x.name == (c.pp_stage == c.pp - 1 ? "lm_head" : "wte"))
+        c.tied_embedding_params = x.bytes / x.elem_bytes;
   return c;
 }
 
@@ -137,8 +220,124 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
   return std::min(hw.nvlink_gbps, hw.internode_gbps / static_cast<double>(hw.gpus_per_node));
 }
 
+int64_t node_gpus(const Hardware& hw, const Cluster& c) {
+  const int64_t per = c.nodes >= 1 ? c.gpus / c.nodes : c.gpus;
+  return std::clamp<int64_t>(per, 1, std::max<int64_t>(1, hw.gpus_per_node));
+}
+
+double group_bus_gbps(const Hardware& hw, const Cluster& c, int64_t n, int64_t stride) {
+  const int64_t G = node_gpus(hw, c);
+  stride = std::max<int64_t>(1, stride);
+  // Groups lie in aligned blocks of n x stride consecutive ranks (parallel_state.py
+  // generate_masked_orthogonal_rank_groups); such a block inside one node when it divides it.
+  if (n <= 1 || (n * stride <= G && G % (n * stride) == 0)) return hw.nvlink_gbps;
+  const int64_t k = std::clamp<int64_t>(G / stride, 1, n);
+  return std::min(hw.nvlink_gbps,
+                  hw.internode_gbps * static_cast<double>(k) / static_cast<double>(G));
+}
+
+bool pipeline_link_crosses_nodes(const Strategy& s, const Hardware& hw, const Cluster& c,
+                                 int64_t a, int64_t b) {
+  if (a > b) std::swap(a, b);
+  const int64_t G = node_gpus(hw, c);
+  const int64_t S = s.mp * s.cp * s.dp;  // ranks per stage
+  return (a * S) / G != ((b + 1) * S - 1) / G;
+}
+
+double p2p_gbps(const Strategy& s, const Hardware& hw, const Cluster& c, int64_t a, int64_t b) {
+  if (!pipeline_link_crosses_nodes(s, hw, c, a, b)) return hw.nvlink_gbps;
+  return std::min(hw.nvlink_gbps, hw.internode_gbps / static_cast<double>(node_gpus(hw, c)));
+}
+
 std::string Task::name() const {
   return fmt::format("{} {} (step {}, micro {})", kind, index, step, micro);
+}
+
+namespace {
+
+double collective_seconds(const TpCollective& k, int64_t t, double gbps) {
+  switch (k.kind) {
+    case CollectiveKind::all_reduce: return allreduce_seconds(k.bytes, t, gbps);
+    case CollectiveKind::all_gather: return allgather_seconds(k.bytes, t, gbps);
+    case CollectiveKind::reduce_scatter: return reduce_scatter_seconds(k.bytes, t, gbps);
+  }
+  return 0;
+}
+
+void check_costs(const StepCosts& c, const Strategy& s) {
+  if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
+  if (c.tp != s.mp)
+    throw Error(fmt::format("simulate: the costs are of a --tp {} graph, the strategy's --tp is {}",
+                            c.tp, s.mp),
+                "build the graph with graph_options(model, strategy, ...)");
+}
+
+}  // namespace
+
+PassSeconds pass_seconds(const StepCosts& c, const Strategy& s, const Hardware& hw,
+                         const Cluster& cl, std::size_t i, bool forward) {
+  PassSeconds p;
+  const double flops_per_s = hw.gpu_tflops * 1e12;
+  p.compute = (forward ? c.fwd_flops[i] : c.bwd_flops[i]) / flops_per_s +
+              (forward ? c.fwd_bytes[i] : c.bwd_bytes[i]) / (hw.hbm_gbps * 1e9);
+  const auto& tp = forward ? c.tp_fwd : c.tp_bwd;
+  if (i < tp.size() && !tp[i].empty()) {
+    // The tensor-parallel group: tp consecutive ranks (simulate.hpp's layout).
+    const double gbps = group_bus_gbps(hw, cl, c.tp, 1);
+    for (const TpCollective& k : tp[i]) {
+      const double x = collective_seconds(k, c.tp, gbps);
+      p.tp += x;
+      p.tp_exposed += k.overlap_flops > 0 ? std::max(0.0, x - k.overlap_flops / flops_per_s) : x;
+    }
+  }
+  const auto& a2a = forward ? c.a2a_fwd_bytes : c.a2a_bwd_bytes;
+  if (s.ep > 1 && i < a2a.size())
+    p.a2a = alltoall_seconds(a2a[i], s.ep, alltoall_gbps(hw, s.ep, s.mp, cl));
+  return p;
+}
+
+StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
+  check_costs(c, s);
+  StagePass out;
+  for (std::size_t i = 0; i < c.group_params.size(); ++i) {
+    out.forward += pass_seconds(c, s, hw, cl, i, true).total();
+    out.backward += pass_seconds(c, s, hw, cl, i, false).total();
+  }
+  // ZeRO-R Pa+cpu: each block's checkpoint to the host after its forward, back before its
+  // recomputation, both blocking (simulate()'s checkpoint copies).
+  if (s.cpu_checkpointing && s.checkpointing == Checkpointing::full) {
+    const double bytes = static_cast<double>(c.boundary_bytes) /
+                         static_cast<double>(s.partition_activations ? s.mp : 1);
+    double blocks = 0;
+    for (std::size_t i = 1; i + 1 < c.group_params.size(); ++i) blocks += c.fwd_flops[i] > 0 ? 1 : 0;
+    out.forward += blocks * bytes / (hw.d2h_gbps * 1e9);
+    out.backward += blocks * bytes / (hw.h2d_gbps * 1e9);
+  }
+  if (c.pp > 1 && c.p2p_bytes > 0) {
+    // Per chunk, the exchange with the neighbouring virtual stages: chunk k of stage i is
+    // virtual stage k pp + i of pp vp (graph.hpp GraphOptions::pp).
+    const int64_t p = c.pp, v = c.pp_chunks, last = p * v - 1;
+    const double bytes = static_cast<double>(c.p2p_bytes);
+    const bool overlapped = s.pp_schedule == PipelineSchedule::interleaved;
+    const double fwd = out.forward, bwd = out.backward, vd = static_cast<double>(v);
+    if (overlapped) out.forward = out.backward = 0;
+    for (int64_t k = 0; k < v; ++k) {
+      const int64_t vs = k * p + c.pp_stage;
+      double x = 0;
+      if (vs > 0) x = std::max(x, bytes / (p2p_gbps(s, hw, cl, (vs - 1) % p, c.pp_stage) * 1e9));
+      if (vs < last) x = std::max(x, bytes / (p2p_gbps(s, hw, cl, c.pp_stage, (vs + 1) % p) * 1e9));
+      out.p2p += x;
+      if (overlapped) {  // each chunk's pass (1/v of the stage's) beside its exchange
+        out.forward += std::max(fwd / vd, x);
+        out.backward += std::max(bwd / vd, x);
+      }
+    }
+    if (!overlapped) {
+      out.forward += out.p2p;
+      out.backward += out.p2p;
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -188,16 +387,29 @@ class Schedule {
 
 }  // namespace
 
-Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
-                  Profile profile) {
-  if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
+namespace {
+
+// One pipeline stage's rank (simulate_pipeline): its passes before its last micro-batch's
+// backward take `before` seconds from the step's start; then that backward per group, and
+// with tied embeddings an all-reduce of the word embeddings' gradient with the other end of
+// the pipeline (`embedding_sync` seconds) before the optimizer.
+struct PipelineRank {
+  double before = 0;
+  double embedding_sync = 0;
+};
+
+// simulate() and, with `pipe`, one pipeline stage's rank.
+Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
+                       Profile profile, const PipelineRank* pipe) {
+  check_costs(c, s);
   Timeline tl;
   tl.n_layer = c.n_layer;
   const int64_t dp = s.dp, mp = s.mp;
-  const int64_t per_node = std::max<int64_t>(1, std::min<int64_t>(dp * mp, hw.gpus_per_node));
-  const double flops_per_s = hw.gpu_tflops * 1e12, hbm = hw.hbm_gbps * 1e9;
+  const int64_t per_node = std::max<int64_t>(1, std::min<int64_t>(world_size(s), hw.gpus_per_node));
+  const double hbm = hw.hbm_gbps * 1e9;
   const double h2d = hw.h2d_gbps * 1e9, d2h = hw.d2h_gbps * 1e9;
-  const bool ckpt_cpu = s.cpu_checkpointing && s.checkpointing == Checkpointing::full;
+  // (A pipeline stage's copies are in its passes: stage_pass.)
+  const bool ckpt_cpu = s.cpu_checkpointing && s.checkpointing == Checkpointing::full && pipe == nullptr;
   const double ckpt_bytes = static_cast<double>(c.boundary_bytes) /
                             static_cast<double>(s.partition_activations ? s.mp : 1);
   // Host resources are shared by the ranks of a node.
@@ -209,8 +421,10 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   const bool fsdp = profile == Profile::fsdp && s.stage == 3;
   const int64_t shard_ranks = fsdp ? fsdp_shard_world(s) : dp;
   const int64_t replicas = fsdp ? fsdp_replicas(s) : 1;
-  const double dp_bus = replicas > 1 && shard_ranks <= hw.gpus_per_node ? hw.nvlink_gbps
-                                                                       : bus_gbps(hw, dp, cl);
+  // The data-parallel group: dp ranks at stride tp cp (simulate.hpp's layout).
+  const double dp_bus = fsdp ? (replicas > 1 && shard_ranks <= hw.gpus_per_node ? hw.nvlink_gbps
+                                                                              : bus_gbps(hw, dp, cl))
+                             : group_bus_gbps(hw, cl, dp, mp * s.cp);
   const double replica_gbps =
       cl.nodes <= 1 ? hw.nvlink_gbps
                     : std::min(hw.nvlink_gbps,
@@ -218,14 +432,23 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   // Expert parameters: the expert-data-parallel group of dp/ep ranks (DeepSpeed-MoE); FSDP
   // shards them with the rest.
   const int64_t edp = fsdp ? shard_ranks : expert_dp(s);
-  const double edp_bus = fsdp ? dp_bus : bus_gbps(hw, edp, cl);
-  const double a2a_gbps = alltoall_gbps(hw, s.ep, mp, cl);
+  // The expert grid (tp-ep-dp-pp): dp/ep ranks at stride tp ep.
+  const double edp_bus = fsdp ? dp_bus : group_bus_gbps(hw, cl, edp, mp * s.ep);
   auto expert_of = [&](std::size_t i) {
     return c.group_expert_params.empty() ? uint64_t{0} : c.group_expert_params[i];
   };
-  auto a2a_seconds = [&](std::size_t i, bool fwd) {
-    if (s.ep <= 1 || c.a2a_fwd_bytes.empty()) return 0.0;
-    return alltoall_seconds(fwd ? c.a2a_fwd_bytes[i] : c.a2a_bwd_bytes[i], s.ep, a2a_gbps);
+  // Each group's passes (pass_seconds): compute with tensor parallelism's exposed collectives
+  // on the stream, then expert parallelism's all-to-alls as tasks of their own.
+  const std::size_t n = c.group_params.size();
+  std::vector<PassSeconds> fwd_pass(n), bwd_pass(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    fwd_pass[i] = pass_seconds(c, s, hw, cl, i, true);
+    bwd_pass[i] = pass_seconds(c, s, hw, cl, i, false);
+  }
+  auto a2a_seconds = [&](std::size_t i, bool fwd) { return (fwd ? fwd_pass : bwd_pass)[i].a2a; };
+  auto compute_seconds = [&](std::size_t i, bool fwd) {
+    const PassSeconds& x = (fwd ? fwd_pass : bwd_pass)[i];
+    return x.compute + x.tp_exposed;
   };
   // A collective over the group's parameters: the dense ones over dp, the experts' over dp/ep.
   auto split_seconds = [&](double (*coll)(double, int64_t, double), double dense_bytes,
@@ -237,20 +460,19 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   // FSDP: the sharded weights' bytes (fp32 under mixed precision: what crosses PCIe when
   // offloaded) and the reduce dtype's (what the reduce-scatter moves).
   const double wbytes = weights_in_compute_dtype(s) ? pbytes : 4.0;
-  const double rbytes = !fsdp ? pbytes
+  // ZeRO reduces the gradients in their dtype (Megatron's fp32 main_grad: --grad-precision).
+  const double rbytes = !fsdp ? static_cast<double>(grad_bytes(s))
                         : s.precision == Precision::fp32 ? 4.0
                         : s.reduce_precision == Precision::bf16 ? 2.0 : 4.0;
-  const std::size_t n = c.group_params.size();
-  const int n_groups = static_cast<int>(n);
-  // Megatron: two all-reduces of a (B, T, C) activation per block and pass, on the stream.
-  const double tp_seconds = mp > 1 ? 2 * allreduce_seconds(static_cast<double>(c.boundary_bytes),
-                                                           mp, hw.nvlink_gbps)
-                                   : 0.0;
-  auto compute_seconds = [&](std::size_t i, bool fwd) {
-    const bool block = i > 0 && i + 1 < n;
-    return (fwd ? c.fwd_flops[i] : c.bwd_flops[i]) / flops_per_s +
-           (fwd ? c.fwd_bytes[i] : c.bwd_bytes[i]) / hbm + (block ? tp_seconds : 0.0);
-  };
+  // The groups this rank holds, in forward order: all of them, or a pipeline stage's (its
+  // graph has the others' groups empty).
+  std::vector<std::size_t> held;
+  held.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (pipe == nullptr || c.group_params[i] > 0 || c.fwd_flops[i] > 0 || c.bwd_flops[i] > 0 ||
+        c.fwd_bytes[i] > 0 || c.bwd_bytes[i] > 0)
+      held.push_back(i);
+  const int n_groups = static_cast<int>(held.size());
   // Stage 3 prefetch depth: groups gathered ahead of the one in use.
   uint64_t largest = 1;
   for (uint64_t p : c.group_params) largest = std::max(largest, p);
@@ -350,7 +572,9 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
     grads_done.clear();
     int last_gpu = -1;
     int reduced = -1;  // the last bucket's reduction (without overlap_comm, waited for)
-    for (int64_t m = 0; m < G; ++m) {
+    // A pipeline stage: its passes up to its last micro-batch's backward as one task, after
+    // the update it computes with.
+    for (int64_t m = pipe != nullptr ? G - 1 : 0; m < G; ++m) {
       sch.micro = static_cast<int>(m);
       const bool last_micro = m + 1 == G;
       // Forward.
@@ -359,19 +583,21 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       const std::vector<int>* reads_wait = m == 0 ? params_ready : nullptr;
       const int before_fwd = last_gpu;
       int ckpt_copy = -1;  // Pa+cpu: the previous block's checkpoint copy, waited for
-      for (int p = 0; p < n_groups; ++p) {
-        const std::size_t i = static_cast<std::size_t>(p);
+      if (pipe != nullptr)
+        pass_compute.push_back(sch.add("pipeline", 0, Resource::gpu, pipe->before, {}, params_ready));
+      for (int p = 0; p < n_groups && pipe == nullptr; ++p) {
+        const std::size_t i = held[static_cast<std::size_t>(p)];
         const int g = gather(i, prefetch_after(p, before_fwd), reads_wait);
-        int t = sch.add("fwd", p, Resource::gpu, compute_seconds(i, true),
+        int t = sch.add("fwd", static_cast<int>(i), Resource::gpu, compute_seconds(i, true),
                         {g, overlap || p > 0 ? -1 : reduced, ckpt_copy},
                         p == 0 && m == 0 ? params_ready : nullptr);
         if (const double a = a2a_seconds(i, true); a > 0)
-          t = sch.add("all-to-all", p, Resource::gpu, a, {t});
+          t = sch.add("all-to-all", static_cast<int>(i), Resource::gpu, a, {t});
         // ZeRO-R Pa+cpu: the block's checkpoint (one (B, T, C) activation, 1/mp of it
         // partitioned) goes to the host after its forward; DeepSpeed's copy is a blocking
         // .cpu() (activation_checkpointing/checkpointing.py), so the next block waits for it.
         if (ckpt_cpu && p > 0 && p + 1 < n_groups) {
-          t = sch.add("checkpoint d2h", p, Resource::d2h, ckpt_bytes / d2h, {t});
+          t = sch.add("checkpoint d2h", static_cast<int>(i), Resource::d2h, ckpt_bytes / d2h, {t});
           ckpt_copy = t;
         }
         pass_compute.push_back(t);
@@ -382,7 +608,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
       uint64_t bucket = 0, bucket_expert = 0;
       int n_bucket = 0;
       for (int p = 0; p < n_groups; ++p) {
-        const std::size_t i = static_cast<std::size_t>(n_groups - 1 - p);
+        const std::size_t i = held[static_cast<std::size_t>(n_groups - 1 - p)];
         // FSDP's SHARD_GRAD_OP (reshard_after_forward false) keeps forward's gathered
         // parameters for backward: no second all-gather.
         int g = s.reshard_after_forward ? gather(i, prefetch_after(p, before_bwd), reads_wait) : -1;
@@ -399,7 +625,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         bucket += c.group_params[i];
         bucket_expert += expert_of(i);
         // FSDP reduces each unit on its own after its backward.
-        if (!fsdp && bucket < s.buffers.reduce_bucket_size && i != 0) continue;
+        if (!fsdp && bucket < s.buffers.reduce_bucket_size && p + 1 < n_groups) continue;
         int done = t;
         // The rank's share of the bucket, in elements.
         const double shard = static_cast<double>(bucket - bucket_expert) / static_cast<double>(shard_ranks) +
@@ -426,6 +652,10 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
         ++n_bucket;
       }
     }
+    // Tied embeddings on a pipeline's first and last stage: their gradients summed.
+    if (pipe != nullptr && pipe->embedding_sync > 0 && !grads_done.empty())
+      grads_done.push_back(sch.add("embedding all-reduce", 0, Resource::net, pipe->embedding_sync,
+                                   {}, &grads_done));
     // Optimizer step, after every gradient.
     std::vector<int>& upd = update_done[static_cast<std::size_t>(st)];
     if (!offload_opt) {
@@ -481,6 +711,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   }
   const double window_start = step_end[static_cast<std::size_t>(n_steps - 2)];
   tl.step_seconds = step_end.back() - window_start;
+  tl.stage = c.pp_stage;
   tl.tflops_per_gpu = c.flops_executed * static_cast<double>(G) / tl.step_seconds / 1e12;
   tl.tokens_per_second = static_cast<double>(c.tokens) * static_cast<double>(G) *
                          static_cast<double>(dp) / tl.step_seconds;
@@ -491,6 +722,86 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   for (const Task& t : tl.tasks)
     if (t.step == n_steps - 1) tl.busy_seconds[static_cast<std::size_t>(t.resource)] += t.seconds;
   return tl;
+}
+
+}  // namespace
+
+Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
+                  Profile profile) {
+  if (s.pp > 1 || c.pp > 1)
+    throw Error(fmt::format("simulate: --pp {}: a pipeline's step needs every stage's costs", s.pp),
+                "use simulate_pipeline with each stage's step_costs, or simulate_model");
+  return simulate_rank(c, s, hw, cl, profile, nullptr);
+}
+
+Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy& s,
+                           const Hardware& hw, const Cluster& cl, Profile profile) {
+  const int64_t p = s.pp, m = s.grad_accum, v = s.vp;
+  if (static_cast<int64_t>(stages.size()) != p)
+    throw Error(fmt::format("simulate_pipeline: {} stages' costs for --pp {}", stages.size(), p),
+                "one step_costs per pipeline stage, stage 0 first");
+  if (p == 1) return simulate(stages.front(), s, hw, cl, profile);
+  std::vector<double> f, b;
+  std::vector<StagePass> passes;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const StepCosts& c = stages[i];
+    if (c.pp != p || c.pp_stage != static_cast<int64_t>(i) || c.pp_chunks != v)
+      throw Error(fmt::format("simulate_pipeline: costs {} are of stage {} of --pp {} --vp {}, not "
+                              "stage {} of --pp {} --vp {}",
+                              i, c.pp_stage, c.pp, c.pp_chunks, i, p, v),
+                  "build stage i's graph with GraphOptions pp_stage = i");
+    passes.push_back(stage_pass(c, s, hw, cl));
+    f.push_back(passes.back().forward);
+    b.push_back(passes.back().backward);
+  }
+  const PipelineMakespan mk = makespan_closed_form(s.pp_schedule, p, m, v, f, b);
+  // Tied embeddings: first and last stage all-reduce the word embeddings' gradient (2 ranks).
+  const double sync_gbps = p2p_gbps(s, hw, cl, 0, p - 1);
+  Timeline out;
+  double flops = 0, busy = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const StepCosts& c = stages[i];
+    PipelineRank rank;
+    // The last micro-batch's backward, as simulate_rank issues it.
+    double last = 0;
+    for (std::size_t g = 0; g < c.group_params.size(); ++g) {
+      const PassSeconds x = pass_seconds(c, s, hw, cl, g, false);
+      last += x.compute + x.tp_exposed + x.a2a;
+    }
+    rank.before = std::max(0.0, mk.end[i] - last);
+    rank.embedding_sync = allreduce_seconds(static_cast<double>(c.tied_embedding_params) *
+                                                static_cast<double>(grad_bytes(s)),
+                                            2, sync_gbps);
+    Timeline t = simulate_rank(c, s, hw, cl, profile, &rank);
+    out.stage_seconds.push_back(t.step_seconds);
+    flops += c.flops_executed;
+    busy += static_cast<double>(m) * (f[i] + b[i]);
+    if (i == 0 || t.step_seconds > out.step_seconds) {
+      std::vector<double> seconds = std::move(out.stage_seconds);
+      out = std::move(t);
+      out.stage_seconds = std::move(seconds);
+    }
+  }
+  out.stage_forward = f;
+  out.stage_backward = b;
+  out.pipeline_seconds = mk.makespan;
+  out.bubble_fraction = mk.makespan > 0 ? 1.0 - busy / static_cast<double>(p) / mk.makespan : 0.0;
+  // Per GPU: the stages' executed FLOPs over the pipeline's GPUs; tokens of the whole job.
+  out.tflops_per_gpu = flops * static_cast<double>(m) / static_cast<double>(p) / out.step_seconds / 1e12;
+  out.tokens_per_second = static_cast<double>(stages.front().tokens) * static_cast<double>(m) *
+                          static_cast<double>(s.dp) / out.step_seconds;
+  return out;
+}
+
+Timeline simulate_model(const models::ModelSpec& model, const Strategy& s, const Hardware& hw,
+                        const Cluster& cl, const PlanOptions& o) {
+  models::GraphOptions go = graph_options(model, s, o);
+  std::vector<StepCosts> stages;
+  for (int64_t st = 0; st < s.pp; ++st) {
+    go.pp_stage = st;
+    stages.push_back(step_costs(models::build_training_graph(model, go)));
+  }
+  return simulate_pipeline(stages, s, hw, cl, o.profile);
 }
 
 nlohmann::json trace_json(const Timeline& t) {

@@ -26,6 +26,16 @@
 
 namespace zp::planner {
 
+// A collective over the t ranks of the tensor-parallel group in one pass of one micro-batch.
+enum class CollectiveKind : uint8_t { all_reduce, all_gather, reduce_scatter };
+struct TpCollective {
+  CollectiveKind kind = CollectiveKind::all_reduce;
+  double bytes = 0;  // the whole (B, T, w) tensor (ring formulas below)
+  // FLOPs of the GEMM it overlaps: Megatron issues it with async_op=True just before that GEMM
+  // and waits after it, so only its time beyond the GEMM's is exposed. 0: the stream waits.
+  double overlap_flops = 0;
+};
+
 // What one micro-step costs on one rank, per ZeRO-3 gather group in forward order (embed,
 // h.0 .. h.L-1, head), read off the training graph once and reused for every strategy that
 // shares its shape. Matmul-like ops are compute bound (FLOPs), the rest memory bound (bytes
@@ -44,19 +54,87 @@ struct StepCosts {
   // all-to-alls: forward (dispatch + combine), backward (the same again, and the recomputed
   // forward's under full recomputation). 0 without MoE layers.
   std::vector<double> a2a_fwd_bytes, a2a_bwd_bytes;
-  uint64_t boundary_bytes = 0;               // one (B, T, C) activation: Megatron's all-reduces
+  uint64_t boundary_bytes = 0;               // one (B, T, C) activation (Pa+cpu's checkpoint)
+  // Tensor parallelism (tp > 1): the collectives of each group's forward and backward (the
+  // backward's including those of the recomputed forward), in op order; step_costs says where
+  // each comes from. Empty for tp = 1.
+  int64_t tp = 1;
+  bool sp = false;
+  std::vector<std::vector<TpCollective>> tp_fwd, tp_bwd;
+  // Pipeline parallelism: the stage this graph is (pp, pp_stage, pp_chunks of GraphOptions),
+  // the bytes of one p2p message (the (B, T, C) activation a chunk sends on, (B, T/t, C) under
+  // sequence parallelism, and its gradient coming back; 0 when pp = 1), and with tied
+  // embeddings the word embeddings' elements on this rank that the first and last stage keep
+  // equal (0 on the other stages and without pipelining).
+  int64_t pp = 1, pp_stage = 0, pp_chunks = 1;
+  uint64_t p2p_bytes = 0;
+  uint64_t tied_embedding_params = 0;
   double flops_executed = 0;                 // forward + backward + recompute, one micro-step
   double flops_model = 0;                    // forward + backward
   int64_t tokens = 0;                        // B x T of one micro-step
   int64_t n_layer = 0;
 };
+// Reads the costs off one rank's graph (one pipeline stage's with pp > 1). Tensor-parallel
+// collectives, as Megatron-LM places them:
+// - without sequence parallelism (Shoeybi et al. 2019 sec. 3, fig. 3: the conjugate f and g
+//   operators), the graph has no communication ops, so they are placed by its structure:
+//   g, an all-reduce of the (B, T, C) output of every row-parallel linear (a block matmul
+//   writing a (B, T, C) tensor from an input no norm wrote: attention's output projection,
+//   the MLP's down projection; an MoE layer's combine of tensor-split experts) and of the
+//   vocabulary-parallel embedding's lookup, in forward and again in a recomputed forward
+//   (megatron/core/tensor_parallel/mappings.py reduce_from_tensor_model_parallel_region; the
+//   stream waits for it); f, an all-reduce of the input gradient of the column-parallel
+//   linears reading each normalized (B, T, C) tensor (q|k|v, the MLP's up projection, the
+//   router, the vocabulary-parallel head), in backward, issued asynchronously before the
+//   linears' weight-gradient GEMM and waited for after it (tensor_parallel/layers.py
+//   LinearWithGradAccumulationAndAsyncCommunication.backward, allreduce_dgrad;
+//   TransformerEngine's pytorch/module/linear.py _Linear.backward does the same), so it
+//   overlaps that GEMM (half the linear's backward FLOPs). Two g and two f per block: 4
+//   all-reduces of (B, T, C) a layer, Shoeybi et al.'s count. The vocabulary-parallel loss's
+//   all-reduces of (B, T) maxima and sums are left out (1/C of these).
+// - with sequence parallelism the graph's sp_all_gather and sp_reduce_scatter ops (Korthikanti
+//   et al. 2022 sec. 4.2.2): in forward and recomputation the stream waits for each; in
+//   backward a column-parallel linear's input is all-gathered again asynchronously before its
+//   input-gradient GEMM (overlapping it) and its input gradient reduce-scattered before its
+//   weight-gradient GEMM (overlapping that), layers.py as above; the all-gather of a row-
+//   parallel linear's output gradient (the reduce-scatter's backward, mappings.py
+//   _ReduceScatterToSequenceParallelRegion) is waited for.
+// Megatron's tp_comm_overlap (TransformerEngine's userbuffers, off by default:
+// model_parallel_config.py) is not modelled. Communication ops (sp, pp) cost no HBM traffic
+// here: their time is the collective's or the send's.
 StepCosts step_costs(const models::TrainingGraph& g);
 
-// How many GPUs take part (dp x mp of the strategy) and on how many nodes.
+// How many GPUs take part (the strategy's world: dp x tp x pp x cp) and on how many nodes.
 struct Cluster {
   int64_t gpus = 1;
   int64_t nodes = 1;
 };
+
+// Where the ranks sit. Megatron-LM numbers them tensor-parallel first, then context, expert,
+// data and pipeline parallel (megatron/core/parallel_state.py initialize_model_parallel,
+// order "tp-cp-ep-dp-pp"; RankGenerator): global rank = tp_rank + tp (cp_rank + cp (dp_rank +
+// dp pp_rank)), the expert grid tp-ep-dp-pp alike (dp/ep expert-data-parallel ranks at stride
+// tp ep), and consecutive ranks fill a node. So a group of n ranks at stride k spans n k
+// consecutive ranks: the tensor-parallel group (stride 1) sits in one node when tp divides
+// the node's GPUs, the data-parallel group (stride tp cp) spans tp cp dp ranks, and pipeline
+// stages are tp cp dp ranks apart.
+// GPUs of one node the job uses: gpus / nodes, at most the hardware's gpus_per_node.
+int64_t node_gpus(const Hardware& hw, const Cluster& c);
+// Bus bandwidth per rank of a ring collective over n ranks at stride k: NVLink when every
+// such group lies in one node; otherwise the ring crosses the network, where the group's
+// ranks on a node (G / k of them, at least 1, at most n; G = node_gpus) have as many of the
+// node's rails, each a 1/G share of internode_gbps (every rank of the node runs the same
+// collective in its own group at once); at most NVLink. With k = 1 and n >= G that is the
+// node's whole network, as bus_gbps says of a data-parallel group without model parallelism.
+double group_bus_gbps(const Hardware& hw, const Cluster& c, int64_t n, int64_t stride);
+// Whether the ranks of pipeline stages a < b (stride tp cp dp apart) are on different nodes
+// for some of them: the ranks [a S, (b + 1) S) of both do not all lie in one node.
+bool pipeline_link_crosses_nodes(const Strategy& s, const Hardware& hw, const Cluster& c,
+                                 int64_t a, int64_t b);
+// Bandwidth per GPU of a p2p send between those stages: NVLink within a node, else the GPU's
+// share of its node's network (internode_gbps / G: every GPU of a stage sends at once),
+// at most NVLink.
+double p2p_gbps(const Strategy& s, const Hardware& hw, const Cluster& c, int64_t a, int64_t b);
 
 enum class Resource { gpu, h2d, d2h, net, cpu, nvme_read, nvme_write };
 inline constexpr int kResources = 7;
@@ -85,7 +163,44 @@ struct Timeline {
   // the bottleneck is better read from busy_seconds.
   std::vector<int> critical_path;
   std::array<double, kResources> busy_seconds{};  // per resource, the measured step's tasks
+  // Pipeline parallelism (simulate_pipeline): the tasks above are the slowest stage's, whose
+  // forward and backward passes of all but its last micro-batch backward are one "pipeline"
+  // task; per stage, one micro-batch's forward and backward (all its chunks, with their
+  // collectives and p2p sends) and the stage's step; the passes' makespan (bubbles included)
+  // and the mean idle fraction of the stages within it.
+  int64_t stage = 0;
+  std::vector<double> stage_forward, stage_backward, stage_seconds;
+  double pipeline_seconds = 0;
+  double bubble_fraction = 0;
 };
+
+// One pass of one group (one micro-batch), in seconds on the GPU's stream: the roofline's
+// compute, the tensor-parallel collectives (all of them, and what the stream waits for: the
+// blocking ones plus each overlapped one's time beyond its GEMM's), expert parallelism's
+// all-to-alls.
+struct PassSeconds {
+  double compute = 0;
+  double tp = 0;          // every tensor-parallel collective's time
+  double tp_exposed = 0;  // of that, what the stream waits for
+  double a2a = 0;
+  double total() const { return compute + tp_exposed + a2a; }
+};
+PassSeconds pass_seconds(const StepCosts& c, const Strategy& s, const Hardware& hw,
+                         const Cluster& cl, std::size_t group, bool forward);
+// One micro-batch through one pipeline stage (all its groups and chunks), and its p2p
+// exchanges: per chunk and pass, the send and the receive of one p2p_bytes message run
+// together, on the links to the neighbouring virtual stages (p2p_gbps), at the slower one's
+// pace. Megatron's 1F1B waits for them (p2p_communication.py _communicate: batch_isend_irecv,
+// then wait; arguments.py turns overlap_p2p_comm off without interleaving), so they add to
+// the pass; the interleaved schedule overlaps them with the chunk's compute (overlap_p2p_comm,
+// on by default: --no-overlap-p2p-communication), so the pass takes the longer of the two;
+// GPipe (torch.distributed.pipelining's ScheduleGPipe waits for each receive before the
+// forward or backward that reads it) adds them.
+struct StagePass {
+  double forward = 0, backward = 0;  // with p2p
+  double p2p = 0;                    // of each, the exchanges' time
+};
+StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl);
 
 // Collective times on the ring algorithm (Patarasuk and Yuan 2009; NCCL's busbw): all-reduce
 // moves 2(n-1)/n of the data per rank, reduce-scatter and all-gather (n-1)/n; `bytes` is the
@@ -110,8 +225,8 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
 // Simulates steady-state steps: tasks issue in program order, each resource runs them first
 // come first served (a CUDA stream, a copy engine, the CPU's Adam threads, the NVMe queue), a
 // task starts when its dependencies are done and its resource is free. The dependencies:
-// - forward per group, then backward in reverse; Megatron's two all-reduces per block and
-//   pass (mp > 1) block the GPU stream; so do expert parallelism's all-to-alls (ep > 1; an
+// - forward per group, then backward in reverse, each as pass_seconds has it: tensor
+//   parallelism's collectives (step_costs) in the pass; expert parallelism's all-to-alls (ep > 1; an
 //   "all-to-all" task after the group's compute: the experts wait for their rows), forward
 //   dispatch + combine and backward the same again, alltoall_seconds of each one's routed
 //   rows over the ep ranks at alltoall_gbps;
@@ -143,6 +258,27 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
 //   (the next gathers read the host shards).
 Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
                   Profile profile = Profile::zeroplan);
+
+// Pipeline parallelism: stages[i] is stage i's costs (its graph's step_costs). Each stage's
+// micro-batch (stage_pass) feeds makespan_closed_form (pipeline.hpp) with the strategy's
+// schedule (pp_schedule, grad_accum micro-batches, vp chunks): the passes of the step with
+// their bubbles, and when each stage's last backward ends. From there each stage goes on as
+// simulate() has it after a last micro-step's backward (stages 0-1: pipelining refuses 2-3):
+// its gradients reduced over the data-parallel group (group_bus_gbps at stride tp cp), with
+// tied embeddings the first and last stage's word-embedding gradients all-reduced together
+// (megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads), the
+// optimizer, stage 1's all-gather; the step is the slowest stage's (the next step's passes
+// wait for every stage's update: a pipeline flush, Narayanan et al. 2021 sec. 2.2). The
+// timeline returned is that stage's, its passes before its last micro-batch's backward one
+// task. simulate() with pp > 1 refuses: it holds one graph.
+Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy& s,
+                           const Hardware& hw, const Cluster& cl,
+                           Profile profile = Profile::zeroplan);
+
+// The graph of each stage (one without pipelining) built from the model, then
+// simulate_pipeline: what fit's evaluator does per configuration, for one strategy.
+Timeline simulate_model(const models::ModelSpec& model, const Strategy& s, const Hardware& hw,
+                        const Cluster& cl, const PlanOptions& o = {});
 
 // Chrome Trace Event JSON, one track per resource, critical-path tasks marked; opens in Perfetto.
 nlohmann::json trace_json(const Timeline& t);
