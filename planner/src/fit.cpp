@@ -41,13 +41,16 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
   return d;
 }
 
+// The last: sequence parallelism and the pipeline stage (pp, pp_stage, pp_chunks): a
+// pipeline's strategy has one shape per stage.
 using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool,
-                            int64_t, bool, int64_t, double, bool, bool, bool>;
+                            int64_t, bool, int64_t, double, bool, bool, bool,
+                            std::tuple<bool, int64_t, int64_t, int64_t>>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
           g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch,
           g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor, g.hf_modeling,
-          g.autocast, g.softmax_keeps_input};
+          g.autocast, g.softmax_keeps_input, {g.sp, g.pp, g.pp_stage, g.pp_chunks}};
 }
 
 // What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts
@@ -65,10 +68,12 @@ ShapeKey shape_key(const models::GraphOptions& g) {
 // The last field (state_dtypes below): the dtypes and FSDP settings that size states and
 // buffers (master and moments, reduce dtype, reshard after forward, fused optimizer, FSDP's
 // version, use_orig_params and hybrid shard size) and the optimizer kind.
-// The last: DeepSpeed's contiguous checkpoint buffers (their count; 0 without them).
+// Then DeepSpeed's contiguous checkpoint buffers (their count; 0 without them), and a
+// pipeline stage's micro-batches in flight (schedule.cpp's pp.in_flight; 1 without pipelining).
 using DynKey = std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
                           uint64_t, uint64_t, uint64_t, bool, int64_t,
-                          std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>, int64_t>;
+                          std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>, int64_t,
+                          int64_t>;
 using HostKey = std::pair<uint64_t, uint64_t>;  // tile bytes, swap buffer bytes
 // What the persistent states depend on within one shape (model_state_bytes and
 // append_model_states): the partition, the stage, the precision and optimizer, where the
@@ -119,10 +124,12 @@ struct FitEvaluator::Impl {
   };
   std::map<ShapeKey, Shape> shapes;
 
-  // The shape's cache entry, not yet built when new. Inserting is the only step that changes
-  // `shapes` itself: evaluate() inserts every shape before its threads fill them in.
-  Shape& slot(const Strategy& s) {
-    const models::GraphOptions go = graph_options(model, s, options);
+  // The shape's cache entry (pipeline stage `stage`'s), not yet built when new. Inserting is
+  // the only step that changes `shapes` itself: evaluate() inserts every shape before its
+  // threads fill them in.
+  Shape& slot(const Strategy& s, int64_t stage = 0) {
+    models::GraphOptions go = graph_options(model, s, options);
+    go.pp_stage = stage;
     auto [it, inserted] = shapes.try_emplace(shape_key(go));
     if (inserted) it->second.go = go;
     return it->second;
@@ -141,8 +148,8 @@ struct FitEvaluator::Impl {
     sh.graph = models::TrainingGraph{};
     sh.built = false;
   }
-  Shape& shape(const Strategy& s) {
-    Shape& sh = slot(s);
+  Shape& shape(const Strategy& s, int64_t stage = 0) {
+    Shape& sh = slot(s, stage);
     build(sh, model);
     return sh;
   }
@@ -160,9 +167,40 @@ FitEvaluator::FitEvaluator(FitEvaluator&&) noexcept = default;
 
 uint64_t FitEvaluator::n_shapes() const { return impl_->shapes.size(); }
 
-const StepCosts& FitEvaluator::costs(const Strategy& s) { return impl_->shape(s).costs; }
+const StepCosts& FitEvaluator::costs(const Strategy& s, int64_t stage) {
+  return impl_->shape(s, stage).costs;
+}
 
-PerDevice FitEvaluator::memory(const Strategy& s) { return impl_->memory(impl_->shape(s), s); }
+namespace {
+
+// Pipeline parallelism: the most loaded stage's memory (the largest gpu peak, the first of
+// equals), as estimate() reports it, and every stage's shortfalls, the others' named.
+struct StagesMemory {
+  PerDevice per_device;
+  std::vector<std::string> shortfalls;
+};
+StagesMemory most_loaded(const std::vector<PerDevice>& stages, const Strategy& s, const Hardware* hw) {
+  StagesMemory out;
+  std::size_t worst = 0;
+  for (std::size_t i = 1; i < stages.size(); ++i)
+    if (stages[i].peak(Tier::gpu) > stages[worst].peak(Tier::gpu)) worst = i;
+  out.per_device = stages[worst];
+  if (hw == nullptr) return out;
+  out.shortfalls = shortfalls(out.per_device, s, *hw);
+  for (std::size_t i = 0; i < stages.size(); ++i)
+    if (i != worst)
+      for (const std::string& why : shortfalls(stages[i], s, *hw))
+        out.shortfalls.push_back(fmt::format("pipeline stage {}: {}", i, why));
+  return out;
+}
+
+}  // namespace
+
+PerDevice FitEvaluator::memory(const Strategy& s) {
+  std::vector<PerDevice> stages;
+  for (int64_t st = 0; st < s.pp; ++st) stages.push_back(impl_->memory(impl_->shape(s, st), s));
+  return most_loaded(stages, s, nullptr).per_device;
+}
 
 PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
   const PlanOptions& o = options;
@@ -196,7 +234,8 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
                    whole ? state_dtypes(s) : 0,
                    whole ? deepspeed_settings(s)
                          : std::tuple<uint64_t, uint64_t, int64_t, uint64_t, int64_t, double>{},
-                   whole && s.contiguous_memory_optimization ? s.number_checkpoints : 0};
+                   whole && s.contiguous_memory_optimization ? s.number_checkpoints : 0,
+                   pipeline_in_flight(s, sh.go.pp_stage)};
   auto it = sh.dynamic.find(key);
   if (it == sh.dynamic.end()) {
     MemorySchedule sch = build_schedule(sh.graph, s, o);
@@ -256,18 +295,28 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
                                              bool keep_graphs) {
   Impl& im = *impl_;
   // Group the strategies by shape, shapes in first-seen order (one thread builds a shape's
-  // graph and its replays; its strategies are then evaluated on the same thread).
+  // graph and its replays; its strategies are then evaluated on the same thread). A
+  // pipeline's strategy is a member of each of its stages' shapes; its stages' memories are
+  // put together, and its step simulated, once every shape is done.
+  struct Member {
+    std::size_t strategy;
+    int64_t stage;
+  };
   std::vector<Impl::Shape*> shapes;
-  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::vector<Member>> members;
   std::map<const Impl::Shape*, std::size_t> index;
+  std::vector<std::vector<PerDevice>> stage_memory(ss.size());
   for (std::size_t i = 0; i < ss.size(); ++i) {
-    Impl::Shape* sh = &im.slot(ss[i]);
-    auto [it, inserted] = index.try_emplace(sh, shapes.size());
-    if (inserted) {
-      shapes.push_back(sh);
-      members.emplace_back();
+    if (ss[i].pp > 1) stage_memory[i].resize(static_cast<std::size_t>(ss[i].pp));
+    for (int64_t st = 0; st < ss[i].pp; ++st) {
+      Impl::Shape* sh = &im.slot(ss[i], st);
+      auto [it, inserted] = index.try_emplace(sh, shapes.size());
+      if (inserted) {
+        shapes.push_back(sh);
+        members.emplace_back();
+      }
+      members[it->second].push_back({i, st});
     }
-    members[it->second].push_back(i);
   }
   std::vector<Candidate> out(ss.size());
   std::vector<std::exception_ptr> errors(shapes.size());
@@ -278,8 +327,12 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
       try {
         Impl::Shape& sh = *shapes[u];
         Impl::build(sh, im.model);
-        for (std::size_t i : members[u]) {
+        for (const auto [i, st] : members[u]) {
           failed_at[u] = i;
+          if (ss[i].pp > 1) {  // a pipeline's stage: its memory now, the rest below
+            stage_memory[i][static_cast<std::size_t>(st)] = im.memory(sh, ss[i]);
+            continue;
+          }
           Candidate& c = out[i];
           c.strategy = ss[i];
           c.per_device = im.memory(sh, ss[i]);
@@ -309,6 +362,24 @@ std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, c
   for (std::size_t u = 0; u < shapes.size(); ++u)
     if (errors[u] && (first == shapes.size() || failed_at[u] < failed_at[first])) first = u;
   if (first < shapes.size()) std::rethrow_exception(errors[first]);
+  // Pipelines: the most loaded stage's memory, every stage's shortfalls, and, when they fit,
+  // simulate_pipeline over the stages' costs (kept when a shape's graph is released).
+  for (std::size_t i = 0; i < ss.size(); ++i) {
+    if (ss[i].pp <= 1) continue;
+    Candidate& c = out[i];
+    c.strategy = ss[i];
+    StagesMemory m = most_loaded(stage_memory[i], ss[i], &hw);
+    c.per_device = m.per_device;
+    c.shortfalls = std::move(m.shortfalls);
+    if (!c.shortfalls.empty()) continue;
+    std::vector<StepCosts> costs;
+    for (int64_t st = 0; st < ss[i].pp; ++st) costs.push_back(im.slot(ss[i], st).costs);
+    const Timeline t = simulate_pipeline(costs, ss[i], hw, cl, im.options.profile);
+    c.step_seconds = t.step_seconds;
+    c.tflops_per_gpu = t.tflops_per_gpu;
+    c.tokens_per_second = t.tokens_per_second;
+    c.busy_seconds = t.busy_seconds;
+  }
   return out;
 }
 

@@ -406,3 +406,44 @@ TEST_CASE("pipeline: bad stage costs are refused by name") {
   CHECK(error_of([&] { simulate_pipeline(uniform_stages(4, 1), tp, hw, Cluster{8, 1}); }).find("--tp 1 graph") !=
         std::string::npos);
 }
+
+TEST_CASE("fit's evaluator takes tensor, sequence and pipeline parallel strategies: memory as estimate(), steps as simulate_model") {
+  const auto m = zp::models::load_model("gpt2");
+  const Hardware hw = h100();
+  const PlanOptions o{Profile::zeroplan, Backend::cuda, ModelCode::fused};
+  // Pipelines of 4 stages differing only in the micro-batches in flight (m 2: 2 on stage 0;
+  // m 8: 4), sequence parallelism, interleaving: one evaluator, each as estimate() has it.
+  std::vector<Strategy> ss;
+  for (int64_t ga : {2, 8}) {
+    Strategy s = gpt2_strategy(2, false);
+    s.stage = 1;
+    s.dp = 2;
+    s.pp = 4;
+    s.grad_accum = ga;
+    ss.push_back(resolve_for_model(s, m));
+  }
+  Strategy sp = ss[1];
+  sp.sp = true;
+  ss.push_back(sp);
+  Strategy vp = ss[1];
+  vp.vp = 3;
+  vp.pp_schedule = PipelineSchedule::interleaved;
+  ss.push_back(vp);
+  ss.push_back(resolve_for_model(gpt2_strategy(2, true), m));  // sp without a pipeline
+  FitEvaluator ev(m, o);
+  const Cluster cl{16, 2};
+  const std::vector<Candidate> c = ev.evaluate(ss, hw, cl, 2, false);
+  REQUIRE(c.size() == ss.size());
+  for (std::size_t i = 0; i < ss.size(); ++i) {
+    CAPTURE(describe(ss[i]));
+    const Estimate e = estimate(m, ss[i], &hw, o);
+    CHECK(c[i].per_device == e.per_device);
+    CHECK(c[i].shortfalls == e.shortfalls);
+    const Timeline t = simulate_model(m, ss[i], hw, cl, o);
+    CHECK(c[i].step_seconds == doctest::Approx(t.step_seconds).epsilon(1e-12));
+    CHECK(c[i].tokens_per_second == doctest::Approx(t.tokens_per_second).epsilon(1e-12));
+  }
+  CHECK(c[0].per_device.peak(Tier::gpu) < c[1].per_device.peak(Tier::gpu));  // 2 in flight, not 4
+  // More micro-batches amortize the bubble: (m + p - 1) / m passes' worth per micro-batch.
+  CHECK(c[1].tokens_per_second > c[0].tokens_per_second);
+}

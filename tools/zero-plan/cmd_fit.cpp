@@ -259,8 +259,8 @@ int FitCommand::run() {
       for (const std::string& n : planner::deepspeed_notes(win)) std::cerr << "note: " << n << "\n";
     }
     if (!trace.empty()) {
-      const auto g = models::build_training_graph(r.model, planner::graph_options(r.model, win, r.options));
-      const auto tl = planner::simulate(planner::step_costs(g), win, r.hw, {f.gpus, f.nodes});
+      // Every pipeline stage's graph, under the plan's profile (as the search simulated it).
+      const auto tl = planner::simulate_model(r.model, win, r.hw, {f.gpus, f.nodes}, r.options);
       emit(trace, planner::trace_json(tl).dump() + "\n");
     }
   }

@@ -96,10 +96,14 @@ class FitEvaluator {
   FitEvaluator(models::ModelSpec model, PlanOptions options);
   ~FitEvaluator();
   FitEvaluator(FitEvaluator&&) noexcept;
-  PerDevice memory(const Strategy& s);          // s: seq resolved (resolve_for_model)
-  const StepCosts& costs(const Strategy& s);    // per (micro-batch, checkpointing, mp, ...)
+  // s: seq resolved (resolve_for_model). With pp > 1 the most loaded stage's, as estimate().
+  PerDevice memory(const Strategy& s);
+  // Per (micro-batch, checkpointing, tp, sp, ...; a pipeline's stage).
+  const StepCosts& costs(const Strategy& s, int64_t stage = 0);
   // Every strategy's memory, what it lacks on `hw` and, when it fits, its simulated step, in
-  // the order given. Strategies are grouped by shape and each shape (its graph, replays and
+  // the order given. Tensor, sequence and pipeline parallelism included: a pipeline's memory
+  // is its most loaded stage's (every stage's shortfalls listed, the others' named), its step
+  // simulate_pipeline's over every stage's costs. Strategies are grouped by shape and each shape (its graph, replays and
   // simulations) is worked by one of `threads` threads, so the result is the same as
   // evaluating them one by one, whatever the thread count. keep_graphs false: each shape's
   // graph is freed once its strategies are done (memory() and costs() build it again), so a
