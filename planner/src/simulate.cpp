@@ -264,6 +264,12 @@ double collective_seconds(const TpCollective& k, int64_t t, double gbps) {
   return 0;
 }
 
+// Whether this rank holds group i: a pipeline stage's graph has the other stages' groups empty.
+bool holds(const StepCosts& c, std::size_t i) {
+  return c.group_params[i] > 0 || c.fwd_flops[i] > 0 || c.bwd_flops[i] > 0 || c.fwd_bytes[i] > 0 ||
+         c.bwd_bytes[i] > 0;
+}
+
 void check_costs(const StepCosts& c, const Strategy& s) {
   if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
   if (c.tp != s.mp)
@@ -296,12 +302,32 @@ PassSeconds pass_seconds(const StepCosts& c, const Strategy& s, const Hardware& 
   return p;
 }
 
-StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
-  check_costs(c, s);
+namespace {
+
+// Every group's passes (zero for the groups a pipeline stage does not hold), computed once
+// per stage and strategy.
+struct GroupPasses {
+  std::vector<PassSeconds> fwd, bwd;
+};
+GroupPasses group_passes(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
+  GroupPasses out;
+  const std::size_t n = c.group_params.size();
+  out.fwd.resize(n);
+  out.bwd.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (c.pp > 1 && !holds(c, i)) continue;
+    out.fwd[i] = pass_seconds(c, s, hw, cl, i, true);
+    out.bwd[i] = pass_seconds(c, s, hw, cl, i, false);
+  }
+  return out;
+}
+
+StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
+                     const GroupPasses& gp) {
   StagePass out;
   for (std::size_t i = 0; i < c.group_params.size(); ++i) {
-    out.forward += pass_seconds(c, s, hw, cl, i, true).total();
-    out.backward += pass_seconds(c, s, hw, cl, i, false).total();
+    out.forward += gp.fwd[i].total();
+    out.backward += gp.bwd[i].total();
   }
   // ZeRO-R Pa+cpu: each block's checkpoint to the host after its forward, back before its
   // recomputation, both blocking (simulate()'s checkpoint copies).
@@ -338,6 +364,13 @@ StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, 
     }
   }
   return out;
+}
+
+}  // namespace
+
+StagePass stage_pass(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl) {
+  check_costs(c, s);
+  return stage_pass(c, s, hw, cl, group_passes(c, s, hw, cl));
 }
 
 namespace {
@@ -400,7 +433,7 @@ struct PipelineRank {
 
 // simulate() and, with `pipe`, one pipeline stage's rank.
 Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
-                       Profile profile, const PipelineRank* pipe) {
+                       Profile profile, const PipelineRank* pipe, const GroupPasses& gp) {
   check_costs(c, s);
   Timeline tl;
   tl.n_layer = c.n_layer;
@@ -440,14 +473,9 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
   // Each group's passes (pass_seconds): compute with tensor parallelism's exposed collectives
   // on the stream, then expert parallelism's all-to-alls as tasks of their own.
   const std::size_t n = c.group_params.size();
-  std::vector<PassSeconds> fwd_pass(n), bwd_pass(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    fwd_pass[i] = pass_seconds(c, s, hw, cl, i, true);
-    bwd_pass[i] = pass_seconds(c, s, hw, cl, i, false);
-  }
-  auto a2a_seconds = [&](std::size_t i, bool fwd) { return (fwd ? fwd_pass : bwd_pass)[i].a2a; };
+  auto a2a_seconds = [&](std::size_t i, bool fwd) { return (fwd ? gp.fwd : gp.bwd)[i].a2a; };
   auto compute_seconds = [&](std::size_t i, bool fwd) {
-    const PassSeconds& x = (fwd ? fwd_pass : bwd_pass)[i];
+    const PassSeconds& x = (fwd ? gp.fwd : gp.bwd)[i];
     return x.compute + x.tp_exposed;
   };
   // A collective over the group's parameters: the dense ones over dp, the experts' over dp/ep.
@@ -469,9 +497,7 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
   std::vector<std::size_t> held;
   held.reserve(n);
   for (std::size_t i = 0; i < n; ++i)
-    if (pipe == nullptr || c.group_params[i] > 0 || c.fwd_flops[i] > 0 || c.bwd_flops[i] > 0 ||
-        c.fwd_bytes[i] > 0 || c.bwd_bytes[i] > 0)
-      held.push_back(i);
+    if (pipe == nullptr || holds(c, i)) held.push_back(i);
   const int n_groups = static_cast<int>(held.size());
   // Stage 3 prefetch depth: groups gathered ahead of the one in use.
   uint64_t largest = 1;
@@ -497,7 +523,8 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
 
   const int n_steps = s.dpu ? 3 : 2;
   const int64_t G = s.grad_accum;
-  tl.tasks.reserve(static_cast<std::size_t>(n_steps) * (static_cast<std::size_t>(G) * n * 6 + 64));
+  tl.tasks.reserve(static_cast<std::size_t>(n_steps) *
+                   (static_cast<std::size_t>(pipe != nullptr ? 1 : G) * held.size() * 6 + 64));
   Schedule sch(tl.tasks);
   std::vector<std::vector<int>> update_done(static_cast<std::size_t>(n_steps));
   std::vector<int> pass_compute, grads_done;
@@ -731,8 +758,36 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
   if (s.pp > 1 || c.pp > 1)
     throw Error(fmt::format("simulate: --pp {}: a pipeline's step needs every stage's costs", s.pp),
                 "use simulate_pipeline with each stage's step_costs, or simulate_model");
-  return simulate_rank(c, s, hw, cl, profile, nullptr);
+  check_costs(c, s);
+  return simulate_rank(c, s, hw, cl, profile, nullptr, group_passes(c, s, hw, cl));
 }
+
+namespace {
+
+// Whether stages a and b end their step alike after their last backward: the same groups'
+// parameters and last backward, in order, and no embeddings to sync. Then b's step is a's,
+// shifted by when each one's last backward ends (simulate_pipeline times one of them).
+bool same_tail(const StepCosts& a, const GroupPasses& pa, const StepCosts& b, const GroupPasses& pb) {
+  if (a.n_params != b.n_params || a.n_expert_params != b.n_expert_params ||
+      a.tied_embedding_params != 0 || b.tied_embedding_params != 0)
+    return false;
+  std::size_t i = 0, j = 0;
+  const std::size_t n = a.group_params.size();
+  for (;; ++i, ++j) {
+    while (i < n && !holds(a, i)) ++i;
+    while (j < n && !holds(b, j)) ++j;
+    if (i == n || j == n) return i == n && j == n;
+    const PassSeconds &x = pa.bwd[i], &y = pb.bwd[j];
+    auto experts = [](const StepCosts& c, std::size_t g) {
+      return c.group_expert_params.empty() ? uint64_t{0} : c.group_expert_params[g];
+    };
+    if (a.group_params[i] != b.group_params[j] || experts(a, i) != experts(b, j) || x.compute != y.compute ||
+        x.tp_exposed != y.tp_exposed || x.a2a != y.a2a)
+      return false;
+  }
+}
+
+}  // namespace
 
 Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy& s,
                            const Hardware& hw, const Cluster& cl, Profile profile) {
@@ -742,7 +797,7 @@ Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy&
                 "one step_costs per pipeline stage, stage 0 first");
   if (p == 1) return simulate(stages.front(), s, hw, cl, profile);
   std::vector<double> f, b;
-  std::vector<StagePass> passes;
+  std::vector<GroupPasses> gps;
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const StepCosts& c = stages[i];
     if (c.pp != p || c.pp_stage != static_cast<int64_t>(i) || c.pp_chunks != v)
@@ -750,38 +805,44 @@ Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy&
                               "stage {} of --pp {} --vp {}",
                               i, c.pp_stage, c.pp, c.pp_chunks, i, p, v),
                   "build stage i's graph with GraphOptions pp_stage = i");
-    passes.push_back(stage_pass(c, s, hw, cl));
-    f.push_back(passes.back().forward);
-    b.push_back(passes.back().backward);
+    check_costs(c, s);
+    gps.push_back(group_passes(c, s, hw, cl));
+    const StagePass x = stage_pass(c, s, hw, cl, gps.back());
+    f.push_back(x.forward);
+    b.push_back(x.backward);
   }
   const PipelineMakespan mk = makespan_closed_form(s.pp_schedule, p, m, v, f, b);
   // Tied embeddings: first and last stage all-reduce the word embeddings' gradient (2 ranks).
   const double sync_gbps = p2p_gbps(s, hw, cl, 0, p - 1);
   Timeline out;
+  std::vector<double> seconds(stages.size(), 0);
   double flops = 0, busy = 0;
+  std::size_t timed = 0;  // the last stage simulated
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const StepCosts& c = stages[i];
+    flops += c.flops_executed;
+    busy += static_cast<double>(m) * (f[i] + b[i]);
+    // Equal middle stages end their last backward earlier the later they are, then do the same:
+    // the first of them is the slowest.
+    if (i > 0 && same_tail(stages[timed], gps[timed], c, gps[i])) {
+      seconds[i] = seconds[timed] - (mk.end[timed] - mk.end[i]);
+      continue;
+    }
     PipelineRank rank;
     // The last micro-batch's backward, as simulate_rank issues it.
     double last = 0;
-    for (std::size_t g = 0; g < c.group_params.size(); ++g) {
-      const PassSeconds x = pass_seconds(c, s, hw, cl, g, false);
-      last += x.compute + x.tp_exposed + x.a2a;
-    }
+    for (std::size_t g = 0; g < c.group_params.size(); ++g)
+      last += gps[i].bwd[g].compute + gps[i].bwd[g].tp_exposed + gps[i].bwd[g].a2a;
     rank.before = std::max(0.0, mk.end[i] - last);
     rank.embedding_sync = allreduce_seconds(static_cast<double>(c.tied_embedding_params) *
                                                 static_cast<double>(grad_bytes(s)),
                                             2, sync_gbps);
-    Timeline t = simulate_rank(c, s, hw, cl, profile, &rank);
-    out.stage_seconds.push_back(t.step_seconds);
-    flops += c.flops_executed;
-    busy += static_cast<double>(m) * (f[i] + b[i]);
-    if (i == 0 || t.step_seconds > out.step_seconds) {
-      std::vector<double> seconds = std::move(out.stage_seconds);
-      out = std::move(t);
-      out.stage_seconds = std::move(seconds);
-    }
+    Timeline t = simulate_rank(c, s, hw, cl, profile, &rank, gps[i]);
+    seconds[i] = t.step_seconds;
+    timed = i;
+    if (i == 0 || t.step_seconds > out.step_seconds) out = std::move(t);
   }
+  out.stage_seconds = std::move(seconds);
   out.stage_forward = f;
   out.stage_backward = b;
   out.pipeline_seconds = mk.makespan;

@@ -5,6 +5,8 @@
 // driven timing of pipeline.hpp, and Megatron's rank layout deciding which links cross nodes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -346,6 +348,36 @@ TEST_CASE("pipeline: GPT-2 in 4 stages, each stage's graph timed, the makespan a
   // The single-graph simulator refuses a pipeline.
   CHECK(error_of([&] { simulate(last, resolve_for_model(s, m), hw, Cluster{8, 1}); }).find("--pp 4") !=
         std::string::npos);
+}
+
+TEST_CASE("pipeline: a stage's step is its last backward's end, then its ZeRO-1 reduction and update") {
+  // GPT-2, tp 2, dp 2, pp 4, ZeRO-1, 8 micro-batches on two nodes of 8 H100s: each data-
+  // parallel pair sits in one node (stride tp = 2, 2 ranks), so NVLink. After stage i's last
+  // backward (makespan_closed_form's end) its gradients (one bucket: 3 blocks are far below
+  // 500M elements) are reduce-scattered, Adam updates its half, the halves are all-gathered:
+  //   RS: P x 2 B x (2 - 1) / 2 / 450e9, Adam: ceil(P / 2) x 28 B / 3350e9, AG: as RS.
+  const Hardware hw = h100();
+  Strategy s = gpt2_strategy(2, false);
+  s.dp = 2;
+  s.pp = 4;
+  s.stage = 1;
+  s.grad_accum = 8;
+  const Cluster cl{16, 2};
+  std::vector<StepCosts> c;
+  for (int64_t i = 0; i < 4; ++i) c.push_back(gpt2_costs(s, i));
+  const Timeline t = simulate_pipeline(c, s, hw, cl);
+  const PipelineMakespan mk =
+      makespan_closed_form(PipelineSchedule::one_f_one_b, 4, 8, 1, t.stage_forward, t.stage_backward);
+  CHECK(t.pipeline_seconds == mk.makespan);
+  // Stages 1 and 2 hold the same 3 blocks: the same tail, stage 2's from an earlier end.
+  CHECK(c[1].n_params == c[2].n_params);
+  for (std::size_t i : {1u, 2u}) {
+    const double P = static_cast<double>(c[i].n_params);
+    const double rs = P * 2 * (2 - 1) / 2 / kNvlink;
+    const double adam = std::ceil(P / 2) * 28 / 3350e9;
+    CHECK(t.stage_seconds[i] == doctest::Approx(mk.end[i] + rs + adam + rs).epsilon(1e-9));
+  }
+  CHECK(t.step_seconds == doctest::Approx(*std::max_element(t.stage_seconds.begin(), t.stage_seconds.end())));
 }
 
 TEST_CASE("pipeline: Megatron's rank order puts stages tp x dp ranks apart; a boundary across nodes pays the network") {
