@@ -9,6 +9,7 @@
 //   StepCosts c = step_costs(g);                     // once per (model, B, checkpointing, mp)
 //   Timeline t = simulate(c, s, load_hardware("v100-32g"), Cluster{16, 1});
 //   fmt::print("{:.3f} s, {:.1f} TFLOP/s\n", t.step_seconds, t.tflops_per_gpu);
+//   Timeline p = simulate_model(model, s_with_pp, hw, cl);  // a pipeline: every stage's graph
 //   write(trace_json(t).dump());                     // open in https://ui.perfetto.dev
 #pragma once
 
@@ -35,6 +36,11 @@ struct TpCollective {
   // and waits after it, so only its time beyond the GEMM's is exposed. 0: the stream waits.
   double overlap_flops = 0;
 };
+// (Context parallelism fits the same shape: a ring's key/value exchanges over the cp ranks,
+// stride tp in Megatron's order, group_bus_gbps(hw, cl, cp, tp), each with the FLOPs of the
+// attention block it hides behind as overlap_flops; Ulysses' all-to-alls with none. They would
+// be read off the graph's context-parallel ops into per-group lists of their own, which
+// pass_seconds adds as it adds these.)
 
 // What one micro-step costs on one rank, per ZeRO-3 gather group in forward order (embed,
 // h.0 .. h.L-1, head), read off the training graph once and reused for every strategy that
