@@ -39,7 +39,7 @@ namespace {
 // Communication: the time is the collective's or the send's, not HBM traffic.
 bool communication(OpKind k) {
   return k == OpKind::pp_recv || k == OpKind::pp_send || k == OpKind::sp_all_gather ||
-         k == OpKind::sp_reduce_scatter;
+         k == OpKind::sp_reduce_scatter || k == OpKind::cp_all_to_all;
 }
 
 bool compute_bound(OpKind k) {
@@ -272,6 +272,11 @@ bool holds(const StepCosts& c, std::size_t i) {
 
 void check_costs(const StepCosts& c, const Strategy& s) {
   if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
+  if (s.cp > 1)
+    throw Error(fmt::format("simulate: --cp {}: context parallelism's exchanges are not timed yet",
+                            s.cp),
+                "simulate tensor, sequence, pipeline, expert and data parallelism; estimate "
+                "plans --cp's memory");
   if (c.tp != s.mp)
     throw Error(fmt::format("simulate: the costs are of a --tp {} graph, the strategy's --tp is {}",
                             c.tp, s.mp),
@@ -452,12 +457,13 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
   // PyTorch FSDP (simulate.hpp): units sharded over the shard group, replicated (hybrid)
   // over the rest; a shard group within a node talks over NVLink.
   const bool fsdp = profile == Profile::fsdp && s.stage == 3;
-  const int64_t shard_ranks = fsdp ? fsdp_shard_world(s) : dp;
+  // ZeRO's group: dp x cp ranks (strategy.hpp zero_dp), at stride tp (simulate.hpp's layout:
+  // the context- and data-parallel ranks are next to each other in Megatron's order).
+  const int64_t shard_ranks = fsdp ? fsdp_shard_world(s) : zero_dp(s);
   const int64_t replicas = fsdp ? fsdp_replicas(s) : 1;
-  // The data-parallel group: dp ranks at stride tp cp (simulate.hpp's layout).
   const double dp_bus = fsdp ? (replicas > 1 && shard_ranks <= hw.gpus_per_node ? hw.nvlink_gbps
                                                                               : bus_gbps(hw, dp, cl))
-                             : group_bus_gbps(hw, cl, dp, mp * s.cp);
+                             : group_bus_gbps(hw, cl, shard_ranks, mp);
   const double replica_gbps =
       cl.nodes <= 1 ? hw.nvlink_gbps
                     : std::min(hw.nvlink_gbps,
@@ -542,7 +548,8 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
   const uint64_t swap_elems = nvme_p ? param_swap_buffer_elems(s, part, pbytes_int) : 1;
   auto reads_ahead = [&](std::size_t i) {
     const uint64_t x = expert_of(i);
-    const uint64_t shard = (c.group_params[i] - x + static_cast<uint64_t>(dp) - 1) / static_cast<uint64_t>(dp) +
+    const uint64_t w = static_cast<uint64_t>(shard_ranks);
+    const uint64_t shard = (c.group_params[i] - x + w - 1) / w +
                            (x + static_cast<uint64_t>(edp) - 1) / static_cast<uint64_t>(edp);
     const uint64_t pieces = std::max<uint64_t>(1, (shard + swap_elems - 1) / swap_elems);
     const uint64_t by_buffers = s.buffers.param_swap_buffer_count / pieces;
@@ -690,7 +697,7 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
       const int a = sch.add("gpu adam", 0, Resource::gpu,
                             static_cast<double>(part) * (2 * pbytes + 2 * state_bytes) / hbm, {}, &grads_done);
       int done = a;
-      if (dp > 1 && (s.stage == 1 || s.stage == 2))
+      if (shard_ranks > 1 && (s.stage == 1 || s.stage == 2))
         done = sch.add("all-gather params", 0, Resource::net,
                        split_seconds(allgather_seconds, static_cast<double>(n_dense) * pbytes,
                                      static_cast<double>(c.n_expert_params) * pbytes),
@@ -715,7 +722,7 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
         if (!offload_p) last_copy = sch.add("h2d updated params", ki, Resource::h2d, chunk * pbytes / h2d, {a});
       }
       int done = last_copy >= 0 ? last_copy : last;
-      if (dp > 1 && (s.stage == 1 || s.stage == 2))
+      if (shard_ranks > 1 && (s.stage == 1 || s.stage == 2))
         done = sch.add("all-gather params", 0, Resource::net,
                        split_seconds(allgather_seconds, static_cast<double>(n_dense) * pbytes,
                                      static_cast<double>(c.n_expert_params) * pbytes),

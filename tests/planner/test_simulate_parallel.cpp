@@ -437,6 +437,11 @@ TEST_CASE("pipeline: bad stage costs are refused by name") {
   tp.mp = 2;
   CHECK(error_of([&] { simulate_pipeline(uniform_stages(4, 1), tp, hw, Cluster{8, 1}); }).find("--tp 1 graph") !=
         std::string::npos);
+  // Context parallelism's exchanges are not timed: refused rather than left out.
+  Strategy cp;
+  cp.cp = 2;
+  CHECK(error_of([&] { simulate(uniform_stages(1, 1)[0], cp, hw, Cluster{2, 1}); }).find("--cp 2") !=
+        std::string::npos);
 }
 
 TEST_CASE("fit's evaluator takes tensor, sequence and pipeline parallel strategies: memory as estimate(), steps as simulate_model") {

@@ -106,8 +106,9 @@ struct StepCosts {
 //   parallel linear's output gradient (the reduce-scatter's backward, mappings.py
 //   _ReduceScatterToSequenceParallelRegion) is waited for.
 // Megatron's tp_comm_overlap (TransformerEngine's userbuffers, off by default:
-// model_parallel_config.py) is not modelled. Communication ops (sp, pp) cost no HBM traffic
-// here: their time is the collective's or the send's.
+// model_parallel_config.py) is not modelled. Communication ops (sp, pp, cp) cost no HBM
+// traffic here: their time is the collective's or the send's (context parallelism's: not
+// timed yet, simulate refuses --cp).
 StepCosts step_costs(const models::TrainingGraph& g);
 
 // How many GPUs take part (the strategy's world: dp x tp x pp x cp) and on how many nodes.
@@ -270,7 +271,7 @@ Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, con
 // schedule (pp_schedule, grad_accum micro-batches, vp chunks): the passes of the step with
 // their bubbles, and when each stage's last backward ends. From there each stage goes on as
 // simulate() has it after a last micro-step's backward (stages 0-1: pipelining refuses 2-3):
-// its gradients reduced over the data-parallel group (group_bus_gbps at stride tp cp), with
+// its gradients reduced over ZeRO's dp x cp ranks (group_bus_gbps at stride tp), with
 // tied embeddings the first and last stage's word-embedding gradients all-reduced together
 // (megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads), the
 // optimizer, stage 1's all-gather; the step is the slowest stage's (the next step's passes
