@@ -244,18 +244,7 @@ class Builder {
                     "each pipeline stage holds the same number of blocks; choose --pp dividing "
                     "the layer count");
     }
-    // Chunk c of stage i is virtual stage c * pp + i of pp * pp_chunks, each L / (pp *
-    // pp_chunks) blocks (Megatron-LM's interleaved layout, get_transformer_layer_offset).
-    if (L % (o.pp * o.pp_chunks) != 0)
-      throw Error(fmt::format("--pp {} --vp {}: {} layers are not divisible into {} model chunks",
-                              o.pp, o.pp_chunks, L, o.pp * o.pp_chunks),
-                  "each model chunk holds the same number of blocks; choose --pp x --vp dividing "
-                  "the layer count");
-    const int64_t per_chunk = L / (o.pp * o.pp_chunks);
-    for (int64_t c = 0; c < o.pp_chunks; ++c) {
-      const int64_t first = (c * o.pp + o.pp_stage) * per_chunk;
-      chunks_.push_back({first, first + per_chunk});
-    }
+    chunks_ = stage_blocks(L, o.pp, o.pp_chunks, o.pp_stage);
     has_embed_ = o.pp_stage == 0;
     has_head_ = o.pp_stage == o.pp - 1;
     sp_ = o.sp && t > 1;
@@ -2403,6 +2392,22 @@ int64_t routed_rows(const ModelSpec& m, const GraphOptions& o, int64_t tokens) {
                        "routed rows");
   }
   return checked_mul(k, tokens, "routed rows");
+}
+
+std::vector<std::pair<int64_t, int64_t>> stage_blocks(int64_t n_blocks, int64_t pp, int64_t chunks,
+                                                      int64_t stage) {
+  if (pp < 1 || chunks < 1 || n_blocks % (pp * chunks) != 0)
+    throw Error(fmt::format("--pp {} --vp {}: {} layers are not divisible into {} model chunks", pp,
+                            chunks, n_blocks, pp * chunks),
+                "each model chunk holds the same number of blocks; choose --pp x --vp dividing "
+                "the layer count");
+  const int64_t per_chunk = n_blocks / (pp * chunks);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = (c * pp + stage) * per_chunk;
+    out.push_back({first, first + per_chunk});
+  }
+  return out;
 }
 
 TrainingGraph build_training_graph(const ModelSpec& m, const GraphOptions& o_in) {

@@ -242,9 +242,7 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
     if (e.strategy.pp > 1) {
       PipelineStage ps;
       ps.stage = st;
-      const int64_t per_chunk = m.n_blocks() / (e.strategy.pp * e.strategy.vp);
-      for (int64_t c = 0; c < e.strategy.vp; ++c)  // graph.cpp's chunks: virtual stage c pp + st
-        ps.blocks.push_back({(c * e.strategy.pp + st) * per_chunk, (c * e.strategy.pp + st + 1) * per_chunk});
+      ps.blocks = models::stage_blocks(m.n_blocks(), e.strategy.pp, e.strategy.vp, st);
       ps.in_flight = pipeline_in_flight(e.strategy, st);
       ps.n_params = sched.n_params;
       for (const MemBuffer& b : sched.buffers)

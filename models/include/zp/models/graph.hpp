@@ -280,6 +280,13 @@ struct TrainingGraph {
 // token of the ep group sending this rank min(k, E/ep) of its choices; with a capacity factor,
 // E * capacity (DeepSpeed's dispatched tensor). 0 for a dense model.
 int64_t routed_rows(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
+
+// Pipeline parallelism: the blocks [first, end) of each model chunk of stage `stage` of `pp`
+// with `chunks` chunks per stage: chunk c is virtual stage c pp + stage of pp chunks, each
+// n_blocks / (pp chunks) blocks (Megatron-LM's interleaved layout, get_transformer_layer_
+// offset; one chunk without interleaving). zp::Error when the blocks do not divide.
+std::vector<std::pair<int64_t, int64_t>> stage_blocks(int64_t n_blocks, int64_t pp, int64_t chunks,
+                                                      int64_t stage);
 int64_t moe_capacity(const ModelSpec& m, const GraphOptions& o, int64_t tokens);
 
 // Whether the model's router renormalizes its top-k weights to sum 1 (Mixtral; Qwen2-/Qwen3-MoE
