@@ -41,24 +41,9 @@ const MegatronFlag* find_flag(std::string_view name) {
   return it != std::end(kFlags) && it->name == name ? it : nullptr;
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::vector<std::string_view> closest_flags(std::string_view name, std::size_t n) {
   std::vector<std::pair<std::size_t, std::string_view>> scored;
-  for (const MegatronFlag& f : kFlags) scored.emplace_back(edit_distance(name, f.name), f.name);
+  for (const MegatronFlag& f : kFlags) scored.emplace_back(models::edit_distance(name, f.name), f.name);
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<std::string_view> out;

@@ -4,6 +4,7 @@
 // 2*s*b*h per layer. These are the paper's counts, not fitted to the graph.
 #include <doctest/doctest.h>
 
+#include "gpt_shape.hpp"
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
@@ -13,21 +14,7 @@ using namespace zp::models;
 using namespace zp::planner;
 
 namespace {
-ModelSpec gpt(int64_t h, int64_t a, int64_t layers, int64_t s) {
-  ModelSpec m;
-  m.name = "test";
-  m.model_type = "gpt2";
-  m.n_layer = layers;
-  m.n_embd = h;
-  m.n_head = a;
-  m.n_kv_head = a;
-  m.head_dim = h / a;
-  m.n_inner = 4 * h;
-  m.n_positions = s;
-  m.vocab_size = 1000;
-  m.attn_dropout = m.resid_dropout = m.embd_dropout = 0.1;
-  return m;
-}
+ModelSpec gpt(int64_t h, int64_t a, int64_t layers, int64_t s) { return zp::test::gpt_shape(h, a, layers, s); }
 GraphOptions opts(int64_t b, Recompute rc = Recompute::none) {
   GraphOptions o;
   o.batch = b;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpt_shape.hpp"
 #include "zp/error.hpp"
 #include "zp/models/graph.hpp"
 #include "zp/models/model_spec.hpp"
@@ -21,22 +22,7 @@ using namespace zp::planner;
 
 namespace {
 
-ModelSpec gpt(int64_t h, int64_t a, int64_t layers, int64_t s) {
-  ModelSpec m;
-  m.name = "test";
-  m.model_type = "gpt2";
-  m.n_layer = layers;
-  m.n_embd = h;
-  m.n_head = a;
-  m.n_kv_head = a;
-  m.head_dim = h / a;
-  m.n_inner = 4 * h;
-  m.n_positions = s;
-  m.vocab_size = 1000;
-  m.attn_dropout = m.resid_dropout = m.embd_dropout = 0.1;
-  m.fused_qkv = true;  // GPT-2's c_attn (the parameter inventory names it so)
-  return m;
-}
+ModelSpec gpt(int64_t h, int64_t a, int64_t layers, int64_t s) { return zp::test::gpt_shape(h, a, layers, s); }
 
 uint64_t params_of(const TrainingGraph& g) {
   uint64_t n = 0;

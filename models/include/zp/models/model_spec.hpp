@@ -245,4 +245,8 @@ ModelSpec load_model(const std::string& name_or_path);
 // Up to `n` catalog names closest to `name` (edit distance), best first.
 std::vector<std::string> closest_catalog_names(std::string_view name, std::size_t n = 3);
 
+// Levenshtein distance (insertions, deletions, substitutions of one character each), for
+// "did you mean" hints; letters compared without case when ignore_case.
+std::size_t edit_distance(std::string_view a, std::string_view b, bool ignore_case = false);
+
 }  // namespace zp::models
