@@ -86,6 +86,12 @@ StepCosts step_costs(const models::TrainingGraph& g) {
   c.sp = g.options.sp && tp > 1;
   c.tp_fwd.assign(n, {});
   c.tp_bwd.assign(n, {});
+  // Context parallelism (simulate.hpp TpCollective: ring exchanges, Ulysses' all-to-alls).
+  c.cp = g.options.cp;
+  if (c.cp > 1) {
+    c.cp_fwd.assign(n, {});
+    c.cp_bwd.assign(n, {});
+  }
   const bool placed = tp > 1 && !c.sp;  // Megatron's all-reduces, placed by the graph's structure
   const int64_t C = g.model.n_embd;
   auto bytes_of = [&](TensorId id) { return static_cast<double>(g.tensor(id).bytes); };
@@ -147,6 +153,16 @@ StepCosts step_costs(const models::TrainingGraph& g) {
         c.tp_bwd[regather.first][regather.second].overlap_flops = op.flops / 2;
         regather.first = SIZE_MAX;
       }
+    }
+    if (c.cp > 1) {
+      auto& cps = fwd ? c.cp_fwd[i] : c.cp_bwd[i];
+      if (op.kind == OpKind::cp_all_to_all)
+        cps.push_back({CollectiveKind::all_to_all, bytes_of(op.outputs.front()), 0.0});
+      else if (op.comm_bytes > 0 && op.kind == OpKind::flash_attention)
+        cps.push_back({CollectiveKind::ring_exchange,
+                       static_cast<double>(op.comm_bytes / static_cast<uint64_t>(c.cp)), op.flops});
+      else if (op.comm_bytes > 0 && op.kind == OpKind::flash_attention_bwd)
+        cps.push_back({CollectiveKind::ring_exchange, static_cast<double>(op.comm_bytes / 2), op.flops});
     }
     if (op.kind == OpKind::pp_recv)
       c.p2p_bytes = std::max<uint64_t>(c.p2p_bytes, g.tensor(op.outputs.front()).bytes);
@@ -260,6 +276,9 @@ double collective_seconds(const TpCollective& k, int64_t t, double gbps) {
     case CollectiveKind::all_reduce: return allreduce_seconds(k.bytes, t, gbps);
     case CollectiveKind::all_gather: return allgather_seconds(k.bytes, t, gbps);
     case CollectiveKind::reduce_scatter: return reduce_scatter_seconds(k.bytes, t, gbps);
+    case CollectiveKind::ring_exchange:
+      return t <= 1 ? 0.0 : static_cast<double>(t - 1) * k.bytes / (gbps * 1e9);
+    case CollectiveKind::all_to_all: return alltoall_seconds(k.bytes, t, gbps);
   }
   return 0;
 }
@@ -272,11 +291,10 @@ bool holds(const StepCosts& c, std::size_t i) {
 
 void check_costs(const StepCosts& c, const Strategy& s) {
   if (c.group_params.empty()) throw Error("simulate: empty step costs", "build them with step_costs(graph)");
-  if (s.cp > 1)
-    throw Error(fmt::format("simulate: --cp {}: context parallelism's exchanges are not timed yet",
-                            s.cp),
-                "simulate tensor, sequence, pipeline, expert and data parallelism; estimate "
-                "plans --cp's memory");
+  if (c.cp != s.cp)
+    throw Error(fmt::format("simulate: the costs are of a --cp {} graph, the strategy's --cp is {}",
+                            c.cp, s.cp),
+                "build the graph with graph_options(model, strategy, ...)");
   if (c.tp != s.mp)
     throw Error(fmt::format("simulate: the costs are of a --tp {} graph, the strategy's --tp is {}",
                             c.tp, s.mp),
@@ -299,6 +317,16 @@ PassSeconds pass_seconds(const StepCosts& c, const Strategy& s, const Hardware& 
       const double x = collective_seconds(k, c.tp, gbps);
       p.tp += x;
       p.tp_exposed += k.overlap_flops > 0 ? std::max(0.0, x - k.overlap_flops / flops_per_s) : x;
+    }
+  }
+  const auto& cps = forward ? c.cp_fwd : c.cp_bwd;
+  if (i < cps.size() && !cps[i].empty()) {
+    // The context-parallel group: cp ranks at stride tp (simulate.hpp's layout).
+    const double gbps = group_bus_gbps(hw, cl, c.cp, c.tp);
+    for (const TpCollective& k : cps[i]) {
+      const double x = collective_seconds(k, c.cp, gbps);
+      p.cp += x;
+      p.cp_exposed += k.overlap_flops > 0 ? std::max(0.0, x - k.overlap_flops / flops_per_s) : x;
     }
   }
   const auto& a2a = forward ? c.a2a_fwd_bytes : c.a2a_bwd_bytes;
@@ -482,7 +510,7 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
   auto a2a_seconds = [&](std::size_t i, bool fwd) { return (fwd ? gp.fwd : gp.bwd)[i].a2a; };
   auto compute_seconds = [&](std::size_t i, bool fwd) {
     const PassSeconds& x = (fwd ? gp.fwd : gp.bwd)[i];
-    return x.compute + x.tp_exposed;
+    return x.compute + x.tp_exposed + x.cp_exposed;
   };
   // A collective over the group's parameters: the dense ones over dp, the experts' over dp/ep.
   auto split_seconds = [&](double (*coll)(double, int64_t, double), double dense_bytes,
@@ -789,7 +817,7 @@ bool same_tail(const StepCosts& a, const GroupPasses& pa, const StepCosts& b, co
       return c.group_expert_params.empty() ? uint64_t{0} : c.group_expert_params[g];
     };
     if (a.group_params[i] != b.group_params[j] || experts(a, i) != experts(b, j) || x.compute != y.compute ||
-        x.tp_exposed != y.tp_exposed || x.a2a != y.a2a)
+        x.tp_exposed != y.tp_exposed || x.cp_exposed != y.cp_exposed || x.a2a != y.a2a)
       return false;
   }
 }
@@ -839,7 +867,7 @@ Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy&
     // The last micro-batch's backward, as simulate_rank issues it.
     double last = 0;
     for (std::size_t g = 0; g < c.group_params.size(); ++g)
-      last += gps[i].bwd[g].compute + gps[i].bwd[g].tp_exposed + gps[i].bwd[g].a2a;
+      last += gps[i].bwd[g].total();
     rank.before = std::max(0.0, mk.end[i] - last);
     rank.embedding_sync = allreduce_seconds(static_cast<double>(c.tied_embedding_params) *
                                                 static_cast<double>(grad_bytes(s)),

@@ -437,11 +437,84 @@ TEST_CASE("pipeline: bad stage costs are refused by name") {
   tp.mp = 2;
   CHECK(error_of([&] { simulate_pipeline(uniform_stages(4, 1), tp, hw, Cluster{8, 1}); }).find("--tp 1 graph") !=
         std::string::npos);
-  // Context parallelism's exchanges are not timed: refused rather than left out.
+  // Costs of a graph without context parallelism do not time a --cp strategy's exchanges.
   Strategy cp;
   cp.cp = 2;
-  CHECK(error_of([&] { simulate(uniform_stages(1, 1)[0], cp, hw, Cluster{2, 1}); }).find("--cp 2") !=
+  CHECK(error_of([&] { simulate(uniform_stages(1, 1)[0], cp, hw, Cluster{2, 1}); }).find("--cp 1 graph") !=
         std::string::npos);
+}
+
+TEST_CASE("context parallelism: the ring's key/value exchanges hide behind the attention, Ulysses' all-to-alls wait") {
+  // GPT-2 small at T 1024, cp 2, flash attention: each rank holds 512 tokens. Ring: every block's
+  // attention passes one key|value block of its 512 tokens, 1 x 512 x 2 x 12 heads x 64 x 2 bytes
+  // = 1,572,864 bytes (kAct), cp - 1 = 1 time in forward, beside the attention's 2 B NH (T/cp) T
+  // (HS + VS) = 2 x 12 x 512 x 1024 x 128 FLOPs; backward the block and its gradient (2 kAct)
+  // beside the backward's 2.5 times those FLOPs.
+  const auto m = zp::models::load_model("gpt2");
+  Strategy s = gpt2_strategy(1, false);
+  s.cp = 2;
+  s.flash_attention = true;
+  const StepCosts c = gpt2_costs(s);
+  REQUIRE(c.cp == 2);
+  const double attn_flops = 2.0 * 12 * 512 * 1024 * 128;
+  for (std::size_t g = 1; g <= 12; ++g) {
+    REQUIRE(c.cp_fwd[g].size() == 1);
+    CHECK(c.cp_fwd[g][0].kind == CollectiveKind::ring_exchange);
+    CHECK(c.cp_fwd[g][0].bytes == kAct);
+    CHECK(c.cp_fwd[g][0].overlap_flops == attn_flops);
+    REQUIRE(c.cp_bwd[g].size() == 1);
+    CHECK(c.cp_bwd[g][0].bytes == 2 * kAct);
+    CHECK(c.cp_bwd[g][0].overlap_flops == 2.5 * attn_flops);
+  }
+  CHECK(c.cp_fwd[0].empty());
+  CHECK(c.cp_fwd[13].empty());
+  const Hardware hw = h100();
+  // One node: NVLink. Forward 1.572864e6 / 450e9 = 3.495 us against 1.610e9 / 514e12 = 3.133 us
+  // of attention: 0.362 us exposed; backward 6.991 us against 7.833 us: hidden.
+  const PassSeconds f = pass_seconds(c, resolve_for_model(s, m), hw, Cluster{2, 1}, 1, true);
+  CHECK(f.cp == doctest::Approx(kAct / kNvlink));
+  CHECK(f.cp_exposed == doctest::Approx(kAct / kNvlink - attn_flops / kFlops));
+  const PassSeconds b = pass_seconds(c, resolve_for_model(s, m), hw, Cluster{2, 1}, 1, false);
+  CHECK(b.cp == doctest::Approx(2 * kAct / kNvlink));
+  CHECK(b.cp_exposed == 0);
+  CHECK(f.total() == doctest::Approx(f.compute + f.cp_exposed));
+  // tp 4, cp 2 on 8 GPUs over 2 nodes of 4: the pair of ranks 4 apart sits on two nodes, on one
+  // of a node's 4 rails, 400 / 4 = 100 GB/s. Each rank has 3 of the 12 heads: a block of kAct / 4,
+  // a quarter of the FLOPs. Forward 3.932 us against 0.783 us: 3.149 us exposed.
+  Strategy wide = s;
+  wide.mp = 4;
+  const StepCosts cw = gpt2_costs(wide);
+  REQUIRE(cw.cp_fwd[1].size() == 1);
+  CHECK(cw.cp_fwd[1][0].bytes == kAct / 4);
+  const PassSeconds fw = pass_seconds(cw, resolve_for_model(wide, m), hw, Cluster{8, 2}, 1, true);
+  CHECK(fw.cp == doctest::Approx(kAct / 4 / 100e9));
+  CHECK(fw.cp_exposed == doctest::Approx(kAct / 4 / 100e9 - attn_flops / 4 / kFlops));
+
+  // DeepSpeed-Ulysses, cp 2: forward all-to-alls of q, k and v (3 C wide) and of the attention's
+  // output (C wide), each 1 x 512 x w x 2 bytes before and 1 x 1024 x w/2 x 2 after:
+  // 512 x 4 C x 2 = 2 kAct in all, (cp - 1)/cp = 1/2 of them over NVLink, nothing overlapped;
+  // backward the same again.
+  Strategy u = s;
+  u.cp_kind = CpKind::ulysses;
+  const StepCosts cu = gpt2_costs(u);
+  double fwd_bytes = 0, bwd_bytes = 0;
+  for (const TpCollective& k : cu.cp_fwd[1]) {
+    CHECK(k.kind == CollectiveKind::all_to_all);
+    CHECK(k.overlap_flops == 0);
+    fwd_bytes += k.bytes;
+  }
+  for (const TpCollective& k : cu.cp_bwd[1]) bwd_bytes += k.bytes;
+  CHECK(fwd_bytes == 2 * kAct);
+  CHECK(bwd_bytes == 2 * kAct);
+  const PassSeconds fu = pass_seconds(cu, resolve_for_model(u, m), hw, Cluster{2, 1}, 1, true);
+  CHECK(fu.cp == doctest::Approx(2 * kAct / 2 / kNvlink));
+  CHECK(fu.cp_exposed == fu.cp);
+  // And a whole step runs: the exchanges make it slower than the same graph's without them.
+  const Timeline t = simulate(c, resolve_for_model(s, m), hw, Cluster{2, 1});
+  StepCosts quiet = c;
+  for (auto& v : quiet.cp_fwd) v.clear();
+  for (auto& v : quiet.cp_bwd) v.clear();
+  CHECK(t.step_seconds > simulate(quiet, resolve_for_model(s, m), hw, Cluster{2, 1}).step_seconds);
 }
 
 TEST_CASE("fit's evaluator takes tensor, sequence and pipeline parallel strategies: memory as estimate(), steps as simulate_model") {

@@ -104,6 +104,26 @@ void BM_EstimatePerConfig(benchmark::State& state) {
 }
 BENCHMARK(BM_EstimatePerConfig)->Unit(benchmark::kMillisecond);
 
+// One simulated step of llama-3.1-405b (126 blocks) per strategy: what the search pays per
+// configuration that fits, beside the graph work shared by a shape. Stage 1 and 3 at
+// tp 8 on 1024 H100s, grad_accum 8.
+void BM_SimulateStep(benchmark::State& state) {
+  const auto model = zp::models::load_model("llama-3.1-405b");
+  const Hardware hw = load_hardware("h100-80g");
+  Strategy s;
+  s.stage = static_cast<int>(state.range(0));
+  s.mp = 8;
+  s.dp = 128;
+  s.grad_accum = 8;
+  s.flash_attention = true;
+  s.checkpointing = Checkpointing::full;
+  s = resolve_for_model(s, model);
+  FitEvaluator ev(model, {});
+  const StepCosts& c = ev.costs(s);
+  for (auto _ : state) benchmark::DoNotOptimize(simulate(c, s, hw, Cluster{1024, 128}).step_seconds);
+}
+BENCHMARK(BM_SimulateStep)->Arg(1)->Arg(3)->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -28,7 +28,8 @@
 namespace zp::planner {
 
 // A collective over the t ranks of the tensor-parallel group in one pass of one micro-batch.
-enum class CollectiveKind : uint8_t { all_reduce, all_gather, reduce_scatter };
+// ring_exchange and all_to_all are context parallelism's (below).
+enum class CollectiveKind : uint8_t { all_reduce, all_gather, reduce_scatter, ring_exchange, all_to_all };
 struct TpCollective {
   CollectiveKind kind = CollectiveKind::all_reduce;
   double bytes = 0;  // the whole (B, T, w) tensor (ring formulas below)
@@ -36,11 +37,17 @@ struct TpCollective {
   // and waits after it, so only its time beyond the GEMM's is exposed. 0: the stream waits.
   double overlap_flops = 0;
 };
-// (Context parallelism fits the same shape: a ring's key/value exchanges over the cp ranks,
-// stride tp in Megatron's order, group_bus_gbps(hw, cl, cp, tp), each with the FLOPs of the
-// attention block it hides behind as overlap_flops; Ulysses' all-to-alls with none. They would
-// be read off the graph's context-parallel ops into per-group lists of their own, which
-// pass_seconds adds as it adds these.)
+// Context parallelism's exchanges have the same shape, over the cp ranks of the context-
+// parallel group (stride tp in Megatron's order: group_bus_gbps(hw, cl, cp, tp)):
+// - ring (TransformerEngine's AttnFuncWithCPAndKVP2P, Megatron's default cp_comm_type p2p):
+//   ring_exchange, cp - 1 steps in each of which every rank sends `bytes` to the next and
+//   receives as much from the one before, (cp - 1) bytes / bandwidth in all, issued beside
+//   the attention's blockwise compute (overlap_flops: the attention op's FLOPs) so only what
+//   exceeds it is exposed. Forward one key|value block per step (the attention op's
+//   comm_bytes / cp), backward the block and its gradient (comm_bytes / 2: the graph holds
+//   two of each for the double buffering);
+// - DeepSpeed-Ulysses: all_to_all of each cp_all_to_all op's tensor (alltoall_seconds), the
+//   stream waiting for it (deepspeed/sequence/layer.py _SeqAllToAll is synchronous).
 
 // What one micro-step costs on one rank, per ZeRO-3 gather group in forward order (embed,
 // h.0 .. h.L-1, head), read off the training graph once and reused for every strategy that
@@ -67,6 +74,10 @@ struct StepCosts {
   int64_t tp = 1;
   bool sp = false;
   std::vector<std::vector<TpCollective>> tp_fwd, tp_bwd;
+  // Context parallelism (cp > 1): each group's exchanges, forward and backward (recomputation
+  // with the backward), ring_exchange or all_to_all (above). Empty for cp = 1.
+  int64_t cp = 1;
+  std::vector<std::vector<TpCollective>> cp_fwd, cp_bwd;
   // Pipeline parallelism: the stage this graph is (pp, pp_stage, pp_chunks of GraphOptions),
   // the bytes of one p2p message (the (B, T, C) activation a chunk sends on, (B, T/t, C) under
   // sequence parallelism, and its gradient coming back; 0 when pp = 1), and with tied
@@ -107,8 +118,9 @@ struct StepCosts {
 //   _ReduceScatterToSequenceParallelRegion) is waited for.
 // Megatron's tp_comm_overlap (TransformerEngine's userbuffers, off by default:
 // model_parallel_config.py) is not modelled. Communication ops (sp, pp, cp) cost no HBM
-// traffic here: their time is the collective's or the send's (context parallelism's: not
-// timed yet, simulate refuses --cp).
+// traffic here: their time is the collective's or the send's. Context parallelism's
+// exchanges are read off the attention ops' comm_bytes (ring) and the cp_all_to_all ops
+// (Ulysses) into cp_fwd / cp_bwd (TpCollective above says how they are timed).
 StepCosts step_costs(const models::TrainingGraph& g);
 
 // How many GPUs take part (the strategy's world: dp x tp x pp x cp) and on how many nodes.
@@ -183,14 +195,16 @@ struct Timeline {
 
 // One pass of one group (one micro-batch), in seconds on the GPU's stream: the roofline's
 // compute, the tensor-parallel collectives (all of them, and what the stream waits for: the
-// blocking ones plus each overlapped one's time beyond its GEMM's), expert parallelism's
-// all-to-alls.
+// blocking ones plus each overlapped one's time beyond its GEMM's), context parallelism's
+// exchanges (likewise, beyond the attention's compute), expert parallelism's all-to-alls.
 struct PassSeconds {
   double compute = 0;
   double tp = 0;          // every tensor-parallel collective's time
   double tp_exposed = 0;  // of that, what the stream waits for
   double a2a = 0;
-  double total() const { return compute + tp_exposed + a2a; }
+  double cp = 0;          // every context-parallel exchange's time
+  double cp_exposed = 0;  // of that, what the stream waits for
+  double total() const { return compute + tp_exposed + cp_exposed + a2a; }
 };
 PassSeconds pass_seconds(const StepCosts& c, const Strategy& s, const Hardware& hw,
                          const Cluster& cl, std::size_t group, bool forward);
