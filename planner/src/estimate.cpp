@@ -197,7 +197,7 @@ void check_profile(const Strategy& s, const PlanOptions& o, const models::ModelS
 std::vector<std::string> shortfalls(const PerDevice& d, const Strategy& s, const Hardware& hw) {
   std::vector<std::string> out;
   const uint64_t ranks = static_cast<uint64_t>(
-      std::min<int64_t>(checked_mul(s.dp, s.mp, "ranks"), hw.gpus_per_node));
+      std::min<int64_t>(checked_mul(s.dp, model_parallel_ranks(s), "ranks"), hw.gpus_per_node));
   auto check = [&](Tier t, uint64_t per_rank, uint64_t capacity, std::string_view what) {
     const uint64_t need = checked_mul(per_rank, ranks, "bytes per node");
     if (need > capacity)

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <exception>
 #include <map>
+#include <memory>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -41,16 +43,17 @@ PerDevice add(const PerDevice& a, const PerDevice& b) {
   return d;
 }
 
-// The last: sequence parallelism and the pipeline stage (pp, pp_stage, pp_chunks): a
-// pipeline's strategy has one shape per stage.
+// The last: sequence parallelism, the pipeline stage (pp, pp_stage, pp_chunks: a pipeline's
+// strategy has one shape per stage) and context parallelism (cp, Ulysses or the ring).
 using ShapeKey = std::tuple<int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, uint32_t, bool,
                             int64_t, bool, int64_t, double, bool, bool, bool,
-                            std::tuple<bool, int64_t, int64_t, int64_t>>;
+                            std::tuple<bool, int64_t, int64_t, int64_t, int64_t, bool>>;
 ShapeKey shape_key(const models::GraphOptions& g) {
   return {g.batch, g.seq, g.act_bytes, g.dropout, static_cast<int>(g.recompute), g.flash_attention,
           g.tp, g.partition_checkpoints, g.param_bytes, g.f32_weight_scratch,
           g.ep, g.moe_worst_case, g.seq_target, g.moe_capacity_factor, g.hf_modeling,
-          g.autocast, g.softmax_keeps_input, {g.sp, g.pp, g.pp_stage, g.pp_chunks}};
+          g.autocast, g.softmax_keeps_input,
+          {g.sp, g.pp, g.pp_stage, g.pp_chunks, g.cp, g.cp_ulysses}};
 }
 
 // What the dynamic part of the schedule depends on beyond the shape. zeroplan's arena puts
@@ -154,7 +157,10 @@ struct FitEvaluator::Impl {
     return sh;
   }
   // Touches `sh` and reads the rest: threads working on different shapes do not meet.
-  PerDevice memory(Shape& sh, const Strategy& s) const;
+  PerDevice memory(Shape& sh, const Strategy& s);
+  // Of that, the step's replay without the persistent states and host buffers (zeroplan
+  // profile), or the whole replay (the others); `part`: the rank's ZeRO partition.
+  PerDevice dynamic(Shape& sh, const Strategy& s, uint64_t part) const;
 };
 
 FitEvaluator::FitEvaluator(models::ModelSpec model, PlanOptions options)
@@ -166,6 +172,10 @@ FitEvaluator::~FitEvaluator() = default;
 FitEvaluator::FitEvaluator(FitEvaluator&&) noexcept = default;
 
 uint64_t FitEvaluator::n_shapes() const { return impl_->shapes.size(); }
+
+void FitEvaluator::release_graphs() {
+  for (auto& [k, sh] : impl_->shapes) Impl::release(sh);
+}
 
 const StepCosts& FitEvaluator::costs(const Strategy& s, int64_t stage) {
   return impl_->shape(s, stage).costs;
@@ -198,23 +208,81 @@ StagesMemory most_loaded(const std::vector<PerDevice>& stages, const Strategy& s
 
 PerDevice FitEvaluator::memory(const Strategy& s) {
   std::vector<PerDevice> stages;
-  for (int64_t st = 0; st < s.pp; ++st) stages.push_back(impl_->memory(impl_->shape(s, st), s));
+  for (int64_t st = 0; st < s.pp; ++st) stages.push_back(stage_memory(s, st));
   return most_loaded(stages, s, nullptr).per_device;
 }
 
-PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
+PerDevice FitEvaluator::stage_memory(const Strategy& s, int64_t stage) {
+  return impl_->memory(impl_->shape(s, stage), s);
+}
+
+namespace {
+
+// The ZeRO partition of a rank's groups (schedule.hpp's partition_elems; expert parameters
+// over dp/ep): for a stage >= 1 what the rank keeps of them, else all n_params over dp.
+uint64_t partition_of(const std::vector<uint64_t>& groups, const std::vector<uint64_t>& experts,
+                      uint64_t n_params, const Strategy& s) {
+  // ZeRO's group: the data- and context-parallel ranks (zero_dp; schedule.cpp's dp_).
+  const uint64_t dp = static_cast<uint64_t>(zero_dp(s));
+  return s.stage >= 1 ? partition_elems(groups, experts, s.stage, dp, static_cast<uint64_t>(expert_dp(s)))
+                      : zp::partition_elems(n_params, dp);
+}
+
+// The zeroplan profile's persistent states of a rank holding n_params parameters, partition
+// `part`, replayed alone (cached by StatesKey: one cache per n_params).
+PerDevice states_memory(std::map<StatesKey, PerDevice>& cache, uint64_t n_params, uint64_t part,
+                        const Strategy& s, uint32_t p_bytes, std::optional<uint64_t> per_tensor,
+                        const PlanOptions& o) {
+  const StatesKey skey{part,
+                       s.stage,
+                       static_cast<int>(s.precision),
+                       static_cast<int>(s.optimizer),
+                       static_cast<int>(s.offload_optimizer),
+                       static_cast<int>(s.offload_param),
+                       s.dpu,
+                       s.dpu && s.offload_optimizer == Offload::nvme
+                           ? optimizer_swap_buffer_bytes(s, part)
+                           : 0,
+                       s.stage == 3 && s.offload_param == Offload::nvme
+                           ? param_swap_buffer_bytes(s, part, p_bytes)
+                           : 0,
+                       state_dtypes(s)};
+  auto st = cache.find(skey);
+  if (st == cache.end()) {
+    MemorySchedule states_only;
+    // Stage 0 hands the optimizer the model's tensors: Adafactor's and 8-bit Adam's bytes
+    // follow their shapes (the stage and optimizer are in the key).
+    append_model_states(states_only, n_params, part, s, p_bytes, StateLayout::zero, per_tensor);
+    st = cache.emplace(skey, replay(states_only, o).per_device).first;
+  }
+  return st->second;
+}
+
+// The host tier's offload buffers (append_offload_buffers) of partition `part`, replayed alone.
+PerDevice host_memory(std::map<HostKey, PerDevice>& cache, const Strategy& s, uint64_t part,
+                      uint32_t p_bytes, const PlanOptions& o) {
+  const HostKey hkey{offload_tile_bytes(s, part, p_bytes),
+                     s.offload_optimizer == Offload::nvme && !s.dpu
+                         ? optimizer_swap_buffer_bytes(s, part)
+                         : 0};
+  auto hb = cache.find(hkey);
+  if (hb == cache.end()) {
+    MemorySchedule host_only;
+    append_offload_buffers(host_only, 0, s, part, p_bytes);
+    hb = cache.emplace(hkey, replay(host_only, o).per_device).first;
+  }
+  return hb->second;
+}
+
+}  // namespace
+
+PerDevice FitEvaluator::Impl::dynamic(Shape& sh, const Strategy& s, uint64_t part) const {
   const PlanOptions& o = options;
   const bool whole = o.profile != Profile::zeroplan;  // PyTorch: replayed whole
-  // Expert parameters partition over dp/ep (schedule.hpp's partition_elems).
-  const uint64_t part = s.stage >= 1
-                            ? partition_elems(sh.group_elems, sh.group_expert_elems, s.stage,
-                                              static_cast<uint64_t>(s.dp),
-                                              static_cast<uint64_t>(expert_dp(s)))
-                            : zp::partition_elems(sh.costs.n_params, static_cast<uint64_t>(s.dp));
   const uint32_t p_bytes = sh.graph.options.param_bytes;
   // Stages 0 and 1 differ only in states (both keep whole gradients, no buckets): one replay.
   const DynKey key{whole || s.stage >= 2 ? s.stage : 1,
-                   s.stage == 3 || whole ? s.dp : 0,
+                   s.stage == 3 || whole ? zero_dp(s) : 0,
                    whole ? static_cast<int>(s.offload_optimizer) : 0,
                    whole ? static_cast<int>(s.offload_param) : 0,
                    s.buffers.reduce_bucket_size,
@@ -252,42 +320,17 @@ PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) const {
     }
     it = sh.dynamic.emplace(key, replay(sch, o).per_device).first;
   }
-  if (whole) return it->second;
-  const StatesKey skey{part,
-                       s.stage,
-                       static_cast<int>(s.precision),
-                       static_cast<int>(s.optimizer),
-                       static_cast<int>(s.offload_optimizer),
-                       static_cast<int>(s.offload_param),
-                       s.dpu,
-                       s.dpu && s.offload_optimizer == Offload::nvme
-                           ? optimizer_swap_buffer_bytes(s, part)
-                           : 0,
-                       s.stage == 3 && s.offload_param == Offload::nvme
-                           ? param_swap_buffer_bytes(s, part, p_bytes)
-                           : 0,
-                       state_dtypes(s)};
-  auto st = sh.states.find(skey);
-  if (st == sh.states.end()) {
-    MemorySchedule states_only;
-    // Stage 0 hands the optimizer the model's tensors: Adafactor's and 8-bit Adam's bytes
-    // follow their shapes (the stage and optimizer are in the key).
-    append_model_states(states_only, sh.costs.n_params, part, s, p_bytes, StateLayout::zero,
-                        per_tensor_optimizer_bytes(sh.graph, s, o));
-    st = sh.states.emplace(skey, replay(states_only, o).per_device).first;
-  }
-  const PerDevice& states = st->second;
-  const HostKey hkey{offload_tile_bytes(s, part, p_bytes),
-                     s.offload_optimizer == Offload::nvme && !s.dpu
-                         ? optimizer_swap_buffer_bytes(s, part)
-                         : 0};
-  auto hb = sh.host_buffers.find(hkey);
-  if (hb == sh.host_buffers.end()) {
-    MemorySchedule host_only;
-    append_offload_buffers(host_only, 0, s, part, p_bytes);
-    hb = sh.host_buffers.emplace(hkey, replay(host_only, o).per_device).first;
-  }
-  return add(add(states, hb->second), it->second);
+  return it->second;
+}
+
+PerDevice FitEvaluator::Impl::memory(Shape& sh, const Strategy& s) {
+  const uint64_t part = partition_of(sh.group_elems, sh.group_expert_elems, sh.costs.n_params, s);
+  const PerDevice dyn = dynamic(sh, s, part);
+  if (options.profile != Profile::zeroplan) return dyn;  // replayed whole
+  const uint32_t p_bytes = sh.graph.options.param_bytes;
+  const PerDevice states = states_memory(sh.states, sh.costs.n_params, part, s, p_bytes,
+                                         per_tensor_optimizer_bytes(sh.graph, s, options), options);
+  return add(add(states, host_memory(sh.host_buffers, s, part, p_bytes, options)), dyn);
 }
 
 std::vector<Candidate> FitEvaluator::evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
@@ -406,7 +449,7 @@ Cluster2 resolve_cluster(const FitRequest& r) {
 
 // How far a configuration is from fitting: the largest need / capacity over the tiers.
 double overshoot(const PerDevice& d, const Strategy& s, const Hardware& hw) {
-  const double ranks = static_cast<double>(std::min<int64_t>(s.dp * s.mp, hw.gpus_per_node));
+  const double ranks = static_cast<double>(std::min<int64_t>(world_size(s), hw.gpus_per_node));
   double r = static_cast<double>(d.peak(Tier::gpu)) / static_cast<double>(hw.gpu_memory_bytes);
   r = std::max(r, static_cast<double>(d.peak(Tier::cpu)) * ranks / static_cast<double>(hw.host_memory_bytes));
   if (d.peak(Tier::nvme) > 0)
@@ -475,8 +518,48 @@ void explain(std::vector<Candidate>& c) {
   }
 }
 
+// Whether the model's graph takes a strategy's tensor, sequence, pipeline and context
+// parallelism (graph.cpp refuses by name what it does not model: sequence parallelism of MoE
+// or post-norm blocks, context parallelism of encoder-decoder models, a tp that does not
+// divide the heads, ...): one block per model chunk of the first and last stage is built.
+// Cached per combination.
+class ParallelProbe {
+ public:
+  ParallelProbe(const models::ModelSpec& m, const PlanOptions& o) : model_(m), options_(o) {}
+  bool accepts(const Strategy& s) {
+    const auto key = std::make_tuple(s.mp, s.sp, s.cp, static_cast<int>(s.cp_kind), s.pp, s.vp, s.ep);
+    auto it = known_.find(key);
+    if (it != known_.end()) return it->second;
+    bool ok = true;
+    try {
+      models::ModelSpec m = model_;
+      // Up to 8 blocks per model chunk: the layers' kinds (dense or MoE, sliding or global)
+      // as the model mixes them, at a fraction of a deep model's graph.
+      if (!m.encoder_decoder())
+        m.n_layer = s.pp * s.vp * std::min<int64_t>(8, m.n_layer / (s.pp * s.vp));
+      models::GraphOptions go = graph_options(m, s, options_);
+      go.batch = 1;
+      for (int64_t st : {int64_t{0}, s.pp - 1}) {
+        go.pp_stage = st;
+        (void)models::build_training_graph(m, go);
+      }
+    } catch (const Error&) {
+      ok = false;
+    }
+    known_.emplace(key, ok);
+    return ok;
+  }
+
+ private:
+  models::ModelSpec model_;
+  PlanOptions options_;
+  std::map<std::tuple<int64_t, bool, int64_t, int, int64_t, int64_t, int64_t>, bool> known_;
+};
+
 // The search space of `r`, round by round: the model-parallel degrees are tried in rounds
 // (1 first; the next only when nothing fits), each round's configurations in search order.
+// A `parallel` search is one round of every tensor, sequence, pipeline and context parallel
+// combination (FitRequest).
 std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Cluster2& cl2) {
   Strategy base = resolve_for_model(r.base, r.model);
   // PyTorch FSDP: FULL_SHARD with and without resharding after forward (SHARD_GRAD_OP), with
@@ -485,18 +568,45 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
   // or expert parallelism (check_profile).
   const bool fsdp = r.options.profile == Profile::fsdp;
   const bool pytorch = r.options.profile == Profile::pytorch;  // stage 0 only
+  const bool parallel = r.parallel && !fsdp && !pytorch;
+  std::vector<int64_t> tps;  // every tensor-parallel degree the rounds would try
+  for (int64_t mp = 2; mp <= r.hw.gpus_per_node; mp *= 2)
+    if (cl2.gpus % mp == 0 && r.model.n_head % mp == 0 && r.model.n_kv_head % mp == 0 &&
+        r.model.n_inner % mp == 0)
+      tps.push_back(mp);
   std::vector<std::vector<int64_t>> mp_rounds;
   if (fsdp || pytorch) {
     mp_rounds.push_back({1});
   } else if (!r.mps.empty()) {
     mp_rounds.push_back(r.mps);
+  } else if (parallel) {
+    mp_rounds.push_back({1});
+    mp_rounds.front().insert(mp_rounds.front().end(), tps.begin(), tps.end());
   } else {
     mp_rounds.push_back({1});
-    for (int64_t mp = 2; mp <= r.hw.gpus_per_node; mp *= 2)
-      if (cl2.gpus % mp == 0 && r.model.n_head % mp == 0 && r.model.n_kv_head % mp == 0 &&
-          r.model.n_inner % mp == 0)
-        mp_rounds.push_back({mp});
+    for (int64_t mp : tps) mp_rounds.push_back({mp});
   }
+  // Sequence, pipeline and context parallelism: as given, searched, or the base's.
+  const int64_t T = base.seq;
+  std::vector<bool> sps = !r.sps.empty() ? r.sps
+                          : parallel     ? std::vector<bool>{false, true}
+                                         : std::vector<bool>{base.sp};
+  std::vector<int64_t> pps = r.pps, vps = r.vps, cps = r.cps;
+  if (pps.empty() && parallel) {
+    for (int64_t pp = 1; pp <= r.model.n_blocks(); ++pp)
+      if (r.model.n_blocks() % pp == 0 && cl2.gpus % pp == 0) pps.push_back(pp);
+  } else if (pps.empty()) {
+    pps = {base.pp};
+  }
+  if (vps.empty()) vps = parallel ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{base.vp};
+  if (cps.empty() && parallel) {
+    for (int64_t cp : {1, 2, 4, 8})
+      if (cp == 1 || (T % (2 * cp) == 0 && (base.cp_kind == CpKind::ulysses || base.flash_attention)))
+        cps.push_back(cp);
+  } else if (cps.empty()) {
+    cps = {base.cp};
+  }
+  ParallelProbe probe(r.model, r.options);
   const std::vector<int64_t> accums = r.grad_accums.empty() ? std::vector<int64_t>{base.grad_accum}
                                                             : r.grad_accums;
   // Expert-parallel degrees for a data-parallel degree: those given (when they divide it), or
@@ -521,15 +631,41 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
       if (cl2.gpus % mp != 0)
         throw Error(fmt::format("--tp {}: does not divide --gpus {}", mp, cl2.gpus),
                     "the data-parallel degree is gpus / mp");
-      const std::vector<int64_t> eps = eps_for(cl2.gpus / mp);
-      for (int64_t ep : eps)
+      for (bool sp : sps)
+      for (int64_t pp : pps)
+      for (int64_t vp : vps)
+      for (int64_t cp : cps) {
+        // Sequence parallelism splits the tensor-parallel ranks' sequence: none without them.
+        if ((sp && mp == 1) || pp < 1 || vp < 1 || cp < 1) continue;
+        if (cl2.gpus % (mp * pp * cp) != 0 || (vp > 1 && pp == 1)) continue;
+        if (r.model.n_blocks() % (pp * vp) != 0) continue;
+        const int64_t dp = cl2.gpus / (mp * pp * cp);
+        const bool split = sp || pp > 1 || cp > 1;  // beyond what the rounds searched before
+        Strategy shape = base;
+        shape.mp = mp;
+        shape.sp = sp;
+        shape.pp = pp;
+        shape.vp = vp;
+        shape.cp = cp;
+        shape.dp = dp;
+        if (pp > 1)
+          shape.pp_schedule = vp > 1 ? PipelineSchedule::interleaved
+                              : base.pp_schedule == PipelineSchedule::interleaved
+                                  ? PipelineSchedule::one_f_one_b
+                                  : base.pp_schedule;
+        else
+          shape.pp_schedule = PipelineSchedule::one_f_one_b;
+        const std::vector<int64_t> eps = eps_for(dp);
+        for (int64_t ep : eps) {
+          shape.ep = ep;
+          if (split && !probe.accepts(shape)) continue;
       for (int64_t mb : r.micro_batches)
         for (Checkpointing ck : r.checkpointing)
           for (int stage : r.stages)
             for (Offload oo : r.offload_optimizer)
               for (Offload op : r.offload_param)
                 for (bool dpu : r.dpu)
-                  for (int64_t ga : accums) {
+                  for (int64_t ga0 : accums) {
                   if (fsdp && (stage != 3 || oo != Offload::none || op == Offload::nvme || dpu))
                     continue;
                   if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
@@ -538,7 +674,14 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   if (ck == Checkpointing::selective_op && ep > 1) continue;  // validate()
                   if (oo != Offload::none && stage == 0) continue;
                   if (dpu && oo == Offload::none) continue;
-                  Strategy s = base;
+                  if (pp > 1 && stage >= 2) continue;  // validate(): DeepSpeed's PipelineEngine
+                  int64_t ga = ga0;
+                  if (r.global_batch > 0) {
+                    if (ga0 != accums.front()) continue;  // one count: the global batch's
+                    if (r.global_batch % (mb * dp) != 0) continue;
+                    ga = r.global_batch / (mb * dp);
+                  }
+                  Strategy s = shape;
                   s.stage = stage;
                   s.offload_optimizer = oo;
                   s.offload_param = op;
@@ -546,12 +689,18 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                   s.grad_accum = ga;
                   s.micro_batch = mb;
                   s.checkpointing = ck;
-                  s.mp = mp;
-                  s.dp = cl2.gpus / mp;
-                  s.ep = ep;
                   if (ck != Checkpointing::full)  // DeepSpeed's section needs a checkpoint
                     s.partition_activations = s.cpu_checkpointing =
                         s.contiguous_memory_optimization = false;
+                  if (split) {
+                    // What else the strategy's checks refuse (an interleaved schedule's
+                    // micro-batches, fp32 gradients beside ZeRO-2, ...).
+                    try {
+                      validate(s);
+                    } catch (const Error&) {
+                      continue;
+                    }
+                  }
                   if (fsdp) {
                     // Hybrid sharding as the base asks (a node: the hardware's GPUs per node,
                     // resolve_for_hardware), where it divides this dp.
@@ -564,7 +713,7 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                     }
                     continue;
                   }
-                  if (stage < 2 || s.dp == 1 || base.overlap_comm) {
+                  if (stage < 2 || zero_dp(s) == 1 || base.overlap_comm) {
                     round.push_back(s);
                     continue;
                   }
@@ -573,31 +722,616 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                     round.push_back(s);
                   }
                 }
+        }
+      }
     }
   }
   return rounds;
 }
 
+// Screening (FitRequest::exhaustive off; a parallel search of a model whose blocks are all
+// alike). A configuration's pipeline stage holds M = L / (pp vp) blocks per model chunk, and
+// what it needs grows with M. Its first stage, stage 1 (of the middle stages the one with
+// the most micro-batches in flight under every schedule pipeline.hpp knows: in_flight_closed_
+// form does not grow with the stage; the middle stages are otherwise alike) and its last are
+// built at two small depths, lo and hi blocks per chunk (the model cut to pp vp lo and pp vp hi
+// layers; a stage's graph holds its own blocks only), lo past the depth where ZeRO's buffers
+// are full (gradient buckets, stage 3's live parameters: below it they grow with the depth).
+// From them, for the stage at M:
+//  - the model states and host buffers exactly: the partition of the stage's groups (its
+//    embedding's and head's, and M vp copies of a block's) replayed as FitEvaluator does;
+//  - the step's replay on the line through the two depths: what is allocated at its peak
+//    grows by the same bytes a block, but the allocator's overhead does not (the holes fewer
+//    blocks leave fill up with more), so `least` leaves the overhead out, a floor under the
+//    peak, and per_device adds the deeper depth's overhead (which errs high);
+//  - the step costs exactly: the graph's groups at M are its embedding's, its head's and M vp
+//    copies of its blocks' (all alike, checked), which simulate() and simulate_pipeline()
+//    time as they time the whole graph's.
+// A configuration whose floor misses a capacity by more than kScreenSlack is taken not to fit
+// (and counted so in n_fit); the others are simulated, and evaluated exactly (every stage's
+// whole graph, its replays, its simulated step) fastest first, until the next one's throughput
+// cannot reach the top (to the search's 0.1% buckets). So the result is the exhaustive
+// search's unless a floor is more than kScreenSlack above its exact peak; test_fit_parallel.cpp
+// compares the two searches, and the floor and the step with exact ones.
+constexpr int64_t kScreenLow = 1, kScreenHigh = 2;  // blocks per model chunk, at least
+constexpr int64_t kMicroLine = 3;                    // micro-steps simulated, at most
+constexpr double kScreenSlack = 0.05;
+
+bool uniform_blocks(const models::ModelSpec& m) {
+  return !m.encoder_decoder() &&
+         (m.window.size == 0 || (m.window.pattern.empty() && m.window.from_layer == 0)) &&
+         (!m.is_moe() || (m.moe.first_dense == 0 && m.moe.step == 1 && m.moe.dense_layers.empty()));
+}
+
+// The line through (lo, a) and (hi, b), read at x.
+double line(double a, double b, int64_t lo, int64_t hi, int64_t x) {
+  return b + (b - a) * static_cast<double>(x - hi) / static_cast<double>(hi - lo);
+}
+uint64_t line_bytes(uint64_t a, uint64_t b, int64_t lo, int64_t hi, int64_t x) {
+  const double v = line(static_cast<double>(a), static_cast<double>(b), lo, hi, x);
+  return v <= 0 ? 0 : v >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(std::llround(v));
+}
+// A replay's memory at depth x from depths lo < hi: what is allocated at the peak on the line,
+// the allocator's overhead as at hi (with_overhead), or none (a floor). llama-3.1-8b at stage 3
+// with full recomputation: the overhead is 715 MB at 4 blocks, 447 MB at 8, 111 MB from 16 on,
+// while the allocated bytes grow by 121.6 MB a block throughout.
+PerDevice line(const PerDevice& a, const PerDevice& b, int64_t lo, int64_t hi, int64_t x,
+               bool with_overhead) {
+  PerDevice d;
+  for (Tier t : kTiers) {
+    for (Category c : kCategories)
+      d[t][c] = c != Category::overhead ? line_bytes(a[t][c], b[t][c], lo, hi, x)
+                : with_overhead         ? b[t][c]
+                                        : 0;
+    const uint64_t oa = std::min(a[t][Category::overhead], a.peak(t));
+    const uint64_t ob = std::min(b[t][Category::overhead], b.peak(t));
+    d.set_peak(t, checked_add(line_bytes(a.peak(t) - oa, b.peak(t) - ob, lo, hi, x),
+                              with_overhead ? ob : 0, "bytes"));
+  }
+  return d;
+}
+
+bool same_collectives(const std::vector<TpCollective>& a, const std::vector<TpCollective>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].kind != b[i].kind || a[i].bytes != b[i].bytes || a[i].overlap_flops != b[i].overlap_flops)
+      return false;
+  return true;
+}
+bool same_group(const StepCosts& c, std::size_t i, std::size_t j) {
+  auto at = [](const auto& v, std::size_t k) { return k < v.size() ? v[k] : decltype(v[k]){}; };
+  return c.fwd_flops[i] == c.fwd_flops[j] && c.bwd_flops[i] == c.bwd_flops[j] &&
+         c.fwd_bytes[i] == c.fwd_bytes[j] && c.bwd_bytes[i] == c.bwd_bytes[j] &&
+         c.group_params[i] == c.group_params[j] && at(c.group_expert_params, i) == at(c.group_expert_params, j) &&
+         at(c.a2a_fwd_bytes, i) == at(c.a2a_fwd_bytes, j) && at(c.a2a_bwd_bytes, i) == at(c.a2a_bwd_bytes, j) &&
+         same_collectives(c.tp_fwd[i], c.tp_fwd[j]) && same_collectives(c.tp_bwd[i], c.tp_bwd[j]) &&
+         (c.cp_fwd.empty() || (same_collectives(c.cp_fwd[i], c.cp_fwd[j]) &&
+                               same_collectives(c.cp_bwd[i], c.cp_bwd[j])));
+}
+
+// The costs of stage `st` of a strategy at L layers from the same stage's graph at fewer
+// (hi, whose held blocks are alike; lo for the totals' line): its embedding and head groups
+// as they are, every block it holds at L a copy of hi's first. nullopt when hi's blocks differ.
+std::optional<StepCosts> costs_at(const StepCosts& lo, const StepCosts& hi, const Strategy& s,
+                                  int64_t st, int64_t L) {
+  const std::size_t n_hi = hi.group_params.size();
+  std::size_t rep = 0;
+  int64_t held_lo = 0, held_hi = 0;
+  for (std::size_t i = 1; i + 1 < n_hi; ++i) {
+    if (hi.group_params[i] == 0) continue;
+    if (rep == 0) rep = i;
+    else if (!same_group(hi, rep, i)) return std::nullopt;
+    ++held_hi;
+  }
+  for (std::size_t i = 1; i + 1 < lo.group_params.size(); ++i) held_lo += lo.group_params[i] > 0;
+  if (rep == 0 || held_hi == held_lo) return std::nullopt;
+  const std::size_t n = static_cast<std::size_t>(L + 2);
+  StepCosts c = hi;  // scalars and per-stage fields; the groups below
+  auto resize = [&](auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if (v.empty()) return;
+    V out(n);
+    out[0] = v[0];
+    out[n - 1] = v[n_hi - 1];
+    for (const auto& [a, e] : models::stage_blocks(L, s.pp, s.vp, st))
+      for (int64_t j = a; j < e; ++j) out[static_cast<std::size_t>(j + 1)] = v[rep];
+    v = std::move(out);
+  };
+  resize(c.fwd_flops);
+  resize(c.bwd_flops);
+  resize(c.fwd_bytes);
+  resize(c.bwd_bytes);
+  resize(c.group_params);
+  resize(c.group_expert_params);
+  resize(c.a2a_fwd_bytes);
+  resize(c.a2a_bwd_bytes);
+  resize(c.tp_fwd);
+  resize(c.tp_bwd);
+  resize(c.cp_fwd);
+  resize(c.cp_bwd);
+  c.n_params = c.n_expert_params = 0;
+  for (uint64_t p : c.group_params) c.n_params += p;
+  for (uint64_t p : c.group_expert_params) c.n_expert_params += p;
+  const int64_t held = s.vp * (L / (s.pp * s.vp));
+  auto total = [&](double a, double b) {
+    return b + (b - a) * static_cast<double>(held - held_hi) / static_cast<double>(held_hi - held_lo);
+  };
+  c.flops_executed = total(lo.flops_executed, hi.flops_executed);
+  c.flops_model = total(lo.flops_model, hi.flops_model);
+  c.pp_stage = st;
+  c.n_layer = L;
+  return c;
+}
+
+struct Screened {
+  PerDevice per_device;  // the most loaded stage's (gpu peak), on the line
+  PerDevice least;       // per tier, the largest stage's peak without any overhead: a floor
+  bool candidate = false;  // the floor fits within kScreenSlack
+  // (candidates) every stage's costs at full depth, shared by the family's configurations,
+  // and the least the step can take: its passes on the GPU's stream (their compute and the
+  // collectives they wait for) for every micro-batch, or through the schedule's makespan.
+  std::shared_ptr<const std::vector<StepCosts>> costs;
+  double min_step = 0;
+};
+
+// The simulated step. Without pipelining the simulator runs every micro-step, and the middle
+// ones are alike: past kMicroLine micro-steps, the step on the line through its times at
+// kMicroLine - 1 and kMicroLine micro-steps (a pipeline's passes are a closed form already).
+// test_fit_parallel.cpp holds it to the whole simulation.
+Timeline step_of(const std::vector<StepCosts>& stages, const Strategy& s, const Hardware& hw,
+                 const Cluster& cl, Profile profile) {
+  // Only the numbers are kept: the tasks' storage goes back for the next simulation.
+  auto numbers = [](Timeline& t) {
+    Timeline tasks;
+    tasks.tasks = std::move(t.tasks);
+    recycle(std::move(tasks));
+    t.tasks.clear();
+    t.critical_path.clear();
+  };
+  if (s.pp > 1 || s.grad_accum <= kMicroLine) {
+    Timeline t = simulate_pipeline(stages, s, hw, cl, profile);
+    numbers(t);
+    return t;
+  }
+  Strategy a = s, b = s;
+  a.grad_accum = kMicroLine - 1;
+  b.grad_accum = kMicroLine;
+  Timeline ta = simulate(stages.front(), a, hw, cl, profile);
+  numbers(ta);
+  Timeline t = simulate(stages.front(), b, hw, cl, profile);
+  numbers(t);
+  const double extra = static_cast<double>(s.grad_accum - kMicroLine);
+  const double step = t.step_seconds + (t.step_seconds - ta.step_seconds) * extra;
+  // simulate()'s totals, per step of grad_accum micro-steps.
+  const double m = static_cast<double>(s.grad_accum) / static_cast<double>(kMicroLine);
+  t.tokens_per_second = t.tokens_per_second * t.step_seconds * m / step;
+  t.tflops_per_gpu = t.tflops_per_gpu * t.step_seconds * m / step;
+  for (std::size_t r = 0; r < t.busy_seconds.size(); ++r)
+    t.busy_seconds[r] += (t.busy_seconds[r] - ta.busy_seconds[r]) * extra;
+  t.step_seconds = step;
+  return t;
+}
+
+}  // namespace
+
+class Screen {
+ public:
+  Screen(const models::ModelSpec& m, const PlanOptions& o, const Hardware& hw, const Cluster& cl)
+      : model_(m), options_(o), hw_(hw), cl_(cl) {
+    loose_ = hw;
+    auto widen = [](uint64_t b) {
+      return static_cast<uint64_t>(std::min(1.8e19, static_cast<double>(b) * (1.0 + kScreenSlack)));
+    };
+    loose_.gpu_memory_bytes = widen(hw.gpu_memory_bytes);
+    loose_.host_memory_bytes = widen(hw.host_memory_bytes);
+    loose_.nvme_bytes = widen(hw.nvme_bytes);
+  }
+
+  // simulate: time the step of a candidate (of any configuration when `always`).
+  Screened at(const Strategy& s, bool always = false) {
+    const int64_t L = model_.n_layer;
+    std::vector<int64_t> stages = {0};
+    if (s.pp >= 3) stages.push_back(1);
+    if (s.pp >= 2) stages.push_back(s.pp - 1);
+    Screened out;
+    bool first = true;
+    std::vector<const StepCosts*> costs(static_cast<std::size_t>(s.pp), nullptr);
+    for (int64_t st : stages) {
+      Stage& x = stage(s, st);
+      const PerDevice d = x.whole ? at_depth(L).stage_memory(s, st) : memory_on_line(s, x);
+      const PerDevice least = x.whole ? d : memory_on_line(s, x, false);
+      if (first || d.peak(Tier::gpu) > out.per_device.peak(Tier::gpu)) out.per_device = d;
+      for (Tier t : kTiers)
+        if (first || least.peak(t) > out.least.peak(t)) out.least.set_peak(t, least.peak(t));
+      first = false;
+    }
+    out.candidate = shortfalls(out.least, s, loose_).empty();
+    if (!out.candidate && !always) return out;
+    out.costs = family_costs(s);
+    // The passes' least time: per stage its groups' forward and backward on the stream.
+    std::vector<double> f, b;
+    for (const StepCosts& c : *out.costs) {
+      const auto [x, y] = pass_sums(c, s);
+      f.push_back(x);
+      b.push_back(y);
+    }
+    double least = s.pp == 1 ? static_cast<double>(s.grad_accum) * (f[0] + b[0])
+                             : makespan_closed_form(s.pp_schedule, s.pp, s.grad_accum, s.vp, f, b).makespan;
+    // ZeRO-3 without overlap_comm: each group's all-gather waits for the compute before it and
+    // its compute for it (simulate.cpp: "gathers and compute take turns"), in forward and, with
+    // resharding, again in backward.
+    if (s.stage == 3 && s.pp == 1 && !overlaps_comm(s) && zero_dp(s) > 1 &&
+        options_.profile != Profile::fsdp)
+      least += static_cast<double>(s.grad_accum) * (s.reshard_after_forward ? 2.0 : 1.0) *
+               gather_seconds(out.costs->front(), s);
+    out.min_step = least * (1.0 - 1e-9);  // the sums' rounding: a hair below
+    return out;
+  }
+  // Drops the family's graphs and caches (no other family has its shapes); the states' and
+  // host buffers' replays stay (they depend on the partition alone).
+  void release() {
+    for (const auto& [d, e] : depths_) n_shapes_ += e->n_shapes();
+    depths_.clear();
+    stages_.clear();
+    costs_.clear();
+    passes_.clear();
+  }
+  uint64_t n_shapes() const {
+    uint64_t n = n_shapes_;
+    for (const auto& [d, e] : depths_) n += e->n_shapes();
+    return n;
+  }
+
+ private:
+  // Every stage's costs at full depth (the middle stages' from stage 1's), once per family.
+  std::shared_ptr<const std::vector<StepCosts>> family_costs(const Strategy& s) {
+    models::GraphOptions go = graph_options(model_, s, options_);
+    const ShapeKey key = shape_key(go);
+    auto it = costs_.find(key);
+    if (it != costs_.end()) return it->second;
+    auto all = std::make_shared<std::vector<StepCosts>>();
+    const int64_t L = model_.n_layer;
+    for (int64_t st = 0; st < s.pp; ++st) {
+      const int64_t like = st == 0 || st == s.pp - 1 ? st : 1;
+      Stage& x = stage(s, like);
+      if (x.whole) {
+        all->push_back(at_depth(L).costs(s, st));
+      } else if (st == like) {
+        all->push_back(x.costs);
+      } else {
+        std::optional<StepCosts> c = costs_at(x.lo->costs, x.hi->costs, s, st, L);
+        all->push_back(std::move(*c));  // like's were built: the blocks are alike
+      }
+    }
+    return costs_.emplace(key, std::move(all)).first->second;
+  }
+  // Every group's stage-3 all-gather, as simulate() times it: its dense parameters over the
+  // ZeRO group (dp x cp at stride tp), its experts' over the expert-data-parallel group.
+  double gather_seconds(const StepCosts& c, const Strategy& s) const {
+    const double pbytes = s.precision == Precision::fp32 ? 4.0 : 2.0;
+    const int64_t zdp = zero_dp(s), edp = expert_dp(s);
+    const double bus = group_bus_gbps(hw_, cl_, zdp, s.mp);
+    const double ebus = group_bus_gbps(hw_, cl_, edp, s.mp * s.ep);
+    double t = 0;
+    for (std::size_t i = 0; i < c.group_params.size(); ++i) {
+      if (c.group_params[i] == 0) continue;
+      const double x = c.group_expert_params.empty() ? 0.0 : static_cast<double>(c.group_expert_params[i]) * pbytes;
+      t += allgather_seconds(static_cast<double>(c.group_params[i]) * pbytes - x, zdp, bus) +
+           (x > 0 ? allgather_seconds(x, edp, ebus) : 0.0);
+    }
+    return t;
+  }
+  // A stage's passes on the stream, forward and backward, summed over its groups: compute and
+  // the collectives the stream waits for (PassSeconds); once per costs.
+  std::pair<double, double> pass_sums(const StepCosts& c, const Strategy& s) {
+    auto it = passes_.find(&c);
+    if (it != passes_.end()) return it->second;
+    double f = 0, b = 0;
+    for (std::size_t i = 0; i < c.group_params.size(); ++i) {
+      const PassSeconds x = pass_seconds(c, s, hw_, cl_, i, true);
+      const PassSeconds y = pass_seconds(c, s, hw_, cl_, i, false);
+      f += x.compute + x.tp_exposed + x.cp_exposed;
+      b += y.compute + y.tp_exposed + y.cp_exposed;
+    }
+    return passes_.emplace(&c, std::make_pair(f, b)).first->second;
+  }
+  // One stage of a family (a shape at full depth): its graphs at the two depths, or whole.
+  struct Stage {
+    bool whole = true;
+    int64_t lo_depth = 0, hi_depth = 0, M = 0;
+    FitEvaluator::Impl::Shape* lo = nullptr;
+    FitEvaluator::Impl::Shape* hi = nullptr;
+    FitEvaluator* lo_e = nullptr;
+    FitEvaluator* hi_e = nullptr;
+    StepCosts costs;  // at full depth
+  };
+  Stage& stage(const Strategy& s, int64_t st) {
+    models::GraphOptions go = graph_options(model_, s, options_);
+    go.pp_stage = st;
+    // The depths depend on the buffers' sizes too (stage, ZeRO buckets).
+    const auto key = std::make_tuple(shape_key(go), s.stage, s.buffers.reduce_bucket_size,
+                                     s.buffers.allgather_bucket_size, s.buffers.prefetch_bucket_size,
+                                     s.buffers.max_live_parameters);
+    auto [it, fresh] = stages_.try_emplace(key);
+    Stage& x = it->second;
+    if (!fresh) return x;
+    const int64_t chunks = s.pp * s.vp;
+    x.M = model_.n_layer / chunks;
+    // ZeRO's buffers fill up to their sizes (gradient buckets, stage 3's live and prefetched
+    // parameters): the replay is on a line only past the depth where they are full.
+    int64_t lo_depth = kScreenLow;
+    const bool buckets = s.stage >= 2 || (s.stage == 1 && options_.profile != Profile::zeroplan);
+    if (buckets) {
+      const FitEvaluator::Impl::Shape& probe = at_depth(chunks * kScreenLow).impl_->shape(s, st);
+      uint64_t block = 0;
+      for (std::size_t i = 1; i + 1 < probe.group_elems.size() && block == 0; ++i) block = probe.group_elems[i];
+      if (block == 0) return x;
+      uint64_t cap = std::max(s.buffers.reduce_bucket_size, s.buffers.allgather_bucket_size);
+      if (s.stage == 3)
+        cap = std::max({cap, s.buffers.prefetch_bucket_size, s.buffers.max_live_parameters});
+      lo_depth = std::max<int64_t>(kScreenLow, static_cast<int64_t>(std::min<uint64_t>(cap / block, 1 << 20)) + 2);
+    }
+    const int64_t hi_depth = lo_depth + (kScreenHigh - kScreenLow);
+    if (x.M <= hi_depth) return x;  // shallow enough to take whole
+    x.lo_e = &at_depth(chunks * lo_depth);
+    x.hi_e = &at_depth(chunks * hi_depth);
+    x.lo = &x.lo_e->impl_->shape(s, st);
+    x.hi = &x.hi_e->impl_->shape(s, st);
+    std::optional<StepCosts> c = costs_at(x.lo->costs, x.hi->costs, s, st, model_.n_layer);
+    if (!c) return x;  // blocks not alike: whole
+    x.costs = std::move(*c);
+    x.whole = false;
+    x.lo_depth = lo_depth;
+    x.hi_depth = hi_depth;
+    return x;
+  }
+  // The stage's memory at M: states and host buffers of its partition exactly, the replay on
+  // the line (with the deeper depth's overhead, or none).
+  PerDevice memory_on_line(const Strategy& s, Stage& x, bool with_overhead = true) {
+    FitEvaluator::Impl::Shape& lo = *x.lo;
+    FitEvaluator::Impl::Shape& hi = *x.hi;
+    if (!lo.built) FitEvaluator::Impl::build(lo, x.lo_e->impl_->model);
+    if (!hi.built) FitEvaluator::Impl::build(hi, x.hi_e->impl_->model);
+    const PerDevice dyn = line(
+        x.lo_e->impl_->dynamic(lo, s, partition_of(lo.group_elems, lo.group_expert_elems, lo.costs.n_params, s)),
+        x.hi_e->impl_->dynamic(hi, s, partition_of(hi.group_elems, hi.group_expert_elems, hi.costs.n_params, s)),
+        x.lo_depth, x.hi_depth, x.M, with_overhead);
+    if (options_.profile != Profile::zeroplan) return dyn;  // replayed whole
+    const uint64_t part = partition_of(x.costs.group_params, x.costs.group_expert_params, x.costs.n_params, s);
+    const uint32_t p_bytes = hi.graph.options.param_bytes;
+    const std::optional<uint64_t> a = per_tensor_optimizer_bytes(lo.graph, s, options_);
+    const std::optional<uint64_t> b = per_tensor_optimizer_bytes(hi.graph, s, options_);
+    std::optional<uint64_t> per_tensor;
+    if (a && b) per_tensor = line_bytes(*a, *b, x.lo_depth, x.hi_depth, x.M);
+    const PerDevice states = states_memory(states_[x.costs.n_params], x.costs.n_params, part, s,
+                                           p_bytes, per_tensor, options_);
+    return add(add(states, host_memory(host_, s, part, p_bytes, options_)), dyn);
+  }
+  FitEvaluator& at_depth(int64_t n_layer) {
+    auto it = depths_.find(n_layer);
+    if (it == depths_.end()) {
+      models::ModelSpec m = model_;
+      m.n_layer = n_layer;
+      it = depths_.emplace(n_layer, std::make_unique<FitEvaluator>(m, options_)).first;
+    }
+    return *it->second;
+  }
+  models::ModelSpec model_;
+  PlanOptions options_;
+  Hardware hw_, loose_;
+  Cluster cl_;
+  std::map<int64_t, std::unique_ptr<FitEvaluator>> depths_;
+  std::map<std::tuple<ShapeKey, int, uint64_t, uint64_t, uint64_t, uint64_t>, Stage> stages_;
+  std::map<uint64_t, std::map<StatesKey, PerDevice>> states_;  // per n_params
+  std::map<HostKey, PerDevice> host_;
+  std::map<ShapeKey, std::shared_ptr<const std::vector<StepCosts>>> costs_;
+  std::map<const StepCosts*, std::pair<double, double>> passes_;
+  uint64_t n_shapes_ = 0;  // of the families released
+};
+
+namespace {
+
+// Search order's rank of throughput: 0.1% buckets of log(tokens/s), as search() sorts.
+int64_t throughput_bucket(double tps) { return std::llround(std::log(std::max(tps, 1e-30)) * 1000.0); }
+
+// The screened search of one round (the Screening notes above): fits (exact) and the counts.
+struct ScreenedRound {
+  std::vector<std::pair<std::size_t, Candidate>> fits;  // (index in the round, exact), round order
+  uint64_t n_fit = 0, n_exact = 0, n_shapes = 0, n_simulated = 0;
+  std::optional<Candidate> closest;
+  double closest_ratio = 1e300;
+};
+ScreenedRound screened_round(const FitRequest& r, FitEvaluator& ev, const std::vector<Strategy>& round,
+                             const Cluster& cl) {
+  PlanOptions options = r.options;
+  options.gpu_capacity = r.hw.gpu_memory_bytes;
+  // Families: configurations with the same graphs (stage 0's shape key at full depth), each
+  // screened by one thread with its own Screen, so the result does not depend on the threads.
+  std::map<ShapeKey, std::size_t> family_of;
+  std::vector<std::vector<std::size_t>> families;
+  for (std::size_t i = 0; i < round.size(); ++i) {
+    const ShapeKey k = shape_key(graph_options(r.model, round[i], options));
+    auto [it, fresh] = family_of.try_emplace(k, families.size());
+    if (fresh) families.emplace_back();
+    families[it->second].push_back(i);
+  }
+  std::vector<Screened> screened(round.size());
+  std::vector<std::exception_ptr> errors(families.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<uint64_t> shapes{0};
+  auto work = [&] {
+    Screen screen(r.model, options, r.hw, cl);
+    for (std::size_t f = next++; f < families.size(); f = next++) {
+      try {
+        for (std::size_t i : families[f]) screened[i] = screen.at(round[i]);
+      } catch (...) {
+        errors[f] = std::current_exception();
+      }
+      screen.release();
+    }
+    shapes += screen.n_shapes();
+  };
+  const unsigned threads = r.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : r.threads;
+  const std::size_t n_threads = std::min<std::size_t>(threads, families.size());
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  ScreenedRound out;
+  out.n_shapes = shapes;
+  // Candidates, fastest first (then search order).
+  std::vector<std::size_t> cands;
+  std::vector<char> fits_by_line(round.size(), 0);
+  std::size_t closest = round.size();
+  for (std::size_t i = 0; i < round.size(); ++i) {
+    const Strategy& s = round[i];
+    fits_by_line[i] = shortfalls(screened[i].per_device, s, r.hw).empty();
+    if (screened[i].candidate) {
+      cands.push_back(i);
+      continue;
+    }
+    const double ratio = overshoot(screened[i].per_device, s, r.hw);
+    if (ratio < out.closest_ratio) {
+      out.closest_ratio = ratio;
+      closest = i;
+    }
+  }
+  // Candidates by the most their throughput can be (tokens of a step over the job, as simulate
+  // counts them, over the least the step can take), then search order.
+  auto bound = [&](std::size_t i) {
+    const Strategy& s = round[i];
+    const double tokens = static_cast<double>(s.micro_batch) * static_cast<double>(s.seq) *
+                          static_cast<double>(s.grad_accum) * static_cast<double>(s.dp);
+    return throughput_bucket(screened[i].min_step > 0 ? tokens / screened[i].min_step : 1e300);
+  };
+  std::stable_sort(cands.begin(), cands.end(),
+                   [&](std::size_t a, std::size_t b) { return bound(a) > bound(b); });
+  // Simulated (a batch at a time, on the threads), then evaluated exactly (a batch at a time:
+  // evaluate's threads work the batch's shapes) once no configuration still to simulate can
+  // be faster, until nothing left can reach the top.
+  std::vector<char> exact(round.size(), 0);
+  std::vector<char> fits_exactly(round.size(), 0);
+  auto top_bucket = [&]() -> std::optional<int64_t> {
+    if (out.fits.size() < r.top) return std::nullopt;
+    std::vector<int64_t> b;
+    for (const auto& [i, c] : out.fits) b.push_back(throughput_bucket(c.tokens_per_second));
+    std::nth_element(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(r.top - 1), b.end(), std::greater<>());
+    return b[r.top - 1];
+  };
+  std::set<std::pair<int64_t, std::size_t>> pending;  // simulated: (-bucket, index)
+  const std::size_t batch_size = std::max<std::size_t>(8, 4 * threads);
+  std::size_t k = 0;
+  for (;;) {
+    const std::optional<int64_t> bar = top_bucket();
+    const std::optional<int64_t> next = k < cands.size() ? std::optional<int64_t>(bound(cands[k])) : std::nullopt;
+    if (bar) {  // what cannot reach the top is done with
+      while (!pending.empty() && -std::prev(pending.end())->first < *bar) pending.erase(std::prev(pending.end()));
+      if (next && *next < *bar) k = cands.size();
+    }
+    const std::optional<int64_t> unsimulated = k < cands.size() ? next : std::nullopt;
+    std::vector<std::size_t> which;
+    while (!pending.empty() && (!unsimulated || -pending.begin()->first >= *unsimulated) &&
+           which.size() < 8) {
+      which.push_back(pending.begin()->second);
+      pending.erase(pending.begin());
+    }
+    if (!which.empty()) {
+      std::vector<Strategy> batch;
+      for (std::size_t i : which) batch.push_back(round[i]);
+      std::vector<Candidate> got = ev.evaluate(batch, r.hw, cl, r.threads, true);
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        exact[which[j]] = 1;
+        ++out.n_exact;
+        if (!got[j].shortfalls.empty()) {
+          const double ratio = overshoot(got[j].per_device, got[j].strategy, r.hw);
+          if (ratio < out.closest_ratio) {
+            out.closest_ratio = ratio;
+            out.closest = got[j];
+            closest = round.size();
+          }
+          continue;
+        }
+        fits_exactly[which[j]] = 1;
+        out.fits.emplace_back(which[j], std::move(got[j]));
+      }
+      continue;
+    }
+    if (!unsimulated) break;
+    // Simulate the next batch.
+    const std::size_t end = std::min(cands.size(), k + batch_size);
+    std::vector<double> tps(end - k);
+    std::atomic<std::size_t> at{k};
+    auto simulate_some = [&] {
+      for (std::size_t u = at++; u < end; u = at++) {
+        const std::size_t i = cands[u];
+        tps[u - k] = step_of(*screened[i].costs, round[i], r.hw, cl, options.profile).tokens_per_second;
+      }
+    };
+    std::vector<std::thread> sims;
+    for (std::size_t t = 1; t < std::min<std::size_t>(threads, end - k); ++t) sims.emplace_back(simulate_some);
+    simulate_some();
+    for (std::thread& t : sims) t.join();
+    for (std::size_t u = k; u < end; ++u) {
+      ++out.n_simulated;
+      pending.insert({-throughput_bucket(tps[u - k]), cands[u]});
+    }
+    k = end;
+  }
+  ev.release_graphs();  // kept while the batches were worked: the same shapes come back
+  for (std::size_t i = 0; i < round.size(); ++i)
+    out.n_fit += exact[i] ? fits_exactly[i] : fits_by_line[i];
+  // Nothing fits: the closest miss by the line, then exactly (unless one evaluated exactly was
+  // closer).
+  if (out.fits.empty() && closest < round.size()) {
+    std::vector<Candidate> got = ev.evaluate({round[closest]}, r.hw, cl, r.threads, false);
+    ++out.n_exact;
+    if (got.front().shortfalls.empty()) {
+      out.fits.emplace_back(closest, std::move(got.front()));
+      out.n_fit += fits_by_line[closest] ? 0 : 1;
+    } else {
+      out.closest = std::move(got.front());
+    }
+  }
+  std::sort(out.fits.begin(), out.fits.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
-  // The search's per-shape caches hold one graph per shape; a pipeline's stages are several.
-  if (r.base.pp > 1 || r.base.cp > 1 || (r.base.sp && r.base.mp > 1))
-    throw Error(fmt::format("fit: {} is not searched yet",
-                            r.base.pp > 1 ? "--pp" : r.base.cp > 1 ? "--cp" : "--sp"),
-                "estimate a pipeline with `zero-plan estimate --pp N` (every stage, the most "
-                "loaded named); fit searches ZeRO, data, tensor and expert parallelism");
   const Cluster2 cl2 = resolve_cluster(r);
   const Cluster cl{cl2.gpus, cl2.nodes};
   FitResult out;
   out.gpus = cl2.gpus;
   out.nodes = cl2.nodes;
+  out.screened = r.parallel && !r.exhaustive && uniform_blocks(r.model) &&
+                 r.model.n_layer > 2 * kScreenHigh;
   std::vector<Candidate> fits;
+  uint64_t n_fit = 0;
   double closest_ratio = 1e300;
   for (const std::vector<Strategy>& round : configurations(r, cl2)) {
+    out.n_searched += round.size();
+    if (out.screened) {
+      ScreenedRound sr = screened_round(r, ev, round, cl);
+      out.n_exact += sr.n_exact;
+      out.n_simulated += sr.n_simulated;
+      out.n_shapes += sr.n_shapes;
+      n_fit += sr.n_fit;
+      for (auto& [i, c] : sr.fits) fits.push_back(std::move(c));
+      if (sr.closest && sr.closest_ratio < closest_ratio) {
+        closest_ratio = sr.closest_ratio;
+        out.closest = std::move(sr.closest);
+      }
+      if (!fits.empty() && r.mps.empty()) break;
+      continue;
+    }
     // Every configuration of the round at once, on the evaluator's threads, then read in
     // search order as if evaluated one by one.
     std::vector<Candidate> evaluated = ev.evaluate(round, r.hw, cl, r.threads, keep_graphs);
+    out.n_exact += round.size();
     for (std::size_t i = 0; i < round.size(); ++i) {
-      ++out.n_searched;
       Candidate c = std::move(evaluated[i]);
       if (!c.shortfalls.empty()) {
         const double ratio = overshoot(c.per_device, c.strategy, r.hw);
@@ -607,14 +1341,15 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
         }
         continue;
       }
+      ++n_fit;
       fits.push_back(std::move(c));
     }
     if (!fits.empty() && r.mps.empty()) break;
   }
-  out.n_fit = fits.size();
-  out.n_shapes = ev.n_shapes();
+  out.n_fit = n_fit;
+  out.n_shapes += ev.n_shapes();
   // Best first: throughput (to 0.1%), then the smaller GPU peak, then search order.
-  auto bucket = [](double tps) { return std::llround(std::log(std::max(tps, 1e-30)) * 1000.0); };
+  auto bucket = throughput_bucket;
   std::stable_sort(fits.begin(), fits.end(), [&](const Candidate& a, const Candidate& b) {
     const auto ka = bucket(a.tokens_per_second), kb = bucket(b.tokens_per_second);
     if (ka != kb) return ka > kb;
@@ -628,6 +1363,15 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
 }
 
 }  // namespace
+
+ScreenEstimate screen_estimate(const models::ModelSpec& model, const Strategy& s,
+                               const Hardware& hw, const Cluster& cl, const PlanOptions& options) {
+  PlanOptions o = options;
+  if (o.gpu_capacity == 0) o.gpu_capacity = hw.gpu_memory_bytes;
+  Screen screen(model, o, hw, cl);
+  const Screened x = screen.at(s, true);
+  return {x.per_device, x.least, x.min_step, step_of(*x.costs, s, hw, cl, o.profile)};
+}
 
 FitResult fit(const FitRequest& r) {
   if (r.options.backend != Backend::cuda)
@@ -753,6 +1497,10 @@ int64_t extrapolated_depth(const Strategy& s, const Hardware& hw, int64_t la, co
 }  // namespace
 
 std::optional<MaxModel> max_model(const FitRequest& r, const MaxModelProgress& progress) {
+  if (r.parallel)
+    throw Error("max_model: the largest model is searched over ZeRO, data, tensor and expert "
+                "parallelism, not a parallel search",
+                "leave out --parallel (pin --pp or --cp to plan them)");
   const Cluster2 cl2 = resolve_cluster(r);
   const Cluster cl{cl2.gpus, cl2.nodes};
   std::vector<Strategy> all;  // every configuration of every model-parallel round
@@ -1060,6 +1808,9 @@ nlohmann::json to_json(const FitResult& f, const FitRequest& r) {
             {"profile", to_string(r.options.profile)},
             {"n_searched", f.n_searched},
             {"n_fit", f.n_fit},
+            {"n_exact", f.n_exact},
+            {"n_simulated", f.n_simulated},
+            {"screened", f.screened},
             {"candidates", cs}};
   if (f.closest) j["closest"] = cand(*f.closest);
   return j;

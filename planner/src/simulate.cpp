@@ -464,11 +464,17 @@ struct PipelineRank {
   double embedding_sync = 0;
 };
 
+// Task storage handed back by recycle(), reused by the next simulation on this thread.
+thread_local std::vector<Task> spare_tasks;
+
 // simulate() and, with `pipe`, one pipeline stage's rank.
 Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
                        Profile profile, const PipelineRank* pipe, const GroupPasses& gp) {
   check_costs(c, s);
   Timeline tl;
+  tl.tasks = std::move(spare_tasks);
+  tl.tasks.clear();
+  spare_tasks = {};
   tl.n_layer = c.n_layer;
   const int64_t dp = s.dp, mp = s.mp;
   const int64_t per_node = std::max<int64_t>(1, std::min<int64_t>(world_size(s), hw.gpus_per_node));
@@ -788,6 +794,10 @@ Timeline simulate_rank(const StepCosts& c, const Strategy& s, const Hardware& hw
 
 }  // namespace
 
+void recycle(Timeline&& t) {
+  if (t.tasks.capacity() > spare_tasks.capacity()) spare_tasks = std::move(t.tasks);
+}
+
 Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
                   Profile profile) {
   if (s.pp > 1 || c.pp > 1)
@@ -875,7 +885,8 @@ Timeline simulate_pipeline(const std::vector<StepCosts>& stages, const Strategy&
     Timeline t = simulate_rank(c, s, hw, cl, profile, &rank, gps[i]);
     seconds[i] = t.step_seconds;
     timed = i;
-    if (i == 0 || t.step_seconds > out.step_seconds) out = std::move(t);
+    if (i == 0 || t.step_seconds > out.step_seconds) std::swap(out, t);
+    recycle(std::move(t));
   }
   out.stage_seconds = std::move(seconds);
   out.stage_forward = f;

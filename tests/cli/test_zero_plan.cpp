@@ -636,6 +636,16 @@ TEST_CASE("parallelism: --pp lists every stage and names the most loaded; --sp, 
   check_bad_input(zero_plan({"estimate", "--model", "llama-3.1-8b", "--pp", "2", "--profile", "fsdp",
                              "--stage", "1"}),
                   "--pp is not modelled");
-  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8", "--pp", "2"}),
-                  "fit: --pp is not searched yet");
+  // fit pins what is given: every candidate a 2-stage pipeline (ZeRO stages 0-1).
+  const Result f = zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8",
+                              "--pp", "2", "--grad-accum", "4", "--format", "json"});
+  CAPTURE(f.err);
+  REQUIRE(f.rc == 0);
+  const nlohmann::json fj = nlohmann::json::parse(f.out);
+  REQUIRE_FALSE(fj["candidates"].empty());
+  for (const auto& c : fj["candidates"]) {
+    CHECK(c["strategy"]["pp"] == 2);
+    CHECK(c["strategy"]["stage"].get<int>() <= 1);
+    CHECK(c["strategy"]["dp"].get<int>() * c["strategy"]["tp"].get<int>() * 2 == 8);
+  }
 }

@@ -159,6 +159,63 @@ TEST_CASE("fit: bad input and models that fit nowhere") {
   CHECK(r.out.find(", has ") != std::string::npos);
 }
 
+TEST_CASE("fit --parallel: tensor, sequence, pipeline and context parallelism searched, screened") {
+  // Llama-3.1-8B on 64 H100s at 8192 tokens, a global batch of 256 sequences: every dimension
+  // in one round; the candidates are exact (each as `estimate` plans it).
+  zp::test::TempDir dir;
+  const std::string args_file = dir.file("args.txt");
+  Result r = zero_plan({"fit", "--model", "llama-3.1-8b", "--hardware", "h100-80g", "--gpus", "64",
+                        "--seq", "8192", "--flash-attention", "--parallel", "--global-batch", "256",
+                        "--stage", "1", "--top", "3", "--format", "json"});
+  CAPTURE(r.err);
+  REQUIRE(r.rc == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["screened"] == true);
+  CHECK(j["n_exact"].get<uint64_t>() < j["n_searched"].get<uint64_t>());
+  CHECK(j["n_searched"].get<uint64_t>() > 1000);
+  REQUIRE(j["candidates"].size() == 3);
+  for (const auto& c : j["candidates"]) {
+    const auto& s = c["strategy"];
+    CHECK(s["dp"].get<int64_t>() * s["tp"].get<int64_t>() * s["pp"].get<int64_t>() * s["cp"].get<int64_t>() == 64);
+    CHECK(s["micro_batch"].get<int64_t>() * s["grad_accum"].get<int64_t>() * s["dp"].get<int64_t>() == 256);
+  }
+  // The winner, pinned dimension by dimension, is planned by `estimate` to the byte.
+  const auto& w = j["candidates"][0]["strategy"];
+  std::vector<std::string> est = {"estimate", "--model", "llama-3.1-8b", "--hardware", "h100-80g",
+                                  "--seq", "8192", "--flash-attention", "--format", "json",
+                                  "--stage", "1",
+                                  "--dp", std::to_string(w["dp"].get<int64_t>()),
+                                  "--tp", std::to_string(w["tp"].get<int64_t>()),
+                                  "--pp", std::to_string(w["pp"].get<int64_t>()),
+                                  "--vp", std::to_string(w["vp"].get<int64_t>()),
+                                  "--cp", std::to_string(w["cp"].get<int64_t>()),
+                                  "--micro-batch", std::to_string(w["micro_batch"].get<int64_t>()),
+                                  "--grad-accum", std::to_string(w["grad_accum"].get<int64_t>()),
+                                  "--checkpointing", w["checkpointing"].get<std::string>(),
+                                  "--offload-optimizer", w["offload_optimizer"].get<std::string>()};
+  if (w["sp"].get<bool>()) est.push_back("--sp");
+  if (w["dpu"].get<bool>()) est.push_back("--dpu");
+  const Result e = zero_plan(est);
+  CAPTURE(e.err);
+  REQUIRE(e.rc == 0);
+  CHECK(nlohmann::json::parse(e.out)["per_device"] == j["candidates"][0]["per_device"]);
+  // The text names the screening.
+  const Result t = zero_plan({"fit", "--model", "llama-3.1-8b", "--hardware", "h100-80g", "--gpus", "64",
+                              "--seq", "8192", "--flash-attention", "--parallel", "--global-batch", "256",
+                              "--stage", "1", "--top", "1"});
+  CHECK(t.rc == 0);
+  CHECK(t.out.find("screened: ") != std::string::npos);
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8",
+                             "--parallel", "--max-model"}),
+                  "--max-model with --parallel");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8",
+                             "--global-batch", "64", "--grad-accum", "2"}),
+                  "give one of them");
+  check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8",
+                             "--global-batch", "0"}),
+                  "--global-batch");
+}
+
 TEST_CASE("fit --emit-megatron: the winner as Megatron-LM arguments plans as the same run") {
   // The arguments written for the winner, read back by `estimate --megatron-args` on the same
   // GPUs, give the winner's own per-device bytes: the line says the whole strategy.

@@ -104,6 +104,58 @@ void BM_EstimatePerConfig(benchmark::State& state) {
 }
 BENCHMARK(BM_EstimatePerConfig)->Unit(benchmark::kMillisecond);
 
+// The parallel search (FitRequest::parallel, screened): llama-3.1-405b on 1024 H100s (128
+// nodes) at 8192 tokens with flash attention, tensor (1-8, with and without sequence
+// parallelism) x pipeline (1, 2: the divisors of 126 layers that divide 1024 GPUs; vp 1, 3) x
+// context parallelism (1-16) x ZeRO stage x offloads x DPU x overlap_comm x 6 micro-batches x
+// 3 checkpointings x 4 gradient-accumulation counts: over 10^5 configurations. The bar: under
+// 5 s on two cores. The baseline is the same search without screening (every configuration
+// exactly), over a slice of it (one micro-batch and one gradient-accumulation count), per
+// configuration.
+FitRequest parallel_request() {
+  FitRequest r;
+  r.model = zp::models::load_model("llama-3.1-405b");
+  r.hw = load_hardware("h100-80g");
+  r.gpus = 1024;
+  r.base.seq = 8192;
+  r.base.flash_attention = true;
+  r.parallel = true;
+  r.vps = {1, 3};
+  r.cps = {1, 2, 4, 8, 16};
+  r.grad_accums = {1, 2, 4, 8};
+  return r;
+}
+
+void BM_FitParallel(benchmark::State& state) {
+  FitRequest r = parallel_request();
+  r.threads = static_cast<unsigned>(state.range(0));
+  const FitResult check = fit(r);
+  if (check.n_searched < 100'000 || check.candidates.empty() || !check.screened) {
+    state.SkipWithError("the parallel search searched too little, found nothing or was not screened");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(fit(r).n_fit);
+  state.counters["configs"] = static_cast<double>(check.n_searched);
+  state.counters["exact"] = static_cast<double>(check.n_exact);
+  state.counters["simulated"] = static_cast<double>(check.n_simulated);
+  state.counters["configs_per_s"] = benchmark::Counter(
+      static_cast<double>(check.n_searched), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FitParallel)->ArgNames({"threads"})->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+
+void BM_FitParallelExhaustive(benchmark::State& state) {
+  FitRequest r = parallel_request();
+  r.micro_batches = {1};
+  r.grad_accums = {8};
+  r.exhaustive = true;
+  uint64_t n = 0;
+  for (auto _ : state) n = fit(r).n_searched;
+  state.counters["configs"] = static_cast<double>(n);
+  state.counters["configs_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FitParallelExhaustive)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
 // One simulated step of llama-3.1-405b (126 blocks) per strategy: what the search pays per
 // configuration that fits, beside the graph work shared by a shape. Stage 1 and 3 at
 // tp 8 on 1024 H100s, grad_accum 8.

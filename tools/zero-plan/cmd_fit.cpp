@@ -40,6 +40,21 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
              "that fits");
   f.add_flag("--progress", c.progress,
              "with --max-model: one line per probed depth on stderr [on when stderr is a terminal]");
+  f.add_flag("--parallel", c.parallel,
+             "search tensor, sequence, pipeline and context parallelism with ZeRO: tp (powers of "
+             "two up to a node's GPUs) x sp off/on x pp (divisors of the layer count) x vp 1, 2 x "
+             "cp 1, 2, 4, 8 x ep x dp x stage x offload x micro-batch x checkpointing in one round; "
+             "--tp, --sp, --pp, --vp, --cp pin one [off: data parallelism first, tensor "
+             "parallelism only when nothing fits]");
+  f.add_option("--global-batch", c.global_batch,
+               "sequences per optimizer step over the job (Megatron's --global-batch-size): each "
+               "configuration accumulates global / (micro-batch x dp) micro-batches, a pipeline's "
+               "micro-batches in flight; those it does not divide are left out [--grad-accum for "
+               "every configuration]");
+  f.add_flag("--exhaustive", c.exhaustive,
+             "with --parallel: evaluate every configuration exactly instead of screening them "
+             "(memory on a line through two small depths, a bound on the step; the reported "
+             "candidates are exact either way) [screened for models whose blocks are alike]");
   f.add_option("--emit-deepspeed", c.emit_deepspeed, "write the winner as a DeepSpeed config");
   f.add_option("--emit-megatron", c.emit_megatron,
                "write the winner as Megatron-LM arguments (one line for pretrain_gpt.py; ZeRO "
@@ -82,6 +97,11 @@ std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
                              : std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP");
   if (fsdp && s.fsdp_version == 1) out += " FSDP1";
   if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
+  if (s.sp && s.mp > 1) out += " sp";
+  if (s.pp > 1) out += fmt::format(" pp {}", s.pp);
+  if (s.vp > 1) out += fmt::format(" vp {}", s.vp);
+  if (s.cp > 1)
+    out += fmt::format(" cp {}{}", s.cp, s.cp_kind == planner::CpKind::ulysses ? " ulysses" : "");
   out += fmt::format(" dp {}", s.dp);
   if (s.ep > 1) out += fmt::format(" ep {}", s.ep);
   out += fmt::format(" B={}", s.micro_batch);
@@ -92,7 +112,8 @@ std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
   if (s.offload_param != planner::Offload::none)
     out += fmt::format(" params->{}", planner::to_string(s.offload_param));
   if (s.dpu) out += " dpu";
-  if (!fsdp && s.stage >= 2 && s.dp > 1 && planner::overlaps_comm(s)) out += " overlap";
+  if (!fsdp && s.stage >= 2 && planner::zero_dp(s) > 1 && planner::overlaps_comm(s)) out += " overlap";
+  if (s.pp > 1 || s.grad_accum > 1) out += fmt::format(" ga {}", s.grad_accum);
   return out;
 }
 
@@ -101,10 +122,13 @@ std::string render_text(const planner::FitResult& f, const planner::FitRequest& 
   std::string out;
   if (fmt_ == reports::Format::text)
     out += fmt::format("{} on {} x {} ({} node{}), profile {}: searched {} configurations "
-                       "({} graphs) in {:.2f} s, {} fit\n\n",
+                       "({} graphs) in {:.2f} s, {} fit{}\n\n",
                        r.model.name, f.gpus, r.hw.name, f.nodes, f.nodes > 1 ? "s" : "",
                        planner::to_string(r.options.profile), f.n_searched, f.n_shapes, seconds,
-                       f.n_fit);
+                       f.n_fit,
+                       f.screened ? fmt::format(" (screened: {} evaluated exactly, the rest "
+                                                "extrapolated from two small depths)", f.n_exact)
+                                  : "");
   reports::Table t({"#", "strategy", "gpu peak", "cpu/node", "step s", "tokens/s", "TFLOP/s",
                     "why"},
                    {reports::Align::right, reports::Align::left, reports::Align::right,
@@ -187,12 +211,33 @@ int FitCommand::run() {
     r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
   if (flags.given("--tp") || mg.has("--tensor-model-parallel-size")) r.mps = {s.mp};
+  if (flags.given("--sp") || mg.has("--sequence-parallel")) r.sps = {s.sp};
+  if (flags.given("--pp") || mg.has("--pipeline-model-parallel-size")) r.pps = {s.pp};
+  if (flags.given("--vp") || mg.has("--num-layers-per-virtual-pipeline-stage") ||
+      mg.has("--num-virtual-stages-per-pipeline-rank"))
+    r.vps = {s.vp};
+  if (flags.given("--cp") || mg.has("--context-parallel-size")) r.cps = {s.cp};
+  r.parallel = parallel;
+  r.exhaustive = exhaustive;
+  if (!global_batch.empty()) {
+    r.global_batch = count_flag(global_batch, "--global-batch");
+    if (r.global_batch < 1) throw Error("--global-batch: must be >= 1, got 0", "e.g. --global-batch 1024");
+    if (flags.given("--grad-accum"))
+      throw Error("--global-batch and --grad-accum: give one of them",
+                  "with --global-batch each configuration's grad_accum is global / (micro-batch x dp)");
+  } else if (mg.has("--global-batch-size")) {
+    r.global_batch = s.micro_batch * s.dp * s.grad_accum;
+  }
+  if (max_model && parallel)
+    throw Error("--max-model with --parallel: the largest model is searched over ZeRO, data, "
+                "tensor and expert parallelism",
+                "leave out --parallel (or pin --pp/--cp to plan them)");
   if (flags.given("--ep") || mg.has("--expert-model-parallel-size")) r.eps = {s.ep};
   if (flags.given("--dp")) {
-    if (s.dp * s.mp != r.gpus)
-      throw Error(fmt::format("--dp {} x --mp {} = {} GPUs, but --gpus is {}", s.dp, s.mp,
-                              s.dp * s.mp, r.gpus),
-                  "fit derives dp from --gpus / --mp; leave out --dp");
+    if (planner::world_size(s) != r.gpus)
+      throw Error(fmt::format("--dp {} x --tp {} x --pp {} x --cp {} = {} GPUs, but --gpus is {}",
+                              s.dp, s.mp, s.pp, s.cp, planner::world_size(s), r.gpus),
+                  "fit derives dp from --gpus / (tp x pp x cp); leave out --dp");
   }
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -13,8 +13,10 @@ namespace zp::cli {
 struct FitCommand {
   CLI::App* app = nullptr;
   std::string model, hardware, gpus = "1", nodes, top = "5", format, output, emit_deepspeed,
-      emit_megatron, trace;
+      emit_megatron, trace, global_batch;
   bool max_model = false;
+  bool parallel = false;    // --parallel: tp x sp x pp x vp x cp searched in one round
+  bool exhaustive = false;  // --exhaustive: no screening
   bool progress = false;  // --progress: max-model's probes on stderr even when not a terminal
   StrategyFlags flags;
   TargetFlags target;

@@ -62,6 +62,28 @@ struct FitRequest {
   // data-parallel degree that divides the expert count (1 for a dense model); given values
   // are used where they divide the data-parallel degree.
   std::vector<int64_t> eps;
+  // Tensor, sequence, pipeline and context parallelism. A dimension given here holds those
+  // values; an empty one holds the base's (base.sp, base.pp, base.vp, base.cp) unless
+  // `parallel` searches it, together with the tensor-parallel degrees (mps, or every degree
+  // the model-parallel rounds would try) in one round: sp off and on with tp > 1 (where the
+  // model's blocks take it), pp every divisor of the layer count that divides the GPUs left,
+  // vp 1 and 2 (the interleaved schedule), cp 1, 2, 4 and 8 where the sequence divides into
+  // 2 cp halves (base.cp_kind; the ring needs flash attention). Pipelines hold ZeRO stages 0-1
+  // (validate()).
+  bool parallel = false;
+  std::vector<bool> sps;
+  std::vector<int64_t> pps, vps, cps;
+  // Sequences per optimizer step over the whole job (Megatron's --global-batch-size): each
+  // configuration's grad_accum is global_batch / (micro_batch x dp), and those it does not
+  // divide are left out. 0: grad_accums (or base.grad_accum) for every configuration.
+  int64_t global_batch = 0;
+  // Every configuration evaluated exactly (all of its graphs, replays and a simulated step).
+  // Otherwise a `parallel` search of a model whose blocks are all alike is screened first
+  // (fit.cpp "Screening": each configuration's memory extrapolated from its stages' graphs at
+  // two small depths, a lower bound on its step from their compute) and only the
+  // configurations that can still reach the top are evaluated exactly; the candidates
+  // reported are always exact.
+  bool exhaustive = false;
   std::size_t top = 5;
   // Threads that build the per-shape graphs and replays and simulate the candidates;
   // 0: std::thread::hardware_concurrency(). The result does not depend on it.
@@ -82,12 +104,19 @@ struct Candidate {
 struct FitResult {
   std::vector<Candidate> candidates;  // those that fit, best first, at most `top`
   uint64_t n_searched = 0;            // configurations evaluated
+  // Configurations that fit: exactly where evaluated exactly (every one without screening),
+  // by the screen's extrapolation for the others.
   uint64_t n_fit = 0;
+  uint64_t n_exact = 0;               // configurations evaluated exactly (n_searched unscreened)
+  uint64_t n_simulated = 0;           // screened: configurations simulated on full-depth costs
+  bool screened = false;              // the search was screened (FitRequest::exhaustive)
   uint64_t n_shapes = 0;              // graphs built (model x micro-batch x checkpointing x mp)
   // When nothing fits: the configuration that misses by the least, and what it lacks.
   std::optional<Candidate> closest;
   int64_t gpus = 1, nodes = 1;
 };
+
+class Screen;  // fit.cpp: the screening of a parallel search (FitRequest::exhaustive)
 
 // Per-device memory of one strategy from cached pieces; equals estimate(...).per_device.
 // Kept as a class so benchmarks and tests can reuse one cache over many strategies.
@@ -98,6 +127,8 @@ class FitEvaluator {
   FitEvaluator(FitEvaluator&&) noexcept;
   // s: seq resolved (resolve_for_model). With pp > 1 the most loaded stage's, as estimate().
   PerDevice memory(const Strategy& s);
+  // Pipeline stage `stage`'s memory (the only one without pipelining).
+  PerDevice stage_memory(const Strategy& s, int64_t stage);
   // Per (micro-batch, checkpointing, tp, sp, ...; a pipeline's stage).
   const StepCosts& costs(const Strategy& s, int64_t stage = 0);
   // Every strategy's memory, what it lacks on `hw` and, when it fits, its simulated step, in
@@ -111,12 +142,29 @@ class FitEvaluator {
   std::vector<Candidate> evaluate(const std::vector<Strategy>& ss, const Hardware& hw,
                                   const Cluster& cl, unsigned threads, bool keep_graphs = true);
   uint64_t n_shapes() const;
+  // Frees every shape's graph; its caches stay (memory() and costs() build it again).
+  void release_graphs();
  private:
+  friend class Screen;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 FitResult fit(const FitRequest& r);
+
+// The screen's view of one configuration (fit.cpp "Screening"; FitRequest::exhaustive): the
+// most loaded stage's memory on the line through its graphs at two small depths, the floor
+// under its peaks it is screened by, and its step simulated on its stages' costs at full
+// depth (copies of a block's). For tests and benchmarks; s: seq resolved (resolve_for_model).
+struct ScreenEstimate {
+  PerDevice per_device;  // the most loaded stage's, its allocator overhead as at the deeper depth
+  PerDevice least;       // per tier, the largest stage's peak without any overhead (a floor)
+  double min_step_seconds = 0;  // the least the step can take: its passes on the GPU's stream
+  Timeline step;         // simulated (past 4 micro-steps without pipelining: on a line)
+};
+ScreenEstimate screen_estimate(const models::ModelSpec& model, const Strategy& s,
+                               const Hardware& hw, const Cluster& cl,
+                               const PlanOptions& options = {});
 
 struct MaxModel {
   models::ModelSpec model;   // the family's shape with the largest n_layer that fits

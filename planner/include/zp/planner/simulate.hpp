@@ -280,6 +280,10 @@ double alltoall_gbps(const Hardware& hw, int64_t ep, int64_t mp, const Cluster& 
 Timeline simulate(const StepCosts& c, const Strategy& s, const Hardware& hw, const Cluster& cl,
                   Profile profile = Profile::zeroplan);
 
+// Hands a timeline's task storage back to be reused by the next simulation on this thread
+// (fit's search simulates thousands of steps and keeps only their times).
+void recycle(Timeline&& t);
+
 // Pipeline parallelism: stages[i] is stage i's costs (its graph's step_costs). Each stage's
 // micro-batch (stage_pass) feeds makespan_closed_form (pipeline.hpp) with the strategy's
 // schedule (pp_schedule, grad_accum micro-batches, vp chunks): the passes of the step with
