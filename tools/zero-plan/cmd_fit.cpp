@@ -57,8 +57,9 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
              "candidates are exact either way) [screened for models whose blocks are alike]");
   f.add_option("--emit-deepspeed", c.emit_deepspeed, "write the winner as a DeepSpeed config");
   f.add_option("--emit-megatron", c.emit_megatron,
-               "write the winner as Megatron-LM arguments (one line for pretrain_gpt.py; ZeRO "
-               "stages 2-3 and offloading have none: use --emit-deepspeed with Megatron-DeepSpeed)");
+               "write the winner as Megatron-LM arguments (one line for pretrain_gpt.py); the search "
+               "keeps to what Megatron-LM runs: stages 0-1 (its distributed optimizer), nothing "
+               "offloaded (for ZeRO 2-3 and offloading use --emit-deepspeed with Megatron-DeepSpeed)");
   f.add_option("--trace", c.trace, "write the winner's simulated step as a Chrome trace (Perfetto)");
   f.add_option("-o,--output", c.output, "write to this file (atomically) instead of stdout");
   add_strategy_flags(f, c.flags);
@@ -68,13 +69,17 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
       "Strategy flags pin one dimension of the search (--stage 3 searches only stage 3); the\n"
       "others are searched: stage x offload x micro-batch x checkpointing x DPU x overlap_comm\n"
       "(stages 2-3 with more than one rank; 'overlap' in the table), and the model-parallel\n"
-      "degree when nothing fits without it.\n"
+      "degree when nothing fits without it. --parallel searches tensor, sequence, pipeline and\n"
+      "context parallelism with them in one round (a deep model's search screened: memory from\n"
+      "two small depths, steps on full-depth costs, the fastest evaluated exactly).\n"
       "Exit codes: 0 something fits, 1 nothing does (the closest miss is printed), 2 bad input.\n"
       "Examples:\n"
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16\n"
       "  zero-plan fit --model llama-2-7b --hardware a100-80g --gpus 8 --emit-deepspeed ds.json\n"
       "  zero-plan fit --model llama-2-7b --hardware a100-80g --gpus 8 --stage 1 --emit-megatron args.txt\n"
-      "  zero-plan fit --model gpt2-xl --hardware v100-32g --max-model --offload-optimizer cpu");
+      "  zero-plan fit --model gpt2-xl --hardware v100-32g --max-model --offload-optimizer cpu\n"
+      "  zero-plan fit --model llama-3.1-70b --hardware h100-80g --gpus 256 --parallel --global-batch 1024 \\\n"
+      "      --seq 8192 --flash-attention --emit-megatron args.txt");
 }
 
 namespace {
@@ -96,7 +101,7 @@ std::string row_strategy(const planner::Strategy& s, planner::Profile profile) {
                                            planner::fsdp_replicas(s), s.fsdp_shard_size)
                              : std::string(s.reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP");
   if (fsdp && s.fsdp_version == 1) out += " FSDP1";
-  if (s.mp > 1) out += fmt::format(" mp {}", s.mp);
+  if (s.mp > 1) out += fmt::format(" tp {}", s.mp);
   if (s.sp && s.mp > 1) out += " sp";
   if (s.pp > 1) out += fmt::format(" pp {}", s.pp);
   if (s.vp > 1) out += fmt::format(" vp {}", s.vp);
@@ -210,6 +215,14 @@ int FitCommand::run() {
   else if (r.options.profile == planner::Profile::fsdp)
     r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
+  // A winner to run with Megatron-LM: the search keeps to what it runs (its distributed
+  // optimizer, stage 1, or plain data parallelism; nothing offloaded), unless pinned otherwise.
+  if (!emit_megatron.empty()) {
+    if (!flags.given("--stage") && !mg.has("--use-distributed-optimizer")) r.stages = {0, 1};
+    if (!flags.given("--offload-optimizer") && flags.ds_config.empty()) r.offload_optimizer = {planner::Offload::none};
+    if (!flags.given("--offload-param") && flags.ds_config.empty()) r.offload_param = {planner::Offload::none};
+    if (!flags.dpu) r.dpu = {false};
+  }
   if (flags.given("--tp") || mg.has("--tensor-model-parallel-size")) r.mps = {s.mp};
   if (flags.given("--sp") || mg.has("--sequence-parallel")) r.sps = {s.sp};
   if (flags.given("--pp") || mg.has("--pipeline-model-parallel-size")) r.pps = {s.pp};

@@ -1,6 +1,7 @@
 // zp/planner/fit.hpp: the search behind `zero-plan fit`: every stage x offload x micro-batch x
 // checkpointing x DPU (x expert-parallel degree for Mixture-of-Experts models; x model-parallel
-// degree when nothing fits without it) on a machine,
+// degree when nothing fits without it; with `parallel`, x tensor x sequence x pipeline x
+// virtual-stage x context parallelism in one round, screened for deep models) on a machine,
 // what fits, ranked by simulated throughput, with the reason each wins or loses; the largest
 // model of a family that fits; the winner as a DeepSpeed config; DeepSpeed's own estimators.
 // Not a memory model of its own: memory is estimate.hpp's, decomposed so that the graph and
