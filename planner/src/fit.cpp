@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -1215,6 +1216,7 @@ ScreenedRound screened_round(const FitRequest& r, FitEvaluator& ev, const std::v
   std::vector<char> exact(round.size(), 0);
   std::vector<char> fits_exactly(round.size(), 0);
   auto top_bucket = [&]() -> std::optional<int64_t> {
+    if (r.top == 0) return std::numeric_limits<int64_t>::max();  // nothing to show
     if (out.fits.size() < r.top) return std::nullopt;
     std::vector<int64_t> b;
     for (const auto& [i, c] : out.fits) b.push_back(throughput_bucket(c.tokens_per_second));
@@ -1222,7 +1224,7 @@ ScreenedRound screened_round(const FitRequest& r, FitEvaluator& ev, const std::v
     return b[r.top - 1];
   };
   std::set<std::pair<int64_t, std::size_t>> pending;  // simulated: (-bucket, index)
-  const std::size_t batch_size = std::max<std::size_t>(8, 4 * threads);
+  constexpr std::size_t batch_size = 16;  // the same batches whatever the threads
   std::size_t k = 0;
   for (;;) {
     const std::optional<int64_t> bar = top_bucket();

@@ -192,6 +192,22 @@ TEST_CASE("fit screening: memory on the line and its floor against exact memory,
   CHECK(n_steps == n);
 }
 
+TEST_CASE("fit --parallel: the screened search gives the same answer on one thread and on two") {
+  FitRequest r = medium_request();
+  r.hw.gpu_memory_bytes = uint64_t{1536} << 20;
+  r.micro_batches = {1};
+  FitRequest one = r, two = r;
+  one.threads = 1;
+  two.threads = 2;
+  const FitResult a = fit(one), b = fit(two);
+  CHECK(a.n_searched == b.n_searched);
+  CHECK(a.n_fit == b.n_fit);
+  CHECK(a.n_exact == b.n_exact);
+  CHECK(a.n_simulated == b.n_simulated);
+  REQUIRE(a.candidates.size() == b.candidates.size());
+  for (std::size_t i = 0; i < a.candidates.size(); ++i) CHECK(same_candidate(a.candidates[i], b.candidates[i]));
+}
+
 TEST_CASE("fit --parallel: what the search cannot plan is refused by name") {
   FitRequest r = medium_request();
   CHECK(error_of([&] { (void)max_model(r); }).find("not a parallel search") != std::string::npos);

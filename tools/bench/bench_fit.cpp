@@ -141,7 +141,7 @@ void BM_FitParallel(benchmark::State& state) {
   state.counters["configs_per_s"] = benchmark::Counter(
       static_cast<double>(check.n_searched), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_FitParallel)->ArgNames({"threads"})->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_FitParallel)->ArgNames({"threads"})->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 void BM_FitParallelExhaustive(benchmark::State& state) {
   FitRequest r = parallel_request();
