@@ -1679,6 +1679,8 @@ nlohmann::json deepspeed_config(const Strategy& s) {
   json j = {{"train_micro_batch_size_per_gpu", s.micro_batch},
             {"gradient_accumulation_steps", s.grad_accum},
             {"train_batch_size", s.micro_batch * s.grad_accum * s.dp}};
+  // DeepSpeed-Ulysses' degree (apply_deepspeed_config reads it back as --cp-kind ulysses).
+  if (s.cp > 1 && s.cp_kind == CpKind::ulysses) j["sequence_parallel_size"] = s.cp;
   if (s.precision == Precision::fp16) j["fp16"] = {{"enabled", true}};
   if (s.precision == Precision::bf16) j["bf16"] = {{"enabled", true}};
   // The optimizer by the name DeepSpeed builds it from (apply_deepspeed_config reads it
@@ -1766,10 +1768,13 @@ std::vector<std::string> deepspeed_notes(const Strategy& s) {
                 "the step is slower than predicted here");
   if (s.offload_optimizer == Offload::nvme || s.offload_param == Offload::nvme)
     n.push_back("nvme_path is a placeholder (/local_nvme): point it at the NVMe mount");
-  if (s.mp > 1)
-    n.push_back(fmt::format("the model-parallel degree ({}) comes from the Megatron launcher "
-                            "(mpu), not from this config",
-                            s.mp));
+  if (s.mp > 1 || s.pp > 1)
+    n.push_back(fmt::format("the tensor- and pipeline-parallel degrees ({}, {}) come from the "
+                            "Megatron launcher (mpu), not from this config",
+                            s.mp, s.pp));
+  if (s.cp > 1 && s.cp_kind == CpKind::ring)
+    n.push_back(fmt::format("ring context parallelism ({}) is Megatron-LM's "
+                            "(--context-parallel-size), not DeepSpeed's", s.cp));
   if (s.flash_attention) n.push_back("flash attention is chosen in the model code");
   if (s.ep > 1)
     n.push_back(fmt::format("the expert-parallel degree ({}) has no DeepSpeed config field: it is "

@@ -884,4 +884,81 @@ void check_megatron_model(const MegatronArgs& a, const models::ModelSpec& m) {
   if (a.has("--add-qkv-bias") && !m.qkv_bias) contradicts("--add-qkv-bias", "", "q, k, v without biases");
 }
 
+std::string megatron_deepspeed_command_line(const Strategy& s, int64_t n_layer,
+                                            const std::string& deepspeed_config) {
+  auto cannot = [](const std::string& what, const std::string& hint) {
+    throw Error(fmt::format("Megatron-DeepSpeed arguments: {} has no Megatron-DeepSpeed flag", what),
+                hint);
+  };
+  if (s.cp > 1 && s.cp_kind == CpKind::ring)
+    cannot("ring context parallelism (--cp-kind ring)",
+           "Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (--cp-kind ulysses); ring "
+           "attention is Megatron-LM's (--emit-megatron alone)");
+  if (s.ep > 1)
+    cannot("expert parallelism", "DeepSpeed-MoE's flags (--num-experts, --moe-expert-parallel-size) "
+                                 "are not written; pass them by hand");
+  if (s.checkpointing == Checkpointing::selective_op)
+    cannot("torchtitan's per-op recomputation (selective-op)",
+           "Megatron-DeepSpeed recomputes full layers or the attention core (selective)");
+  if (s.pp > 1 && s.stage >= 2)
+    cannot(fmt::format("ZeRO stage {} with a pipeline", s.stage),
+           "DeepSpeed's PipelineEngine takes ZeRO stages 0-1; use --pp 1");
+  if (s.pp > 1 && s.pp_schedule == PipelineSchedule::gpipe)
+    cannot("the GPipe schedule", "DeepSpeed's PipelineEngine runs 1F1B");
+  std::vector<std::string> w = {"--deepspeed", fmt::format("--deepspeed_config {}", deepspeed_config),
+                                fmt::format("--zero-stage {}", s.stage)};
+  auto flag = [&](const std::string& f, auto v) { w.push_back(fmt::format("{} {}", f, v)); };
+  flag("--tensor-model-parallel-size", s.mp);
+  if (s.sp && s.mp > 1) w.push_back("--sequence-parallel");
+  if (s.pp > 1) {
+    flag("--pipeline-model-parallel-size", s.pp);
+    if (s.vp > 1) flag("--num-layers-per-virtual-pipeline-stage", n_layer / (s.pp * s.vp));
+  } else {
+    w.push_back("--no-pipeline-parallel");
+  }
+  if (s.cp > 1) flag("--ds-sequence-parallel-size", s.cp);
+  flag("--micro-batch-size", s.micro_batch);
+  flag("--global-batch-size",
+       checked_mul(checked_mul(s.micro_batch, s.dp, "global batch"), s.grad_accum, "global batch"));
+  if (s.seq > 0) flag("--seq-length", s.seq);
+  if (s.precision == Precision::bf16) w.push_back("--bf16");
+  if (s.precision == Precision::fp16) w.push_back("--fp16");
+  switch (s.checkpointing) {
+    case Checkpointing::none: break;
+    case Checkpointing::full:
+      if (s.partition_activations) {
+        // ZeRO-R's P_a (and Pa+cpu, contiguous buffers) are DeepSpeed's checkpointing.
+        w.push_back("--deepspeed-activation-checkpointing --recompute-granularity full "
+                    "--recompute-method uniform --partition-activations");
+        if (s.cpu_checkpointing) w.push_back("--checkpoint-in-cpu");
+        if (s.contiguous_memory_optimization) w.push_back("--contigious-checkpointing");
+      } else {
+        w.push_back("--recompute-granularity full --recompute-method uniform");
+      }
+      break;
+    case Checkpointing::selective: w.push_back("--recompute-granularity selective"); break;
+    case Checkpointing::selective_op: break;  // refused above
+  }
+  if (s.flash_attention) w.push_back("--use-flash-attn-v2");
+  switch (s.optimizer) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: flag("--optimizer", "adam"); break;
+    case OptimizerKind::sgd:
+    case OptimizerKind::sgd_plain: flag("--optimizer", "sgd"); break;
+    default:
+      cannot(fmt::format("--optimizer {}", to_string(s.optimizer)), "Megatron-DeepSpeed runs adam or sgd");
+  }
+  // An offloaded optimizer steps with DeepSpeed's CPU Adam (megatron/optimizer/__init__.py:
+  // --cpu-optimizer builds DeepSpeedCPUAdam, and asserts Adam).
+  if (s.offload_optimizer != Offload::none) {
+    if (s.optimizer != OptimizerKind::adam && s.optimizer != OptimizerKind::adamw)
+      cannot(fmt::format("an offloaded --optimizer {}", to_string(s.optimizer)),
+             "Megatron-DeepSpeed's --cpu-optimizer is Adam");
+    w.push_back("--cpu-optimizer");
+  }
+  std::string out;
+  for (const std::string& x : w) out += (out.empty() ? "" : " ") + x;
+  return out;
+}
+
 }  // namespace zp::planner

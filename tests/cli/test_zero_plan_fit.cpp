@@ -205,6 +205,19 @@ TEST_CASE("fit --parallel: tensor, sequence, pipeline and context parallelism se
                               "--stage", "1", "--top", "1"});
   CHECK(t.rc == 0);
   CHECK(t.out.find("screened: ") != std::string::npos);
+  // Both files: Megatron-DeepSpeed's arguments beside the DeepSpeed config, every ZeRO stage
+  // searched; the two say the same stage.
+  const std::string ds = dir.file("ds.json");
+  const Result both = zero_plan({"fit", "--model", "llama-3.1-8b", "--hardware", "h100-80g", "--gpus", "64",
+                                 "--seq", "8192", "--flash-attention", "--parallel", "--global-batch", "256",
+                                 "--top", "1", "--emit-megatron", args_file, "--emit-deepspeed", ds});
+  CAPTURE(both.err);
+  REQUIRE(both.rc == 0);
+  const nlohmann::json dsj = nlohmann::json::parse(slurp(ds));
+  const std::string line = slurp(args_file);
+  CHECK(line.find("--deepspeed --deepspeed_config " + ds + " --zero-stage " +
+                  std::to_string(dsj["zero_optimization"]["stage"].get<int>())) == 0);
+  CHECK(line.find("--context-parallel-size") == std::string::npos);  // Megatron-LM's only
   check_bad_input(zero_plan({"fit", "--model", "gpt2", "--hardware", "h100-80g", "--gpus", "8",
                              "--parallel", "--max-model"}),
                   "--max-model with --parallel");

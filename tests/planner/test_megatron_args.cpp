@@ -11,6 +11,7 @@
 #include "error_of.hpp"
 #include "zp/json_fields.hpp"
 #include "zp/models/model_spec.hpp"
+#include "zp/planner/fit.hpp"
 #include "zp/planner/megatron_args.hpp"
 
 using namespace zp::planner;
@@ -607,4 +608,63 @@ TEST_CASE("a strategy written as Megatron-LM flags reads back as the same strate
   Strategy sac;
   sac.checkpointing = Checkpointing::selective_op;
   CHECK_THROWS_WITH_AS(megatron_command_line(sac), doctest::Contains("selective-op"), zp::Error);
+}
+
+TEST_CASE("Megatron-DeepSpeed arguments beside the DeepSpeed config: ZeRO 2-3, offloading, Ulysses") {
+  // What `zero-plan fit --emit-megatron args.txt --emit-deepspeed ds.json` writes for a winner
+  // Megatron-LM cannot run. Flags from microsoft/Megatron-DeepSpeed megatron/arguments.py
+  // (--zero-stage, --no-pipeline-parallel, --ds-sequence-parallel-size, --cpu-optimizer,
+  // --use-flash-attn-v2, --deepspeed-activation-checkpointing, --partition-activations,
+  // --checkpoint-in-cpu) and DeepSpeed's add_config_arguments (--deepspeed, --deepspeed_config).
+  Strategy s;
+  s.stage = 3;
+  s.mp = 4;
+  s.sp = true;
+  s.cp = 2;
+  s.cp_kind = CpKind::ulysses;
+  s.dp = 8;
+  s.micro_batch = 2;
+  s.grad_accum = 4;
+  s.seq = 8192;
+  s.precision = Precision::bf16;
+  s.checkpointing = Checkpointing::full;
+  s.flash_attention = true;
+  s.offload_optimizer = Offload::cpu;
+  CHECK(megatron_deepspeed_command_line(s, 32, "ds.json") ==
+        "--deepspeed --deepspeed_config ds.json --zero-stage 3 --tensor-model-parallel-size 4 "
+        "--sequence-parallel --no-pipeline-parallel --ds-sequence-parallel-size 2 "
+        "--micro-batch-size 2 --global-batch-size 64 --seq-length 8192 --bf16 "
+        "--recompute-granularity full --recompute-method uniform --use-flash-attn-v2 "
+        "--optimizer adam --cpu-optimizer");
+  // The DeepSpeed config beside it carries ZeRO's side, Ulysses' degree included.
+  Strategy back = apply_deepspeed_config(Strategy{}, deepspeed_config(s), "ds.json");
+  CHECK(back.stage == 3);
+  CHECK(back.offload_optimizer == Offload::cpu);
+  CHECK(back.cp == 2);
+  CHECK(back.cp_kind == CpKind::ulysses);
+  // A pipeline of 2 stages x 2 virtual stages of 32 layers: 8 layers a virtual stage; ZeRO-R's
+  // partitioned checkpoints on the host through DeepSpeed's checkpointing.
+  Strategy p = s;
+  p.stage = 1;
+  p.cp = 1;
+  p.pp = 2;
+  p.vp = 2;
+  p.pp_schedule = PipelineSchedule::interleaved;
+  p.partition_activations = p.cpu_checkpointing = true;
+  const std::string line = megatron_deepspeed_command_line(p, 32, "ds.json");
+  CHECK(line.find("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 8") != std::string::npos);
+  CHECK(line.find("--deepspeed-activation-checkpointing --recompute-granularity full --recompute-method uniform "
+                  "--partition-activations --checkpoint-in-cpu") != std::string::npos);
+  CHECK(line.find("--no-pipeline-parallel") == std::string::npos);
+  // What it cannot run, by name.
+  Strategy ring = s;
+  ring.cp_kind = CpKind::ring;
+  CHECK_THROWS_WITH_AS(megatron_deepspeed_command_line(ring, 32, "ds.json"), doctest::Contains("ring context parallelism"), zp::Error);
+  Strategy moe = s;
+  moe.cp = 1;
+  moe.ep = 2;
+  CHECK_THROWS_WITH_AS(megatron_deepspeed_command_line(moe, 32, "ds.json"), doctest::Contains("expert parallelism"), zp::Error);
+  Strategy sgd = s;
+  sgd.optimizer = OptimizerKind::sgd;
+  CHECK_THROWS_WITH_AS(megatron_deepspeed_command_line(sgd, 32, "ds.json"), doctest::Contains("an offloaded --optimizer sgd"), zp::Error);
 }

@@ -59,7 +59,9 @@ void add_fit_command(CLI::App& app, FitCommand& c) {
   f.add_option("--emit-megatron", c.emit_megatron,
                "write the winner as Megatron-LM arguments (one line for pretrain_gpt.py); the search "
                "keeps to what Megatron-LM runs: stages 0-1 (its distributed optimizer), nothing "
-               "offloaded (for ZeRO 2-3 and offloading use --emit-deepspeed with Megatron-DeepSpeed)");
+               "offloaded. With --emit-deepspeed too: Megatron-DeepSpeed's arguments beside that "
+               "DeepSpeed config (--deepspeed --deepspeed_config FILE --zero-stage N; every ZeRO "
+               "stage and offload searched, context parallelism as DeepSpeed-Ulysses)");
   f.add_option("--trace", c.trace, "write the winner's simulated step as a Chrome trace (Perfetto)");
   f.add_option("-o,--output", c.output, "write to this file (atomically) instead of stdout");
   add_strategy_flags(f, c.flags);
@@ -215,9 +217,17 @@ int FitCommand::run() {
   else if (r.options.profile == planner::Profile::fsdp)
     r.checkpointing.push_back(planner::Checkpointing::selective_op);
   if (flags.dpu) r.dpu = {true};
+  // A winner to run with Megatron-DeepSpeed (--emit-megatron with --emit-deepspeed): its
+  // context parallelism is DeepSpeed-Ulysses, its MoE flags are not written.
+  const bool megatron_deepspeed = !emit_megatron.empty() && !emit_deepspeed.empty();
+  if (megatron_deepspeed) {
+    if (!flags.given("--cp-kind") && r.options.profile != planner::Profile::fsdp)
+      r.base.cp_kind = planner::CpKind::ulysses;
+    if (!flags.given("--ep") && !mg.has("--expert-model-parallel-size")) r.eps = {1};
+  }
   // A winner to run with Megatron-LM: the search keeps to what it runs (its distributed
   // optimizer, stage 1, or plain data parallelism; nothing offloaded), unless pinned otherwise.
-  if (!emit_megatron.empty()) {
+  if (!emit_megatron.empty() && !megatron_deepspeed) {
     if (!flags.given("--stage") && !mg.has("--use-distributed-optimizer")) r.stages = {0, 1};
     if (!flags.given("--offload-optimizer") && flags.ds_config.empty()) r.offload_optimizer = {planner::Offload::none};
     if (!flags.given("--offload-param") && flags.ds_config.empty()) r.offload_param = {planner::Offload::none};
@@ -310,7 +320,10 @@ int FitCommand::run() {
   if (!f.candidates.empty()) {
     const planner::Strategy& win = f.candidates.front().strategy;
     // Settled before anything is written: a winner Megatron-LM cannot run writes nothing.
-    const std::string megatron = emit_megatron.empty() ? "" : planner::megatron_command_line(win);
+    const std::string megatron =
+        emit_megatron.empty()    ? ""
+        : emit_deepspeed.empty() ? planner::megatron_command_line(win)
+                                 : planner::megatron_deepspeed_command_line(win, r.model.n_layer, emit_deepspeed);
     if (!emit_megatron.empty()) emit(emit_megatron, megatron + "\n");
     if (!emit_deepspeed.empty()) {
       emit(emit_deepspeed, planner::deepspeed_config(win).dump(2) + "\n");

@@ -93,6 +93,19 @@ void check_megatron_model(const MegatronArgs& a, const models::ModelSpec& m);
 // it lacks.
 std::string megatron_command_line(const Strategy& s);
 
+// Megatron-DeepSpeed's (microsoft/Megatron-DeepSpeed, megatron/arguments.py) flags for `s`,
+// beside the DeepSpeed config at `deepspeed_config` (deepspeed_config(s), which holds ZeRO's
+// stage, buckets and offloading): --deepspeed --deepspeed_config FILE --zero-stage N, the
+// parallel sizes (--no-pipeline-parallel without a pipeline: its PipelineEngine takes ZeRO 0-1
+// only; --num-layers-per-virtual-pipeline-stage for virtual stages, from the model's `n_layer`
+// layers), DeepSpeed-Ulysses as --ds-sequence-parallel-size, batch, sequence, precision,
+// recomputation (ZeRO-R's partitioned checkpoints through --deepspeed-activation-checkpointing),
+// FlashAttention-2, the optimizer (DeepSpeed's CPU Adam with an offloaded one). What it cannot
+// run is a zp::Error naming it: ring context parallelism (Megatron-LM's), expert parallelism
+// (DeepSpeed-MoE's flags are not written), per-op recomputation, optimizers it lacks.
+std::string megatron_deepspeed_command_line(const Strategy& s, int64_t n_layer,
+                                            const std::string& deepspeed_config);
+
 // The flags Megatron-LM's parser accepts (the generated table), sorted.
 std::vector<std::string_view> megatron_flag_names();
 
