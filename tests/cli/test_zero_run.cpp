@@ -296,6 +296,19 @@ TEST_CASE("faults end every rank with an error, never a hang") {
   CHECK(oom.err.find("out of gpu memory allocating") != std::string::npos);
   CHECK(oom.err.find("short by") != std::string::npos);
 
+  // A bad input, the same on every rank, is said once (rank 0 speaks for all of them).
+  const Result bad = mpirun(4, {"--model", "gpt2-tiny", "--stage", "1", "--nvme-path", dir.path}, 60);
+  CAPTURE(bad.err);
+  CHECK(bad.rc != 0);
+  CHECK(bad.rc != -1);
+  const auto count = [&](const std::string& needle) {
+    std::size_t n = 0;
+    for (std::size_t at = bad.err.find(needle); at != std::string::npos; at = bad.err.find(needle, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count("error: --nvme-path: the plan offloads nothing to NVMe") == 1);
+  CHECK(count("hint: ") == 1);
+
   // A rank killed mid-run: mpirun ends the others and fails.
   const std::string out = dir.file("out"), err = dir.file("err");
   const pid_t pid = zp::test::spawn({ZP_MPIEXEC, "-np", "2", kRun, "--model", "gpt2-tiny",

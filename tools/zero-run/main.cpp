@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -325,14 +326,28 @@ int main(int argc, char** argv) {
 
   // Parse and resolve on every rank (same argv, same answer); agree on failure before any
   // rank starts a collective, so a bad input never leaves ranks waiting.
+  // A bad input is said once: the other ranks hold their messages back and say them only when
+  // rank 0 had none to say (an input that fails on some ranks only, e.g. a file missing from
+  // one node's disk), each line then naming its rank.
   std::optional<Setup> setup;
+  std::ostringstream held;
+  std::streambuf* const own_err = lead ? nullptr : std::cerr.rdbuf(held.rdbuf());
   int rc = cli::run(app, argc, argv, [&]() -> int {
     setup = resolve(a, app, comm->size());
     return cli::kExitOk;
   });
+  if (own_err != nullptr) std::cerr.rdbuf(own_err);
   if (rc == cli::kExitOk && !setup) return cli::kExitOk;  // --help
-  const double failed = comm->all_reduce_sum(rc != cli::kExitOk || !setup ? 1.0 : 0.0);
-  if (failed > 0) return rc != cli::kExitOk ? rc : cli::kExitBadInput;
+  const bool bad = rc != cli::kExitOk || !setup;
+  const double failed = comm->all_reduce_sum(bad ? 1.0 : 0.0);
+  if (failed > 0) {
+    const bool lead_said = comm->all_reduce_sum(lead && bad ? 1.0 : 0.0) > 0;
+    if (!lead && !lead_said) {
+      std::istringstream lines(held.str());
+      for (std::string line; std::getline(lines, line);) std::cerr << fmt::format("rank {}: {}\n", rank, line);
+    }
+    return rc != cli::kExitOk ? rc : cli::kExitBadInput;
+  }
 
   const Setup& s = *setup;
   std::unique_ptr<runtime::Device> dev;
