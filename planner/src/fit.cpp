@@ -625,57 +625,26 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
       if (dp % ep == 0 && r.model.moe.n_experts % ep == 0) out.push_back(ep);
     return out;
   };
-  std::vector<std::vector<Strategy>> rounds;
-  for (const auto& mps : mp_rounds) {
-    std::vector<Strategy>& round = rounds.emplace_back();
-    for (int64_t mp : mps) {
-      if (cl2.gpus % mp != 0)
-        throw Error(fmt::format("--tp {}: does not divide --gpus {}", mp, cl2.gpus),
-                    "the data-parallel degree is gpus / mp");
-      for (bool sp : sps)
-      for (int64_t pp : pps)
-      for (int64_t vp : vps)
-      for (int64_t cp : cps) {
-        // Sequence parallelism splits the tensor-parallel ranks' sequence: none without them.
-        if ((sp && mp == 1) || pp < 1 || vp < 1 || cp < 1) continue;
-        if (cl2.gpus % (mp * pp * cp) != 0 || (vp > 1 && pp == 1)) continue;
-        if (r.model.n_blocks() % (pp * vp) != 0) continue;
-        const int64_t dp = cl2.gpus / (mp * pp * cp);
-        const bool split = sp || pp > 1 || cp > 1;  // beyond what the rounds searched before
-        Strategy shape = base;
-        shape.mp = mp;
-        shape.sp = sp;
-        shape.pp = pp;
-        shape.vp = vp;
-        shape.cp = cp;
-        shape.dp = dp;
-        if (pp > 1)
-          shape.pp_schedule = vp > 1 ? PipelineSchedule::interleaved
-                              : base.pp_schedule == PipelineSchedule::interleaved
-                                  ? PipelineSchedule::one_f_one_b
-                                  : base.pp_schedule;
-        else
-          shape.pp_schedule = PipelineSchedule::one_f_one_b;
-        const std::vector<int64_t> eps = eps_for(dp);
-        for (int64_t ep : eps) {
-          shape.ep = ep;
-          if (split && !probe.accepts(shape)) continue;
-      for (int64_t mb : r.micro_batches)
-        for (Checkpointing ck : r.checkpointing)
-          for (int stage : r.stages)
-            for (Offload oo : r.offload_optimizer)
-              for (Offload op : r.offload_param)
-                for (bool dpu : r.dpu)
-                  for (int64_t ga0 : accums) {
+  // The ZeRO side of one parallel layout (`shape`: tp, sp, pp, vp, cp, ep, dp): every stage x
+  // offload x DPU x micro-batch x checkpointing x gradient accumulation x overlap_comm.
+  auto add_configurations = [&](const Strategy& shape, bool split, std::vector<Strategy>& round) {
+    const int64_t dp = shape.dp;
+    for (int64_t mb : r.micro_batches)
+      for (Checkpointing ck : r.checkpointing)
+        for (int stage : r.stages)
+          for (Offload oo : r.offload_optimizer)
+            for (Offload op : r.offload_param)
+              for (bool dpu : r.dpu)
+                for (int64_t ga0 : accums) {
                   if (fsdp && (stage != 3 || oo != Offload::none || op == Offload::nvme || dpu))
                     continue;
                   if (pytorch && (stage != 0 || oo != Offload::none || op != Offload::none || dpu))
                     continue;
                   if (op != Offload::none && stage != 3) continue;
-                  if (ck == Checkpointing::selective_op && ep > 1) continue;  // validate()
+                  if (ck == Checkpointing::selective_op && shape.ep > 1) continue;  // validate()
                   if (oo != Offload::none && stage == 0) continue;
                   if (dpu && oo == Offload::none) continue;
-                  if (pp > 1 && stage >= 2) continue;  // validate(): DeepSpeed's PipelineEngine
+                  if (shape.pp > 1 && stage >= 2) continue;  // validate(): DeepSpeed's PipelineEngine
                   int64_t ga = ga0;
                   if (r.global_batch > 0) {
                     if (ga0 != accums.front()) continue;  // one count: the global batch's
@@ -723,8 +692,41 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
                     round.push_back(s);
                   }
                 }
-        }
-      }
+  };
+  std::vector<std::vector<Strategy>> rounds;
+  for (const auto& mps : mp_rounds) {
+    std::vector<Strategy>& round = rounds.emplace_back();
+    for (int64_t mp : mps) {
+      if (cl2.gpus % mp != 0)
+        throw Error(fmt::format("--tp {}: does not divide --gpus {}", mp, cl2.gpus),
+                    "the data-parallel degree is gpus / mp");
+      for (bool sp : sps)
+        for (int64_t pp : pps)
+          for (int64_t vp : vps)
+            for (int64_t cp : cps) {
+              // Sequence parallelism splits the tensor-parallel ranks' sequence: none without them.
+              if ((sp && mp == 1) || pp < 1 || vp < 1 || cp < 1) continue;
+              if (cl2.gpus % (mp * pp * cp) != 0 || (vp > 1 && pp == 1)) continue;
+              if (r.model.n_blocks() % (pp * vp) != 0) continue;
+              const bool split = sp || pp > 1 || cp > 1;  // beyond what the rounds searched before
+              Strategy shape = base;
+              shape.mp = mp;
+              shape.sp = sp;
+              shape.pp = pp;
+              shape.vp = vp;
+              shape.cp = cp;
+              shape.dp = cl2.gpus / (mp * pp * cp);
+              shape.pp_schedule = pp == 1   ? PipelineSchedule::one_f_one_b
+                                  : vp > 1 ? PipelineSchedule::interleaved
+                                  : base.pp_schedule == PipelineSchedule::interleaved
+                                      ? PipelineSchedule::one_f_one_b
+                                      : base.pp_schedule;
+              for (int64_t ep : eps_for(shape.dp)) {
+                shape.ep = ep;
+                if (split && !probe.accepts(shape)) continue;
+                add_configurations(shape, split, round);
+              }
+            }
     }
   }
   return rounds;
