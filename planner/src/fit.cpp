@@ -744,9 +744,10 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
 //  - the model states and host buffers exactly: the partition of the stage's groups (its
 //    embedding's and head's, and M vp copies of a block's) replayed as FitEvaluator does;
 //  - the step's replay on the line through the two depths: what is allocated at its peak
-//    grows by the same bytes a block, but the allocator's overhead does not (the holes fewer
-//    blocks leave fill up with more), so `least` leaves the overhead out, a floor under the
-//    peak, and per_device adds the deeper depth's overhead (which errs high);
+//    grows by the same bytes a block, but for the allocator's overhead (the holes fewer blocks
+//    leave fill up with more) and ZeRO's buffers (bounded, their flushes falling differently
+//    at every depth), so `least` leaves both out, a floor under the peak, and per_device adds
+//    the deeper depth's overhead and the larger buffers (which err high);
 //  - the step costs exactly: the graph's groups at M are its embedding's, its head's and M vp
 //    copies of its blocks' (all alike, checked), which simulate() and simulate_pipeline()
 //    time as they time the whole graph's.
@@ -757,7 +758,6 @@ std::vector<std::vector<Strategy>> configurations(const FitRequest& r, const Clu
 // search's unless a floor is more than kScreenSlack above its exact peak; test_fit_parallel.cpp
 // compares the two searches, and the floor and the step with exact ones.
 constexpr int64_t kScreenLow = 1, kScreenHigh = 2;  // blocks per model chunk, at least
-constexpr int64_t kMicroLine = 3;                    // micro-steps simulated, at most
 constexpr double kScreenSlack = 0.05;
 
 bool uniform_blocks(const models::ModelSpec& m) {
@@ -775,21 +775,32 @@ uint64_t line_bytes(uint64_t a, uint64_t b, int64_t lo, int64_t hi, int64_t x) {
   return v <= 0 ? 0 : v >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(std::llround(v));
 }
 // A replay's memory at depth x from depths lo < hi: what is allocated at the peak on the line,
-// the allocator's overhead as at hi (with_overhead), or none (a floor). llama-3.1-8b at stage 3
-// with full recomputation: the overhead is 715 MB at 4 blocks, 447 MB at 8, 111 MB from 16 on,
-// while the allocated bytes grow by 121.6 MB a block throughout.
+// but for two parts that are not: the allocator's overhead (the allocations of more blocks
+// fill the holes fewer leave: llama-3.1-8b at stage 3 with full recomputation, 715 MB at 4
+// blocks, 447 MB at 8, 111 MB from 16 on, while the allocated bytes grow by 121.6 MB a block
+// throughout) and ZeRO's buffers (buckets whose flushes fall differently with every depth:
+// at stage 2 with dp x cp 16 and overlap_comm, 2.80, 3.23, 2.44, 2.30 and 2.88 GB at 4, 5, 6,
+// 8 and 32 blocks). The estimate (with_extras) adds the deeper depth's overhead and the larger
+// depth's buffers; the floor adds neither, both being at least 0.
 PerDevice line(const PerDevice& a, const PerDevice& b, int64_t lo, int64_t hi, int64_t x,
-               bool with_overhead) {
+               bool with_extras) {
   PerDevice d;
   for (Tier t : kTiers) {
+    uint64_t extras[2] = {0, 0};  // at lo, at hi
+    for (const PerDevice* p : {&a, &b}) {
+      uint64_t& e = extras[p == &b];
+      e = std::min((*p)[t][Category::overhead] + (*p)[t][Category::buffers], p->peak(t));
+    }
     for (Category c : kCategories)
-      d[t][c] = c != Category::overhead ? line_bytes(a[t][c], b[t][c], lo, hi, x)
-                : with_overhead         ? b[t][c]
-                                        : 0;
-    const uint64_t oa = std::min(a[t][Category::overhead], a.peak(t));
-    const uint64_t ob = std::min(b[t][Category::overhead], b.peak(t));
-    d.set_peak(t, checked_add(line_bytes(a.peak(t) - oa, b.peak(t) - ob, lo, hi, x),
-                              with_overhead ? ob : 0, "bytes"));
+      d[t][c] = c == Category::overhead ? (with_extras ? b[t][c] : 0)
+                : c == Category::buffers ? (with_extras ? std::max(a[t][c], b[t][c]) : 0)
+                                         : line_bytes(a[t][c], b[t][c], lo, hi, x);
+    const uint64_t extra = with_extras ? checked_add(b[t][Category::overhead],
+                                                     std::max(a[t][Category::buffers], b[t][Category::buffers]),
+                                                     "bytes")
+                                       : 0;
+    d.set_peak(t, checked_add(line_bytes(a.peak(t) - extras[0], b.peak(t) - extras[1], lo, hi, x),
+                              extra, "bytes"));
   }
   return d;
 }
@@ -877,41 +888,15 @@ struct Screened {
   double min_step = 0;
 };
 
-// The simulated step. Without pipelining the simulator runs every micro-step, and the middle
-// ones are alike: past kMicroLine micro-steps, the step on the line through its times at
-// kMicroLine - 1 and kMicroLine micro-steps (a pipeline's passes are a closed form already).
-// test_fit_parallel.cpp holds it to the whole simulation.
+// The simulated step of a configuration whose costs the screen built (only its numbers: the
+// tasks' storage goes back for the next simulation).
 Timeline step_of(const std::vector<StepCosts>& stages, const Strategy& s, const Hardware& hw,
                  const Cluster& cl, Profile profile) {
-  // Only the numbers are kept: the tasks' storage goes back for the next simulation.
-  auto numbers = [](Timeline& t) {
-    Timeline tasks;
-    tasks.tasks = std::move(t.tasks);
-    recycle(std::move(tasks));
-    t.tasks.clear();
-    t.critical_path.clear();
-  };
-  if (s.pp > 1 || s.grad_accum <= kMicroLine) {
-    Timeline t = simulate_pipeline(stages, s, hw, cl, profile);
-    numbers(t);
-    return t;
-  }
-  Strategy a = s, b = s;
-  a.grad_accum = kMicroLine - 1;
-  b.grad_accum = kMicroLine;
-  Timeline ta = simulate(stages.front(), a, hw, cl, profile);
-  numbers(ta);
-  Timeline t = simulate(stages.front(), b, hw, cl, profile);
-  numbers(t);
-  const double extra = static_cast<double>(s.grad_accum - kMicroLine);
-  const double step = t.step_seconds + (t.step_seconds - ta.step_seconds) * extra;
-  // simulate()'s totals, per step of grad_accum micro-steps.
-  const double m = static_cast<double>(s.grad_accum) / static_cast<double>(kMicroLine);
-  t.tokens_per_second = t.tokens_per_second * t.step_seconds * m / step;
-  t.tflops_per_gpu = t.tflops_per_gpu * t.step_seconds * m / step;
-  for (std::size_t r = 0; r < t.busy_seconds.size(); ++r)
-    t.busy_seconds[r] += (t.busy_seconds[r] - ta.busy_seconds[r]) * extra;
-  t.step_seconds = step;
+  Timeline t = simulate_pipeline(stages, s, hw, cl, profile);
+  Timeline tasks;
+  tasks.tasks = std::move(t.tasks);
+  recycle(std::move(tasks));
+  t.critical_path.clear();
   return t;
 }
 
@@ -938,11 +923,11 @@ class Screen {
     if (s.pp >= 2) stages.push_back(s.pp - 1);
     Screened out;
     bool first = true;
-    std::vector<const StepCosts*> costs(static_cast<std::size_t>(s.pp), nullptr);
     for (int64_t st : stages) {
       Stage& x = stage(s, st);
-      const PerDevice d = x.whole ? at_depth(L).stage_memory(s, st) : memory_on_line(s, x);
-      const PerDevice least = x.whole ? d : memory_on_line(s, x, false);
+      PerDevice whole;
+      if (x.whole) whole = at_depth(L).stage_memory(s, st);
+      const auto [d, least] = x.whole ? std::make_pair(whole, whole) : memory_on_line(s, x);
       if (first || d.peak(Tier::gpu) > out.per_device.peak(Tier::gpu)) out.per_device = d;
       for (Tier t : kTiers)
         if (first || least.peak(t) > out.least.peak(t)) out.least.set_peak(t, least.peak(t));
@@ -960,13 +945,15 @@ class Screen {
     }
     double least = s.pp == 1 ? static_cast<double>(s.grad_accum) * (f[0] + b[0])
                              : makespan_closed_form(s.pp_schedule, s.pp, s.grad_accum, s.vp, f, b).makespan;
-    // ZeRO-3 without overlap_comm: each group's all-gather waits for the compute before it and
-    // its compute for it (simulate.cpp: "gathers and compute take turns"), in forward and, with
-    // resharding, again in backward.
-    if (s.stage == 3 && s.pp == 1 && !overlaps_comm(s) && zero_dp(s) > 1 &&
-        options_.profile != Profile::fsdp)
-      least += static_cast<double>(s.grad_accum) * (s.reshard_after_forward ? 2.0 : 1.0) *
-               gather_seconds(out.costs->front(), s);
+    // ZeRO-3: the network runs every group's all-gather, in forward and, with resharding, again
+    // in backward, one after another (so the step takes at least as long); without
+    // overlap_comm each also waits for the compute before it and its compute for it
+    // (simulate.cpp: "gathers and compute take turns").
+    if (s.stage == 3 && s.pp == 1 && zero_dp(s) > 1 && options_.profile != Profile::fsdp) {
+      const double gathers = static_cast<double>(s.grad_accum) * (s.reshard_after_forward ? 2.0 : 1.0) *
+                             gather_seconds(out.costs->front(), s);
+      least = overlaps_comm(s) ? std::max(least, gathers) : least + gathers;
+    }
     out.min_step = least * (1.0 - 1e-9);  // the sums' rounding: a hair below
     return out;
   }
@@ -1089,27 +1076,32 @@ class Screen {
     return x;
   }
   // The stage's memory at M: states and host buffers of its partition exactly, the replay on
-  // the line (with the deeper depth's overhead, or none).
-  PerDevice memory_on_line(const Strategy& s, Stage& x, bool with_overhead = true) {
+  // the line (line() says what it adds to the estimate and leaves out of the floor).
+  // Both: {the estimate, the floor}.
+  std::pair<PerDevice, PerDevice> memory_on_line(const Strategy& s, Stage& x) {
     FitEvaluator::Impl::Shape& lo = *x.lo;
     FitEvaluator::Impl::Shape& hi = *x.hi;
     if (!lo.built) FitEvaluator::Impl::build(lo, x.lo_e->impl_->model);
     if (!hi.built) FitEvaluator::Impl::build(hi, x.hi_e->impl_->model);
-    const PerDevice dyn = line(
-        x.lo_e->impl_->dynamic(lo, s, partition_of(lo.group_elems, lo.group_expert_elems, lo.costs.n_params, s)),
-        x.hi_e->impl_->dynamic(hi, s, partition_of(hi.group_elems, hi.group_expert_elems, hi.costs.n_params, s)),
-        x.lo_depth, x.hi_depth, x.M, with_overhead);
-    if (options_.profile != Profile::zeroplan) return dyn;  // replayed whole
+    const PerDevice a =
+        x.lo_e->impl_->dynamic(lo, s, partition_of(lo.group_elems, lo.group_expert_elems, lo.costs.n_params, s));
+    const PerDevice b =
+        x.hi_e->impl_->dynamic(hi, s, partition_of(hi.group_elems, hi.group_expert_elems, hi.costs.n_params, s));
+    std::pair<PerDevice, PerDevice> out{line(a, b, x.lo_depth, x.hi_depth, x.M, true),
+                                        line(a, b, x.lo_depth, x.hi_depth, x.M, false)};
+    if (options_.profile != Profile::zeroplan) return out;  // replayed whole
     const uint64_t part = partition_of(x.costs.group_params, x.costs.group_expert_params, x.costs.n_params, s);
     const uint32_t p_bytes = hi.graph.options.param_bytes;
-    const std::optional<uint64_t> a = per_tensor_optimizer_bytes(lo.graph, s, options_);
-    const std::optional<uint64_t> b = per_tensor_optimizer_bytes(hi.graph, s, options_);
+    const std::optional<uint64_t> pa = per_tensor_optimizer_bytes(lo.graph, s, options_);
+    const std::optional<uint64_t> pb = per_tensor_optimizer_bytes(hi.graph, s, options_);
     std::optional<uint64_t> per_tensor;
-    if (a && b) per_tensor = line_bytes(*a, *b, x.lo_depth, x.hi_depth, x.M);
-    const PerDevice states = states_memory(states_[x.costs.n_params], x.costs.n_params, part, s,
-                                           p_bytes, per_tensor, options_);
-    return add(add(states, host_memory(host_, s, part, p_bytes, options_)), dyn);
+    if (pa && pb) per_tensor = line_bytes(*pa, *pb, x.lo_depth, x.hi_depth, x.M);
+    const PerDevice fixed =
+        add(states_memory(states_[x.costs.n_params], x.costs.n_params, part, s, p_bytes, per_tensor, options_),
+            host_memory(host_, s, part, p_bytes, options_));
+    return {add(fixed, out.first), add(fixed, out.second)};
   }
+
   FitEvaluator& at_depth(int64_t n_layer) {
     auto it = depths_.find(n_layer);
     if (it == depths_.end()) {
@@ -1310,8 +1302,10 @@ FitResult search(const FitRequest& r, FitEvaluator& ev, bool keep_graphs) {
   FitResult out;
   out.gpus = cl2.gpus;
   out.nodes = cl2.nodes;
+  // (FSDP and plain PyTorch take no model parallelism: their search is not a parallel one.)
   out.screened = r.parallel && !r.exhaustive && uniform_blocks(r.model) &&
-                 r.model.n_layer > 2 * kScreenHigh;
+                 r.model.n_layer > 2 * kScreenHigh && r.options.profile != Profile::fsdp &&
+                 r.options.profile != Profile::pytorch;
   std::vector<Candidate> fits;
   uint64_t n_fit = 0;
   double closest_ratio = 1e300;
