@@ -1048,7 +1048,8 @@ class Screen {
     const int64_t chunks = s.pp * s.vp;
     x.M = model_.n_layer / chunks;
     // ZeRO's buffers fill up to their sizes (gradient buckets, stage 3's live and prefetched
-    // parameters): the replay is on a line only past the depth where they are full.
+    // parameters): both depths past the depth where they are full, where the rest of the
+    // replay is on a line (line() keeps the buffers themselves off it).
     int64_t lo_depth = kScreenLow;
     const bool buckets = s.stage >= 2 || (s.stage == 1 && options_.profile != Profile::zeroplan);
     if (buckets) {

@@ -158,10 +158,10 @@ FitResult fit(const FitRequest& r);
 // under its peaks it is screened by, and its step simulated on its stages' costs at full
 // depth (copies of a block's). For tests and benchmarks; s: seq resolved (resolve_for_model).
 struct ScreenEstimate {
-  PerDevice per_device;  // the most loaded stage's, its allocator overhead as at the deeper depth
-  PerDevice least;       // per tier, the largest stage's peak without any overhead (a floor)
-  double min_step_seconds = 0;  // the least the step can take: its passes on the GPU's stream
-  Timeline step;         // simulated (past 4 micro-steps without pipelining: on a line)
+  PerDevice per_device;  // the most loaded stage's: the deeper depth's overhead, the larger buckets
+  PerDevice least;       // per tier, the largest stage's peak without either (a floor)
+  double min_step_seconds = 0;  // the least the step can take (its GPU stream, ZeRO-3's gathers)
+  Timeline step;         // simulated on the stages' costs at full depth (its numbers; no tasks)
 };
 ScreenEstimate screen_estimate(const models::ModelSpec& model, const Strategy& s,
                                const Hardware& hw, const Cluster& cl,
