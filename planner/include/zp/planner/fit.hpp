@@ -81,7 +81,7 @@ struct FitRequest {
   // Every configuration evaluated exactly (all of its graphs, replays and a simulated step).
   // Otherwise a `parallel` search of a model whose blocks are all alike is screened first
   // (fit.cpp "Screening": each configuration's memory extrapolated from its stages' graphs at
-  // two small depths, a lower bound on its step from their compute) and only the
+  // two small depths, its step simulated on their costs at full depth) and only the
   // configurations that can still reach the top are evaluated exactly; the candidates
   // reported are always exact.
   bool exhaustive = false;
