@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <string>
 
 #include "error_of.hpp"
 #include "zp/error.hpp"
@@ -22,19 +23,24 @@ namespace {
 
 using zp::test::error_of;
 
-// GPT-2 medium (24 blocks, 16 heads) on 16 H100s cut to 6 GiB each: small enough to search
-// exhaustively in a test, tight enough that memory decides (stage 0 alone needs 5.7 GB of
-// model states).
-FitRequest medium_request() {
+// A parallel search on 16 H100s cut to `gpu_bytes` each, flash attention, 64 sequences a step.
+FitRequest parallel_request(const std::string& model, uint64_t gpu_bytes, int64_t seq) {
   FitRequest r;
-  r.model = zp::models::load_model("gpt2-medium");
+  r.model = zp::models::load_model(model);
   r.hw = load_hardware("h100-80g");
-  r.hw.gpu_memory_bytes = uint64_t{6} << 30;
+  r.hw.gpu_memory_bytes = gpu_bytes;
   r.gpus = 16;
   r.base.flash_attention = true;
-  r.base.seq = 1024;
+  r.base.seq = seq;
   r.parallel = true;
   r.global_batch = 64;
+  return r;
+}
+
+// GPT-2 medium (24 blocks, 16 heads) at 6 GiB per GPU: small enough to search exhaustively in
+// a test, tight enough that memory decides (stage 0 alone needs 5.7 GB of model states).
+FitRequest medium_request() {
+  FitRequest r = parallel_request("gpt2-medium", uint64_t{6} << 30, 1024);
   r.micro_batches = {1, 2};
   r.top = 8;
   return r;
@@ -44,6 +50,15 @@ bool same_candidate(const Candidate& a, const Candidate& b) {
   return describe(a.strategy) == describe(b.strategy) && a.per_device == b.per_device &&
          a.step_seconds == b.step_seconds && a.tokens_per_second == b.tokens_per_second &&
          a.why == b.why;
+}
+
+// The two searches' candidates, one by one.
+void check_same_candidates(const FitResult& a, const FitResult& b) {
+  REQUIRE(a.candidates.size() == b.candidates.size());
+  for (std::size_t i = 0; i < a.candidates.size(); ++i) {
+    CAPTURE(i);
+    CHECK(same_candidate(a.candidates[i], b.candidates[i]));
+  }
 }
 
 }  // namespace
@@ -100,11 +115,7 @@ TEST_CASE("fit --parallel: the screened search gives the exhaustive search's can
     const FitResult exhaustive = fit(all);
     CHECK(screened.screened);
     CHECK(screened.n_searched == exhaustive.n_searched);
-    REQUIRE(screened.candidates.size() == exhaustive.candidates.size());
-    for (std::size_t i = 0; i < screened.candidates.size(); ++i) {
-      CAPTURE(i);
-      CHECK(same_candidate(screened.candidates[i], exhaustive.candidates[i]));
-    }
+    check_same_candidates(screened, exhaustive);
     // Most configurations were settled by the screen alone.
     CHECK(screened.n_exact * 4 < exhaustive.n_exact);
     // Those the line says fit, against those that do: within 2% of the search.
@@ -199,15 +210,7 @@ TEST_CASE("fit --parallel: ZeRO's buffers, whose flushes fall differently at eve
   // Llama-3.1-8B on 16 GPUs of 24 GiB at stages 2-3: the winner (stage 2, cp 8, dp 2,
   // overlap_comm) keeps 2.88 GB of buckets at 32 blocks but 2.80 and 3.23 GB at 4 and 5; a line
   // through those put it at 31 GB and out of the search, before the floor left buffers out.
-  FitRequest r;
-  r.model = zp::models::load_model("llama-3.1-8b");
-  r.hw = load_hardware("h100-80g");
-  r.hw.gpu_memory_bytes = uint64_t{24} << 30;
-  r.gpus = 16;
-  r.base.flash_attention = true;
-  r.base.seq = 4096;
-  r.parallel = true;
-  r.global_batch = 64;
+  FitRequest r = parallel_request("llama-3.1-8b", uint64_t{24} << 30, 4096);
   r.micro_batches = {1};
   r.stages = {2, 3};
   r.checkpointing = {Checkpointing::none, Checkpointing::full};
@@ -216,11 +219,7 @@ TEST_CASE("fit --parallel: ZeRO's buffers, whose flushes fall differently at eve
   all.exhaustive = true;
   const FitResult screened = fit(r), exhaustive = fit(all);
   REQUIRE(screened.screened);
-  REQUIRE(screened.candidates.size() == exhaustive.candidates.size());
-  for (std::size_t i = 0; i < screened.candidates.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_candidate(screened.candidates[i], exhaustive.candidates[i]));
-  }
+  check_same_candidates(screened, exhaustive);
   CHECK(screened.n_exact * 4 < exhaustive.n_exact);
 }
 
@@ -236,8 +235,7 @@ TEST_CASE("fit --parallel: the screened search gives the same answer on one thre
   CHECK(a.n_fit == b.n_fit);
   CHECK(a.n_exact == b.n_exact);
   CHECK(a.n_simulated == b.n_simulated);
-  REQUIRE(a.candidates.size() == b.candidates.size());
-  for (std::size_t i = 0; i < a.candidates.size(); ++i) CHECK(same_candidate(a.candidates[i], b.candidates[i]));
+  check_same_candidates(a, b);
 }
 
 TEST_CASE("fit --parallel: what the search cannot plan is refused by name") {
