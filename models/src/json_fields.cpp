@@ -1,6 +1,7 @@
 // json_fields.cpp: strict JSON field reading with errors that name the file and field.
 #include "zp/json_fields.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -50,6 +51,26 @@ void Fields::fail(std::string_view key, std::string_view expected) const {
   if (got.size() > 40) got = got.substr(0, 37) + "...";
   throw Error(fmt::format("{}: field '{}' must be {}, got {}", origin_, path(key), expected, got),
               fmt::format("fix '{}' in {}", path(key), origin_));
+}
+
+void Fields::only(std::initializer_list<std::string_view> known, std::string_view hint) const {
+  for (const auto& [key, value] : obj_.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string listed;
+    for (std::string_view k : known) listed += (listed.empty() ? "" : ", ") + std::string(k);
+    throw Error(fmt::format("{}: unknown field '{}'", origin_, path(key)),
+                hint.empty() ? fmt::format("the fields of {}{} are: {}", origin_,
+                                           prefix_.empty() ? "" : " " + prefix_, listed)
+                             : std::string(hint));
+  }
+}
+
+double Fields::nonneg_number(std::string_view key, double fallback) const {
+  if (!has(key)) return fallback;
+  const json& v = obj_.at(std::string(key));
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+    fail(key, "a number >= 0");
+  return v.get<double>();
 }
 
 namespace {

@@ -258,6 +258,9 @@ Estimate estimate(const models::ModelSpec& m, Strategy s, const Hardware* hw,
       e.per_device = e.memory.per_device;
     }
   }
+  if (e.strategy.save_checkpoint)
+    e.checkpoint = checkpoint_cost(e.strategy, e.schedule.n_params, e.schedule.partition_elems,
+                                   go.param_bytes);
   // The device total of both profiles (zeroplan's outside-arena part is a bound).
   e.memory.device = outside_allocator(e.strategy, o);
   e.memory.device.reserved = e.memory.peak_reserved[0];
@@ -318,6 +321,12 @@ nlohmann::json to_json(const Estimate& e) {
   for (Tier t : kTiers)
     alloc[std::string(to_string(t))] = e.memory.peak_allocated[static_cast<std::size_t>(t)];
   j["peak_allocated"] = alloc;
+  if (e.checkpoint)
+    j["checkpoint"] = {{"bytes_per_element", e.checkpoint->bytes_per_element},
+                       {"rank_bytes", e.checkpoint->rank_bytes},
+                       {"total_bytes", e.checkpoint->total_bytes},
+                       {"staging_bytes", e.checkpoint->staging_bytes},
+                       {"writers", e.checkpoint->writers}};
   // Pipeline parallelism: per_device above is the most loaded stage's; every stage here.
   if (!e.stages.empty()) {
     nlohmann::json stages = nlohmann::json::array();

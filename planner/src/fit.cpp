@@ -1223,12 +1223,12 @@ ScreenedRound screened_round(const FitRequest& r, FitEvaluator& ev, const std::v
   std::size_t k = 0;
   for (;;) {
     const std::optional<int64_t> bar = top_bucket();
-    const std::optional<int64_t> next = k < cands.size() ? std::optional<int64_t>(bound(cands[k])) : std::nullopt;
+    const std::optional<int64_t> next_bound = k < cands.size() ? std::optional<int64_t>(bound(cands[k])) : std::nullopt;
     if (bar) {  // what cannot reach the top is done with
       while (!pending.empty() && -std::prev(pending.end())->first < *bar) pending.erase(std::prev(pending.end()));
-      if (next && *next < *bar) k = cands.size();
+      if (next_bound && *next_bound < *bar) k = cands.size();
     }
-    const std::optional<int64_t> unsimulated = k < cands.size() ? next : std::nullopt;
+    const std::optional<int64_t> unsimulated = k < cands.size() ? next_bound : std::nullopt;
     std::vector<std::size_t> which;
     while (!pending.empty() && (!unsimulated || -pending.begin()->first >= *unsimulated) &&
            which.size() < 8) {

@@ -199,6 +199,36 @@ uint64_t param_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems,
                      kSwapBlockBytes - kArenaAlignment, "param swap buffer bytes");
 }
 
+uint64_t checkpoint_chunk_elems(uint64_t held_elems) {
+  const uint64_t block = kSwapBlockBytes;  // elements: a block of any state's swap file
+  const uint64_t whole = checked_mul((std::max<uint64_t>(held_elems, 1) + block - 1) / block, block,
+                                     "checkpoint chunk elements");
+  return std::min(kCheckpointChunkElems, whole);
+}
+
+uint64_t checkpoint_staging_bytes(uint64_t held_elems) {
+  return checked_add(checked_mul(checkpoint_chunk_elems(held_elems), 4, "checkpoint staging bytes"),
+                     kSwapBlockBytes - kArenaAlignment, "checkpoint staging bytes");
+}
+
+CheckpointCost checkpoint_cost(const Strategy& s, uint64_t n_params, uint64_t partition_elems,
+                               uint32_t param_bytes) {
+  const bool mixed = s.precision != Precision::fp32;
+  const bool offload = s.offload_optimizer != Offload::none;
+  CheckpointCost c;
+  c.bytes_per_element = param_bytes;                       // the parameters
+  if (mixed || offload) c.bytes_per_element += 4;          // fp32 master weights
+  c.bytes_per_element += 4 * (optimizer_swap_files(s) - 1);  // the moments (fp32)
+  if (s.dpu && offload && (mixed || s.offload_optimizer == Offload::nvme))
+    c.bytes_per_element += param_bytes;  // the delayed update's parameters, when in flight
+  const uint64_t held = s.stage == 0 ? n_params : partition_elems;
+  c.writers = s.stage == 0 ? 1 : static_cast<int>(zero_dp(s));
+  c.rank_bytes = checked_mul(held, c.bytes_per_element, "checkpoint bytes per rank");
+  c.total_bytes = checked_mul(n_params, c.bytes_per_element, "checkpoint bytes");
+  c.staging_bytes = checkpoint_staging_bytes(held);
+  return c;
+}
+
 namespace {
 
 Category category_of(TensorKind k) {
@@ -524,6 +554,16 @@ class ScheduleBuilder {
         for (uint32_t b : all_reduce_held_) free(i, b);  // finalize_backward
         all_reduce_held_.clear();
       }
+    }
+    // A training checkpoint (checkpoint_cost): after the step (position n, past the last op:
+    // between steps, no sample of the step's timeline), beside the model states and the
+    // buffers held for the run.
+    if (s_.save_checkpoint) {
+      const uint64_t held = s_.stage == 0 ? out_.n_params : out_.partition_elems;
+      const uint32_t b = add_buffer("checkpoint_staging", Tier::cpu, Category::buffers,
+                                    checkpoint_staging_bytes(held));
+      alloc(n, b);
+      free(n, b);
     }
   }
 
@@ -1864,8 +1904,9 @@ MemoryReport replay(const MemorySchedule& s, const PlanOptions& o) {
   // first and frees after, so the sample is taken before the position's first free (or when
   // the next position starts, for a position that only allocates).
   int32_t last_pos = -2, sampled_pos = -2;
+  const auto n_ops = static_cast<int32_t>(s.op_names.size());
   auto sample = [&](int32_t pos) {
-    if (sampled_pos == pos) return;
+    if (sampled_pos == pos || pos >= n_ops) return;  // past the last op: between steps
     sampled_pos = pos;
     TimelineSample t;
     t.pos = pos;

@@ -692,7 +692,8 @@ json to_json(const Strategy& s) {
           {"hpz_partition_size", s.hpz_partition_size},
           {"quantized_weights", s.quantized_weights},
           {"deepspeed_version", deepspeed_version_string(s.deepspeed_version)},
-          {"torch_version", torch_version_string(s.torch_version)}};
+          {"torch_version", torch_version_string(s.torch_version)},
+          {"save_checkpoint", s.save_checkpoint}};
 }
 
 Strategy strategy_from_json(const json& j, const std::string& origin) {
@@ -708,7 +709,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
                   "optimizer_precision", "grad_precision", "reshard_after_forward", "reduce_precision",
                   "fused_optimizer", "optimizer_impl", "hpz_partition_size", "quantized_weights",
                   "deepspeed_version", "torch_version", "fsdp_version", "fsdp_use_orig_params",
-                  "fsdp_shard_size"},
+                  "fsdp_shard_size", "save_checkpoint"},
                  origin, "strategy.");
   Fields f(j, origin, "strategy.");
   Strategy s;
@@ -781,6 +782,7 @@ Strategy strategy_from_json(const json& j, const std::string& origin) {
   }
   s.flash_attention = f.boolean("flash_attention", false);
   s.dpu = f.boolean("dpu", false);
+  s.save_checkpoint = f.boolean("save_checkpoint", false);
   s.partition_activations = f.boolean("partition_activations", false);
   s.cpu_checkpointing = f.boolean("cpu_checkpointing", false);
   s.contiguous_memory_optimization = f.boolean("contiguous_memory_optimization", false);

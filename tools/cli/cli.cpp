@@ -117,6 +117,10 @@ void add_strategy_flags(CLI::App& app, StrategyFlags& f) {
       ->group(g);
   app.add_flag("--dpu", f.dpu, "one-step delayed parameter update (needs an offloaded optimizer)")
       ->group(g);
+  app.add_flag("--checkpoint", f.checkpoint,
+               "a training checkpoint is saved (zero-run --save-checkpoint): its bytes on disk per "
+               "rank, and its host staging buffer in the cpu peak")
+      ->group(g);
   app.add_flag("--partition-activations", f.partition_activations,
                "ZeRO-R P_a: split activation checkpoints over the --mp ranks (needs "
                "--checkpointing full)")
@@ -422,6 +426,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     s.offload_optimizer_ratio = v;
   }
   if (dpu) s.dpu = true;
+  if (checkpoint) s.save_checkpoint = true;
   auto fp32_or_bf16 = [&](const char* flag, const std::string& v) {
     const auto p = parse_enum<planner::Precision>(flag, v, planner::precision_from_string, "fp32 or bf16");
     if (p == planner::Precision::fp16)

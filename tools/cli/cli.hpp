@@ -39,7 +39,7 @@ struct StrategyFlags {
   std::string sub_group_size, param_persistence_threshold, hpz_partition_size, deepspeed_version;
   std::string torch_version;
   std::string offload_optimizer_ratio;
-  bool flash_attention = false, dpu = false, partition_activations = false, cpu_checkpointing = false;
+  bool flash_attention = false, dpu = false, checkpoint = false, partition_activations = false, cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   std::string number_checkpoints;
   bool overlap_comm = false;  // read only when --overlap-comm or --no-overlap-comm is given

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,6 +48,11 @@ class Fields {
   const nlohmann::json* object(std::string_view key) const;
 
   [[noreturn]] void fail(std::string_view key, std::string_view expected) const;
+  // zp::Error naming the first member not in `known` ("unknown field 'prefix.key'"), with
+  // `hint` (empty: the known fields listed).
+  void only(std::initializer_list<std::string_view> known, std::string_view hint = {}) const;
+  // A number >= 0 and finite (a learning rate, a weight decay).
+  double nonneg_number(std::string_view key, double fallback) const;
 
  private:
   const nlohmann::json& obj_;

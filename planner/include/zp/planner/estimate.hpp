@@ -54,6 +54,8 @@ struct Estimate {
   // describe: the most loaded (the largest gpu peak; the first of equals).
   std::vector<PipelineStage> stages;
   int64_t stage = 0;
+  // A training checkpoint's cost (strategy.save_checkpoint; zero-plan --checkpoint).
+  std::optional<CheckpointCost> checkpoint;
 };
 
 // Resolves defaults that depend on the model (seq 0 -> min(the model's context,

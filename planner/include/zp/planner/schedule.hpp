@@ -78,7 +78,8 @@ struct MemBuffer {
 };
 
 struct MemEvent {
-  int32_t pos = -1;   // index into the graph's execution order; -1 before the first op
+  int32_t pos = -1;   // index into the graph's execution order; -1 before the first op, the
+                      // op count after the last (a checkpoint between steps)
   bool alloc = true;  // allocate or free
   uint32_t buffer = 0;
   // torch.cuda.empty_cache() (DeepSpeed calls it around its flatten): the caching allocator
@@ -264,6 +265,31 @@ uint64_t param_swap_buffer_capacity(const Strategy& s, uint64_t partition_elems,
                                     uint32_t param_bytes);
 // buffer_count x capacity, plus kSwapBlockBytes - kArenaAlignment to align.
 uint64_t param_swap_buffer_bytes(const Strategy& s, uint64_t partition_elems, uint32_t param_bytes);
+
+// A training checkpoint (zero-run --save-checkpoint, runtime/src/checkpoint.cpp): every rank
+// writes the elements it owns of each model state (stage 0: rank 0 all of them) into one
+// file, in pieces through a host staging buffer of checkpoint_chunk_elems fp32 elements (a
+// multiple of kSwapBlockBytes elements, so a piece of any state starts on a block of its swap
+// file: the same buffer reads ZeRO-Infinity's swapped states with O_DIRECT), allocated in
+// the host tier after the step and freed when the checkpoint is written. DeepSpeed's
+// save_checkpoint instead torch.saves each state dict, copying every tensor to the host
+// whole; the staging buffer keeps the host's extra bytes to one piece.
+inline constexpr uint64_t kCheckpointChunkElems = uint64_t{1} << 22;  // 16 MiB of fp32
+uint64_t checkpoint_chunk_elems(uint64_t held_elems);  // min(kCheckpointChunkElems, held), rounded up
+uint64_t checkpoint_staging_bytes(uint64_t held_elems);  // chunk x 4 + kSwapBlockBytes - kArenaAlignment
+struct CheckpointCost {
+  uint64_t bytes_per_element = 0;  // of the states a rank writes, for one element it owns
+  uint64_t rank_bytes = 0;         // on disk, the rank that writes the most (rank 0 at stage 0)
+  uint64_t total_bytes = 0;        // on disk, every rank's files together
+  uint64_t staging_bytes = 0;      // host tier, per rank, while a checkpoint is written or read
+  int writers = 1;                 // ranks that write a file
+};
+// `n_params`: the model's elements; `partition_elems`: a rank's owned elements (padded, as
+// the schedule's); the states: the 16-bit (or fp32) parameters, fp32 master weights where the
+// step keeps them (mixed precision, an offloaded optimizer), the optimizer's moments, and with
+// the delayed parameter update the host copy of the update in flight (at most).
+CheckpointCost checkpoint_cost(const Strategy& s, uint64_t n_params, uint64_t partition_elems,
+                               uint32_t param_bytes);
 
 MemorySchedule build_schedule(const models::TrainingGraph& g, const Strategy& s,
                               const PlanOptions& o);

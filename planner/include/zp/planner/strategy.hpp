@@ -306,6 +306,10 @@ struct Strategy {
   // _init_intra_and_inter_node_groups(device_count())), settled from the hardware.
   int64_t fsdp_shard_size = 0;
   BufferSizes buffers;
+  // A training checkpoint is saved (zero-run --save-checkpoint; zero-plan --checkpoint): each
+  // rank's states go to disk through a host staging buffer (checkpoint_staging_bytes) once
+  // the step is over, which the plan then counts in the host tier.
+  bool save_checkpoint = false;
   bool operator==(const Strategy&) const = default;
 };
 
