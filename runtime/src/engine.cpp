@@ -27,6 +27,7 @@
 #include "zp/planner/schedule.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/rng.hpp"
+#include "engine_internal.hpp"
 
 namespace zp::runtime {
 
@@ -49,9 +50,7 @@ DType dtype_of(Precision p) {
   return p == Precision::fp32 ? DType::fp32 : (p == Precision::fp16 ? DType::fp16 : DType::bf16);
 }
 
-std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
-  return static_cast<std::byte*>(base) + elem * elem_bytes;
-}
+using detail::at;
 
 // Qwen3's per-head RMSNorm of q and k (graph.cpp names it h.L.attn.qk_norm).
 bool is_qk_norm(const Op& op) { return op.name.find(".attn.qk_norm") != std::string::npos; }
@@ -833,7 +832,7 @@ void Engine::sample(int32_t pos) {
 }
 
 void Engine::micro_step() {
-  const bool record = step_ == 0 && micro_ == 0;
+  const bool record = step_ == first_step_ && micro_ == 0;
   sac_reused_.clear();
   std::fill(aux_counts_.begin(), aux_counts_.end(), 0.0);
   std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
@@ -1508,7 +1507,7 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
   if (to_device && mixed) {
     tiles[0] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.0");
     tiles[1] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.1");
-    if (step_ == 0) sample(opt_pos_);
+    if (step_ == first_step_) sample(opt_pos_);
   }
   // Before the tiles go back to the arena, their copies must be done (on an error path too: a
   // GPU's h2d stream may still be reading them); a failing wait adds nothing to the error in
@@ -1581,10 +1580,8 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
 
 void Engine::flush() {
   if (!dpu_pending_) return;
-  if (dpu_thread_.joinable()) dpu_thread_.join();
+  join_dpu();
   dpu_pending_ = false;
-  if (nvme_) fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
-                           "the delayed swapped optimizer step");
   apply_host_params(dpu_params_ != nullptr ? dpu_params_ : static_cast<const void*>(master_));
 }
 
@@ -1650,7 +1647,7 @@ StepStats Engine::optimizer_step() {
     loss_scale_ = std::max(1.0f, loss_scale_ / 2);
     good_steps_ = 0;
     zero_grads();
-    if (step_ == 0) sample(opt_pos_);
+    if (step_ == first_step_) sample(opt_pos_);
     return st;
   }
   const double clip = opt_.grad_clip > 0 ? clip_coefficient(sq, inv_scale, opt_.grad_clip) : 1.0;
@@ -1662,7 +1659,7 @@ StepStats Engine::optimizer_step() {
       const int g_buf = cur_;
       cur_ ^= 1;
       dpu_pending_ = true;
-      if (step_ == 0) sample(opt_pos_);
+      if (step_ == first_step_) sample(opt_pos_);
       if (opt_.dpu_threaded)
         dpu_thread_ = std::thread([this, g_buf, inv_scale, clip, t] {
           offload_update(g_buf, inv_scale, clip, t, false);
@@ -1670,7 +1667,7 @@ StepStats Engine::optimizer_step() {
       else
         offload_update(g_buf, inv_scale, clip, t, false);
     } else {
-      if (step_ == 0 && (dpu_ || (pdt_ == DType::fp32 && !nvme_))) sample(opt_pos_);
+      if (step_ == first_step_ && (dpu_ || (pdt_ == DType::fp32 && !nvme_))) sample(opt_pos_);
       offload_update(cur_, inv_scale, clip, t, !dpu_);
       if (dpu_ && nvme_)
         fail_together(std::exchange(dpu_failure_, {}), std::exchange(dpu_hint_, {}),
@@ -1679,7 +1676,7 @@ StepStats Engine::optimizer_step() {
       else gather_params();
     }
   } else {
-    if (step_ == 0) sample(opt_pos_);
+    if (step_ == first_step_) sample(opt_pos_);
     const auto kind = plan_.strategy.optimizer;
     const AdamConfig adam{.lr = opt_.lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
                           .weight_decay = opt_.weight_decay,

@@ -26,34 +26,13 @@
 #include "zp/planner/schedule.hpp"
 #include "zp/runtime/cpu_kernels.hpp"
 #include "zp/runtime/engine.hpp"
+#include "engine_internal.hpp"
 
 namespace zp::runtime {
 
-namespace {
-
-std::byte* at(void* base, uint64_t elem, uint64_t elem_bytes) {
-  return static_cast<std::byte*>(base) + elem * elem_bytes;
-}
-
-// Frees arena allocations when a scope ends, also when an exception leaves it.
-struct ArenaGuard {
-  Arena& arena;
-  std::vector<void*> held;  // null entries (nothing allocated) are skipped
-  ~ArenaGuard() {
-    for (auto it = held.rbegin(); it != held.rend(); ++it)
-      if (*it != nullptr) arena.free(*it);
-  }
-};
-
-// The first O_DIRECT-aligned byte of an arena block: the arena aligns to kArenaAlignment
-// only; the planned sizes carry the slack.
-std::byte* swap_aligned(void* block) {
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(block);
-  return static_cast<std::byte*>(block) +
-         (kSwapAlignBytes - addr % kSwapAlignBytes) % kSwapAlignBytes;
-}
-
-}  // namespace
+using detail::ArenaGuard;
+using detail::at;
+using detail::swap_aligned;
 
 // One file of part_ fp32 elements per state, in the planner's order (master, then the
 // moments); each takes Swapper::padded_bytes of the nvme tier.
@@ -151,7 +130,7 @@ void Engine::nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bo
       guard.held.push_back(tiles[0] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.0"));
       guard.held.push_back(tiles[1] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.1"));
     }
-    if (step_ == 0 && to_device) sample(opt_pos_);
+    if (step_ == first_step_ && to_device) sample(opt_pos_);
     int next = 0;
     try {
       ChunkPipeline pipe(*swapper_, chunk_bytes, static_cast<uint32_t>(swap_files_.size()), buffers);

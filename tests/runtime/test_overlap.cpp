@@ -76,21 +76,7 @@ class DeferredComm final : public runtime::Comm {
   }
 };
 
-// A directory every rank agrees on: rank 0 makes it and broadcasts its path.
-struct SharedDir {
-  std::unique_ptr<test::TempDir> dir;
-  std::string path;
-  SharedDir() {
-    char buf[64] = {};
-    if (test::comm().rank() == 0) {
-      dir = std::make_unique<test::TempDir>();
-      dir->path.copy(buf, sizeof(buf) - 1);
-    }
-    test::comm().broadcast(buf, sizeof(buf), 0);
-    path = buf;
-  }
-  ~SharedDir() { test::comm().barrier(); }  // every rank done with it before rank 0 removes it
-};
+using test::SharedDir;
 
 // Small buckets (several per backward pass) and, at stage 3, a prefetch of a bit more than one
 // layer, so buckets and gathers really are in flight across ops.

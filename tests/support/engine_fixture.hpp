@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include "process.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/plan.hpp"
 #include "zp/planner/schedule.hpp"
@@ -42,6 +43,22 @@ inline models::ModelSpec tiny_model_with_dropout(double embd, double attn, doubl
   m.resid_dropout = resid;
   return m;
 }
+
+// A directory every rank agrees on: rank 0 makes it and broadcasts its path.
+struct SharedDir {
+  std::unique_ptr<TempDir> dir;
+  std::string path;
+  SharedDir() {
+    char buf[64] = {};
+    if (comm().rank() == 0) {
+      dir = std::make_unique<TempDir>();
+      dir->path.copy(buf, sizeof(buf) - 1);
+    }
+    comm().broadcast(buf, sizeof(buf), 0);
+    path = buf;
+  }
+  ~SharedDir() { comm().barrier(); }  // every rank done with it before rank 0 removes it
+};
 
 inline planner::Plan tiny_plan(const planner::Strategy& s) {
   return planner::make_plan(models::load_model("gpt2-tiny"), s,

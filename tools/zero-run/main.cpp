@@ -1,7 +1,7 @@
 // zero-run: executes a plan for real on every MPI rank (the cpu backend emulates the device
 // in host memory), measures memory per rank, tier and category, and holds the measurement
-// against the plan's prediction. Thin: parse, build the engine, loop, report. Not a trainer
-// for real workloads (no checkpoints, no evaluation).
+// against the plan's prediction. Thin: parse, build the engine, resume, loop, checkpoint,
+// report. Not a trainer for real workloads (no evaluation, no learning-rate schedule).
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "zp/planner/schedule.hpp"
 #include "zp/reports/comparison.hpp"
 #include "zp/reports/report_file.hpp"
+#include "zp/runtime/checkpoint.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/cuda.hpp"
 #include "zp/runtime/data.hpp"
@@ -53,6 +54,7 @@ struct Args {
   std::string plan_path, model, data, report, format, save_weights, device = "cpu";
   std::string steps = "10", seed = "1234", tolerance = "2", device_memory, host_memory;
   std::string lr = "1e-3", weight_decay, grad_clip = "0", dpu_warmup, nvme_path;
+  std::string save_checkpoint, checkpoint_every, keep_checkpoints, resume;
   cli::StrategyFlags flags;
 };
 
@@ -74,7 +76,30 @@ struct Setup {
   int64_t steps = 10;
   double tolerance = 2;
   uint64_t gpu_bytes = 0, cpu_bytes = 0, nvme_bytes = 0;
+  // Checkpoints: where to save, every how many steps (0: at the end only), how many to keep
+  // (0: all); the checkpoint resumed from.
+  std::string save_dir;
+  int64_t every = 0, keep = 0;
+  std::string resume_dir;
+  std::optional<runtime::CheckpointManifest> resume;
 };
+
+// What differs between the model a checkpoint was saved from and this run's, for the refusal:
+// the first config field with another value; "" when they are the same.
+std::string model_difference(const std::string& saved, const std::string& here) {
+  const nlohmann::json a = nlohmann::json::parse(saved, nullptr, false);
+  const nlohmann::json b = nlohmann::json::parse(here, nullptr, false);
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [k, v] : a.items())
+      if (!b.contains(k) || b.at(k) != v)
+        return fmt::format("{}: {} in the checkpoint, {} here", k, v.dump(),
+                           b.contains(k) ? b.at(k).dump() : "absent");
+    for (const auto& [k, v] : b.items())
+      if (!a.contains(k)) return fmt::format("{}: absent in the checkpoint, {} here", k, v.dump());
+    return {};
+  }
+  return a == b ? std::string{} : "the configs differ";
+}
 
 // nvme_path of a DeepSpeed config's offload_optimizer or offload_param section (for the
 // sections that offload to NVMe), or "". zero-run keeps every swap file of a rank in one
@@ -166,6 +191,53 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
                            ? (s.plan.strategy.optimizer == planner::OptimizerKind::adamw ? 0.01f : 0.0f)
                            : static_cast<float>(parse_number(a.weight_decay, "--weight-decay", 0));
   s.opt.grad_clip = static_cast<float>(parse_number(a.grad_clip, "--grad-clip", 0));
+
+  // Checkpoints. Saving or resuming puts the staging buffer in the plan (a plan file made
+  // without --checkpoint is made again with it, from its own model, strategy and seed).
+  if (a.save_checkpoint.empty() && (!a.checkpoint_every.empty() || !a.keep_checkpoints.empty()))
+    throw Error(fmt::format("{} needs --save-checkpoint DIR",
+                            !a.checkpoint_every.empty() ? "--checkpoint-every" : "--keep-checkpoints"),
+                "e.g. --save-checkpoint ckpt --checkpoint-every 100 --keep-checkpoints 3");
+  s.save_dir = a.save_checkpoint;
+  if (!a.checkpoint_every.empty()) s.every = static_cast<int64_t>(parse_count(a.checkpoint_every, "--checkpoint-every"));
+  if (!a.keep_checkpoints.empty()) s.keep = static_cast<int64_t>(parse_count(a.keep_checkpoints, "--keep-checkpoints"));
+  if (!a.resume.empty()) {
+    s.resume_dir = runtime::resolve_checkpoint(a.resume);
+    s.resume = runtime::read_manifest(s.resume_dir);
+    const runtime::CheckpointManifest& m = *s.resume;
+    const std::string hint = "resume with the model, --precision and --optimizer the checkpoint was saved with";
+    if (const std::string diff = model_difference(m.model_config, models::to_hf_config(s.plan.model));
+        !diff.empty())
+      throw Error(fmt::format("--resume {}: a checkpoint of another model ({})", a.resume, diff),
+                  hint);
+    if (m.precision != planner::to_string(s.plan.strategy.precision))
+      throw Error(fmt::format("--resume {}: saved in {}, this run trains in {}", a.resume, m.precision,
+                              planner::to_string(s.plan.strategy.precision)),
+                  hint);
+    if (m.optimizer != planner::to_string(s.plan.strategy.optimizer))
+      throw Error(fmt::format("--resume {}: holds {} states, this run's optimizer is {}", a.resume,
+                              m.optimizer, planner::to_string(s.plan.strategy.optimizer)),
+                  hint);
+    if (m.dpu_pending && !s.plan.strategy.dpu)
+      throw Error(fmt::format("--resume {}: a delayed parameter update is in flight in it, this "
+                              "run has no --dpu", a.resume),
+                  "resume with --dpu (and --offload-optimizer cpu or nvme)");
+    // The data order and dropout go on from the checkpoint's seed; the optimizer's settings
+    // are the checkpoint's unless given again.
+    if (app.count("--seed") > 0 && parse_count(a.seed, "--seed") != m.seed)
+      throw Error(fmt::format("--seed {} differs from the checkpoint's seed {}", a.seed, m.seed),
+                  "drop --seed: a resumed run continues the checkpoint's data order");
+    s.plan.seed = m.seed;
+    if (app.count("--lr") == 0) s.opt.lr = static_cast<float>(m.lr);
+    if (app.count("--weight-decay") == 0) s.opt.weight_decay = static_cast<float>(m.weight_decay);
+    if (app.count("--grad-clip") == 0) s.opt.grad_clip = static_cast<float>(m.grad_clip);
+    if (a.dpu_warmup.empty() && s.plan.strategy.dpu) s.opt.dpu_warmup_steps = m.dpu_warmup;
+  }
+  if ((!s.save_dir.empty() || s.resume) && !s.plan.strategy.save_checkpoint) {
+    planner::Strategy st = s.plan.strategy;
+    st.save_checkpoint = true;
+    s.plan = planner::make_plan(s.plan.model, st, s.plan.options, s.plan.seed);
+  }
   if (!a.dpu_warmup.empty()) {
     if (!s.plan.strategy.dpu)
       throw Error("--dpu-warmup: the plan has no delayed parameter update",
@@ -309,6 +381,17 @@ int main(int argc, char** argv) {
                  ".xml (JUnit)");
   app.add_option("--tolerance", a.tolerance, "largest allowed error of a measured peak, percent [2]");
   app.add_option("--save-weights", a.save_weights, "write the final fp32 weights (flat, n_params floats)");
+  app.add_option("--save-checkpoint", a.save_checkpoint,
+                 "save a training checkpoint to this directory at the end (and with "
+                 "--checkpoint-every): every rank's states, the step, the loss scaler; DIR/latest "
+                 "names the newest. On several nodes DIR must be shared storage");
+  app.add_option("--checkpoint-every", a.checkpoint_every,
+                 "with --save-checkpoint: also every N steps [0: at the end only]");
+  app.add_option("--keep-checkpoints", a.keep_checkpoints,
+                 "with --save-checkpoint: keep the K newest checkpoints, remove older ones [0: all]");
+  app.add_option("--resume", a.resume,
+                 "continue from a checkpoint (its directory or one of its step-* directories), at "
+                 "any --dp or --stage: --steps still counts from the start of training");
   cli::add_format_flag(app, a.format);
   app.footer(
       "Examples:\n"
@@ -321,6 +404,10 @@ int main(int argc, char** argv) {
       "--nvme-path /local_nvme\n"
       "  zero-plan plan --model gpt2 --stage 2 --device cuda -o gpu.json && zero-run gpu.json "
       "--steps 2   # the GPU's bf16 graph, on the cpu\n"
+      "  mpirun -np 4 zero-run --model gpt2-tiny --stage 2 --steps 100 --save-checkpoint ckpt "
+      "--checkpoint-every 20 --keep-checkpoints 2\n"
+      "  mpirun -np 2 zero-run --model gpt2-tiny --stage 3 --steps 200 --resume ckpt   # from "
+      "step 100, now at dp 2\n"
       "Exit codes: 0 measured within tolerance, 1 a peak is off by more than the tolerance,\n"
       "2 bad input (one error line and a hint).");
 
@@ -394,6 +481,15 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     setup_error = e;
   }
+  // Resuming: every rank loads its partition (load_checkpoint agrees on failure itself), once
+  // every rank has an engine.
+  if (s.resume && comm->all_reduce_sum(setup_error ? 1.0 : 0.0) == 0) {
+    try {
+      engine->load_checkpoint(s.resume_dir, *s.resume);
+    } catch (const Error& e) {
+      setup_error = e;
+    }
+  }
   // Setup errors are mostly the same on every rank (the plan, the data): rank 0 speaks for
   // all. One that strikes some ranks only (a swap file that cannot be created) is said by
   // each of them. Every rank exits 2, none waits in a collective.
@@ -427,9 +523,27 @@ int main(int argc, char** argv) {
                 static_cast<long long>(comm->size()), comm->size() == 1 ? "" : "s", dev->name().data(),
                 planner::describe_compute(s.plan.model, s.plan.strategy, s.plan.options).c_str(),
                 params.c_str());
+    if (s.resume)
+      std::printf("resumed from %s at step %lld (saved at dp %lld, stage %d)%s\n", s.resume_dir.c_str(),
+                  static_cast<long long>(s.resume->step), static_cast<long long>(s.resume->dp),
+                  s.resume->stage,
+                  s.resume->step >= s.steps ? fmt::format("; --steps {} already reached, nothing to run",
+                                                          s.steps).c_str()
+                                            : "");
   }
+  const int64_t start = engine->steps_done();
+  int64_t saved_at = -1;
+  auto save = [&] {
+    engine->save_checkpoint(s.save_dir, s.keep);
+    saved_at = engine->steps_done();
+    if (lead) {
+      std::printf("checkpoint: %s/%s\n", s.save_dir.c_str(),
+                  runtime::checkpoint_dir_name(saved_at).c_str());
+      std::fflush(stdout);
+    }
+  };
   try {
-    for (int64_t i = 0; i < s.steps; ++i) {
+    for (int64_t i = start; i < s.steps; ++i) {
       const runtime::StepStats st = engine->step();
       cmp.steps.push_back({st.step, st.loss, st.seconds, st.grad_norm, st.loss_scale, st.skipped});
       if (lead) {
@@ -438,7 +552,9 @@ int main(int argc, char** argv) {
                     st.seconds, st.skipped ? "  (fp16 overflow: step skipped, loss scale halved)" : "");
         std::fflush(stdout);
       }
+      if (!s.save_dir.empty() && s.every > 0 && st.step % s.every == 0) save();
     }
+    if (!s.save_dir.empty() && saved_at != engine->steps_done()) save();
     if (!a.save_weights.empty()) engine->save_weights(a.save_weights);
   } catch (const runtime::StepFailed& e) {
     // Every rank is here together: the failing rank says why, all remove their swap files
@@ -477,7 +593,7 @@ int main(int argc, char** argv) {
     cmp.device = std::string(dev->name());
     cmp.tolerance_pct = s.tolerance;
     // Without a step there is nothing to hold against the step's prediction.
-    if (s.steps > 0)
+    if (engine->steps_done() > start)
       for (int r = 0; r < comm->size(); ++r)
       {
         cmp.ranks.push_back({r, s.plan.predicted, unpack(all.data() + r * kPacked), std::nullopt});
@@ -494,7 +610,7 @@ int main(int argc, char** argv) {
       std::printf("\n%s", reports::render_comparison(cmp, cli::parse_format(a.format)).c_str());
       if (!a.report.empty()) {
         const auto kind = reports::report_kind(a.report);
-        if (kind == reports::ReportKind::html && s.steps > 0) {
+        if (kind == reports::ReportKind::html && engine->steps_done() > start) {
           // The timeline chart: the planner's replay of the plan next to rank 0's first micro-step.
           const auto e = planner::estimate(s.plan.model, s.plan.strategy, nullptr, s.plan.options);
           cmp.predicted_timeline = e.memory.timeline;

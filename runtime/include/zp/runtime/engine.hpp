@@ -32,6 +32,7 @@
 #include "zp/models/graph.hpp"
 #include "zp/planner/plan.hpp"
 #include "zp/planner/schedule.hpp"
+#include "zp/runtime/checkpoint.hpp"
 #include "zp/runtime/comm.hpp"
 #include "zp/runtime/data.hpp"
 #include "zp/runtime/device.hpp"
@@ -121,6 +122,25 @@ class Engine {
   // Every rank writes the weights it owns (fp32 master, or the fp32 params) into one file of
   // n_params fp32 values in the model's flat order; the file appears whole (temp + rename).
   void save_weights(const std::string& path);
+
+  // Training checkpoints (engine_checkpoint.cpp; the protocol in checkpoint.hpp). Collective:
+  // every rank calls them together, between steps.
+  // save_checkpoint writes each rank's owned elements of every model state to
+  // root/step-<steps_done()>, through a host staging buffer (cpu tier, category buffers,
+  // planner::checkpoint_staging_bytes; the plan counts it with strategy.save_checkpoint). A
+  // delayed update in flight is waited for and saved as it stands, not applied, so the run
+  // goes on exactly as if it had not stopped. An I/O error on any rank (ENOSPC, EIO) is
+  // StepFailed on every rank, naming the file; the last complete checkpoint stays as it was.
+  // `keep`: the newest checkpoints kept (0: all).
+  void save_checkpoint(const std::string& root, int64_t keep);
+  // Loads a checkpoint of this model saved at any data-parallel degree, ZeRO stage or offload:
+  // each rank reads its owned elements from the files that hold them (checked against the
+  // manifest's sizes and CRC-32s) and the step, loss scaler and delayed update go on from
+  // where it stopped. zp::Error on every rank, before any step, when it does not fit this
+  // engine (another model, precision or optimizer; a delayed update in flight without --dpu)
+  // or a file is missing, truncated or corrupted. Call it before the first step.
+  void load_checkpoint(const std::string& step_dir, const CheckpointManifest& m);
+  int64_t steps_done() const { return step_; }
 
   // Bytes in use per tier and category at each op of the first micro-step, at the op's high
   // point (after its allocations, before its frees), as the planner's timeline samples it;
@@ -304,6 +324,28 @@ class Engine {
   double loss_sum_ = 0;
   int64_t step_ = 0, micro_ = 0, good_steps_ = 0;
   float loss_scale_ = 1;
+
+  // Checkpoints (engine_checkpoint.cpp): a model state and where it lives (memory of either
+  // tier, or a swap file), indexed by partition (part_off + i - lo) or, for whole copies
+  // (the parameters below stage 3, every state at stage 0), by flat element.
+  struct StateRef {
+    std::string name;
+    DType dtype = DType::fp32;
+    void* mem = nullptr;
+    Swapper* swapper = nullptr;
+    SwapFile file;
+    bool flat_index = false;
+  };
+  std::vector<StateRef> checkpoint_states() const;
+  // The entries of rank r's file (state-major, groups in order), at their offsets.
+  std::vector<CheckpointEntry> checkpoint_entries(int r, const std::vector<StateRef>& states) const;
+  // The owned elements of `st` through the staging buffer `buf` (cap bytes, 4096-aligned, a
+  // multiple of 4096): fn(first flat element, count, values) reads them (save) or fills them
+  // (load, written back after).
+  void visit_state(const StateRef& st, bool load, std::byte* buf, uint64_t cap,
+                   const std::function<void(uint64_t, uint64_t, std::byte*)>& fn);
+  void join_dpu();  // the delayed update's thread done (and its I/O agreed), nothing applied
+  int64_t first_step_ = 0;  // the first step this engine runs (a resumed run: the checkpoint's)
 
   void layout();
   void allocate_states();
