@@ -296,9 +296,9 @@ std::string render_estimate(const planner::Estimate& e, Format f) {
                        format_bytes(e.activations.saved_per_layer[b0] +
                                     e.activations.stats_per_layer[b0]));
   if (const auto& c = e.checkpoint) {
-    out += fmt::format("checkpoint: {} on disk per rank{} ({} per element owned), {} in all from "
-                       "{} rank{}; a {} host staging buffer (in the cpu peak)\n",
-                       format_bytes(c->rank_bytes), c->writers == 1 ? "" : " (at most)",
+    out += fmt::format("checkpoint: {}{} on disk per rank ({} per element owned), {} in all from "
+                       "{} rank{}; a {} host staging buffer, in the cpu peak\n",
+                       c->writers == 1 ? "" : "at most ", format_bytes(c->rank_bytes),
                        format_bytes(c->bytes_per_element), format_bytes(c->total_bytes), c->writers,
                        c->writers == 1 ? "" : "s", format_bytes(c->staging_bytes));
   }

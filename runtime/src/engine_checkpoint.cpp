@@ -376,11 +376,11 @@ void Engine::load_checkpoint(const std::string& step_dir, const CheckpointManife
   // Every rank agrees before the collectives below: a failure is an input error everywhere.
   const double n_failed = dp_ > 1 ? comm_.all_reduce_sum(failure.empty() ? 0.0 : 1.0)
                                   : (failure.empty() ? 0.0 : 1.0);
-  if (!failure.empty()) throw Error(failure, hint);
+  if (!failure.empty()) throw StepFailed(failure, hint, true);
   if (n_failed > 0)
-    throw Error(fmt::format("rank {}: loading the checkpoint failed on {} other rank{}", rank_,
-                            n_failed, n_failed > 1 ? "s" : ""),
-                "see the failing rank's error");
+    throw StepFailed(fmt::format("rank {}: loading the checkpoint failed on {} other rank{}", rank_,
+                                 n_failed, n_failed > 1 ? "s" : ""),
+                     "see the failing rank's error", false);
   step_ = m.step;
   first_step_ = m.step;
   good_steps_ = m.good_steps;

@@ -649,3 +649,18 @@ TEST_CASE("parallelism: --pp lists every stage and names the most loaded; --sp, 
     CHECK(c["strategy"]["dp"].get<int>() * c["strategy"]["tp"].get<int>() * 2 == 8);
   }
 }
+
+TEST_CASE("estimate --checkpoint: the bytes on disk and the staging buffer") {
+  // Llama 2 7B at stage 3 over 64 ranks: 6,738,415,616 parameters x (2 + 12) bytes in all.
+  const Result r = zero_plan({"estimate", "--model", "llama-2-7b", "--stage", "3", "--dp", "64",
+                              "--micro-batch", "1", "--seq", "4096", "--checkpoint"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("(14 B per element owned), 87.86 GiB in all from 64 ranks; a 16.00 MiB host "
+                   "staging buffer, in the cpu peak") != std::string::npos);
+  const Result j = zero_plan({"estimate", "--model", "llama-2-7b", "--stage", "3", "--dp", "64",
+                              "--micro-batch", "1", "--seq", "4096", "--checkpoint", "--format", "json"});
+  REQUIRE(j.rc == 0);
+  const auto js = nlohmann::json::parse(j.out);
+  CHECK(js["checkpoint"]["total_bytes"] == uint64_t{6'738'415'616} * 14);
+  CHECK(js["per_device"]["cpu"]["total"] == js["checkpoint"]["staging_bytes"]);
+}

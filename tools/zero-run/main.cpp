@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -199,6 +200,14 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
                             !a.checkpoint_every.empty() ? "--checkpoint-every" : "--keep-checkpoints"),
                 "e.g. --save-checkpoint ckpt --checkpoint-every 100 --keep-checkpoints 3");
   s.save_dir = a.save_checkpoint;
+  if (!s.save_dir.empty()) {  // said now, not after the steps
+    std::error_code ec;
+    std::filesystem::create_directories(s.save_dir, ec);
+    if (ec || !std::filesystem::is_directory(s.save_dir))
+      throw Error(fmt::format("--save-checkpoint: cannot create the directory {}: {}", s.save_dir,
+                              ec ? ec.message() : "a file is in the way"),
+                  "give a directory that can be created and written");
+  }
   if (!a.checkpoint_every.empty()) s.every = static_cast<int64_t>(parse_count(a.checkpoint_every, "--checkpoint-every"));
   if (!a.keep_checkpoints.empty()) s.keep = static_cast<int64_t>(parse_count(a.keep_checkpoints, "--keep-checkpoints"));
   if (!a.resume.empty()) {
@@ -481,13 +490,19 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     setup_error = e;
   }
-  // Resuming: every rank loads its partition (load_checkpoint agrees on failure itself), once
-  // every rank has an engine.
+  // Resuming: every rank loads its partition once every rank has an engine. load_checkpoint
+  // agrees on failure itself: the ranks that found a damaged file say so (each may read it),
+  // and every rank exits 2.
   if (s.resume && comm->all_reduce_sum(setup_error ? 1.0 : 0.0) == 0) {
     try {
       engine->load_checkpoint(s.resume_dir, *s.resume);
-    } catch (const Error& e) {
-      setup_error = e;
+    } catch (const runtime::StepFailed& e) {
+      if (e.origin()) {
+        std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
+        if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+      }
+      engine.reset();
+      return cli::kExitBadInput;
     }
   }
   // Setup errors are mostly the same on every rank (the plan, the data): rank 0 speaks for

@@ -136,9 +136,10 @@ class Engine {
   // Loads a checkpoint of this model saved at any data-parallel degree, ZeRO stage or offload:
   // each rank reads its owned elements from the files that hold them (checked against the
   // manifest's sizes and CRC-32s) and the step, loss scaler and delayed update go on from
-  // where it stopped. zp::Error on every rank, before any step, when it does not fit this
-  // engine (another model, precision or optimizer; a delayed update in flight without --dpu)
-  // or a file is missing, truncated or corrupted. Call it before the first step.
+  // where it stopped. StepFailed on every rank, before any step (origin() on the ranks that
+  // found the fault), when it does not fit this engine (another model, precision or optimizer;
+  // a delayed update in flight without --dpu) or a file is missing, truncated or corrupted.
+  // Call it before the first step.
   void load_checkpoint(const std::string& step_dir, const CheckpointManifest& m);
   int64_t steps_done() const { return step_; }
 
