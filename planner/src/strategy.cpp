@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include <algorithm>
 #include <array>
 #include <set>
 
@@ -395,6 +396,81 @@ Offload read_offload(const json& zo, std::string_view key, const std::string& or
 
 }  // namespace
 
+// The fields zeroplan reads no memory from, type-checked as DeepSpeed uses them, so a config
+// DeepSpeed would refuse (or trip over at its first step) is not planned as if it were fine.
+// The monitors and the communication logger are pydantic models that forbid unknown fields
+// (deepspeed/monitor/config.py, deepspeed/comm/config.py: DeepSpeedConfigModel, extra=
+// "forbid"); the flops profiler and the top-level scalars are read by get_scalar_param with
+// the defaults' types (deepspeed/profiling/config.py, deepspeed/runtime/config.py);
+// communication_data_type is one of fp16, bf16, fp32 (runtime/config.py
+// get_communication_data_type raises otherwise). "auto" stands where the Hugging Face Trainer
+// fills a value in.
+static void check_unmodelled_fields(const json& ds, const std::string& origin) {
+  Fields top(ds, origin);
+  for (const char* k : {"prescale_gradients", "sparse_gradients", "zero_allow_untested_optimizer",
+                        "zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "dump_state",
+                        "memory_breakdown", "disable_allgather", "dataloader_drop_last",
+                        "load_universal_checkpoint"})
+    (void)top.boolean(k, false);
+  if (!is_auto(ds, "gradient_clipping")) (void)top.nonneg_number("gradient_clipping", 0);
+  (void)top.positive_number("gradient_predivide_factor", 1);
+  (void)top.positive_int("steps_per_print", 10);
+  (void)top.nonneg_int("seed", 1234);
+  if (top.has("communication_data_type")) {
+    const std::string t = top.string("communication_data_type");
+    if (t != "fp16" && t != "bf16" && t != "fp32")
+      top.fail("communication_data_type", "\"fp16\", \"bf16\", \"fp32\" or null");
+  }
+  // A pydantic model's section: its fields, each a type.
+  enum class T { boolean, string, opt_string, opt_boolean, integer, number, list };
+  auto section = [&](const char* name, std::initializer_list<std::pair<std::string_view, T>> fields) {
+    const json* o = top.object(name);
+    if (o == nullptr) return;
+    Fields f(*o, origin, std::string(name) + ".");
+    std::vector<std::string_view> known;
+    for (const auto& [k, t] : fields) known.push_back(k);
+    for (const auto& [key, value] : o->items())
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        throw Error(fmt::format("{}: unknown field '{}.{}'", origin, name, key),
+                    fmt::format("DeepSpeed refuses it too (its {} section takes {})", name,
+                                fmt::join(known, ", ")));
+    for (const auto& [k, t] : fields) {
+      if (!f.has(k)) continue;
+      const json& v = o->at(std::string(k));
+      switch (t) {
+        case T::boolean: (void)f.boolean(k, false); break;
+        case T::opt_boolean: (void)f.boolean(k, false); break;  // null counts as absent
+        case T::string:
+        case T::opt_string: (void)f.string(k, ""); break;
+        case T::integer:
+          if (!v.is_number_integer()) f.fail(k, "an integer");
+          break;
+        case T::number:
+          if (!v.is_number() || !std::isfinite(v.get<double>())) f.fail(k, "a number");
+          break;
+        case T::list:
+          if (!v.is_array()) f.fail(k, "a list");
+          break;
+      }
+    }
+  };
+  section("tensorboard", {{"enabled", T::boolean}, {"output_path", T::string}, {"job_name", T::string}});
+  section("csv_monitor", {{"enabled", T::boolean}, {"output_path", T::string}, {"job_name", T::string}});
+  section("wandb", {{"enabled", T::boolean}, {"group", T::opt_string}, {"team", T::opt_string},
+                    {"project", T::string}});
+  section("comet", {{"enabled", T::boolean}, {"samples_log_interval", T::integer},
+                    {"project", T::opt_string}, {"workspace", T::opt_string},
+                    {"api_key", T::opt_string}, {"experiment_name", T::opt_string},
+                    {"experiment_key", T::opt_string}, {"online", T::opt_boolean},
+                    {"mode", T::opt_string}});
+  section("comms_logger", {{"enabled", T::boolean}, {"prof_all", T::boolean}, {"prof_ops", T::list},
+                           {"verbose", T::boolean}, {"debug", T::boolean}});
+  section("flops_profiler", {{"enabled", T::boolean}, {"recompute_fwd_factor", T::number},
+                             {"profile_step", T::integer}, {"module_depth", T::integer},
+                             {"top_modules", T::integer}, {"detailed", T::boolean},
+                             {"output_file", T::opt_string}});
+}
+
 Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& origin,
                                 std::vector<std::string>* assumed) {
   auto note = [&](std::string line) {
@@ -414,6 +490,7 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
                   "data_types", "memory_breakdown", "load_universal_checkpoint",
                   "disable_allgather", "seed", "dataloader_drop_last", "sequence_parallel_size"},
                  origin, "");
+  check_unmodelled_fields(ds, origin);
   Fields top(ds, origin);
   // DeepSpeed-Ulysses (ALST): the config's sequence_parallel_size, as DeepSpeed's own sequence-
   // parallel tests write it, is the Ulysses degree: context parallelism by all-to-all.

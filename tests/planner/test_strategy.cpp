@@ -279,3 +279,31 @@ TEST_CASE("fit verdict names the tier that does not fit") {
   REQUIRE(e.shortfalls.size() == 1);
   CHECK(e.shortfalls[0].rfind("gpu: needs", 0) == 0);
 }
+
+TEST_CASE("DeepSpeed config: fields zeroplan does not model are still type-checked") {
+  // What DeepSpeed's own readers accept passes: the Trainer's "auto", the monitors, nulls.
+  CHECK_NOTHROW(from_ds(R"({"gradient_clipping": "auto", "wall_clock_breakdown": false,
+    "steps_per_print": 2000, "seed": 42, "prescale_gradients": false,
+    "communication_data_type": null, "gradient_predivide_factor": 1.0,
+    "tensorboard": {"enabled": true, "output_path": "logs/", "job_name": "run"},
+    "wandb": {"enabled": false, "team": null, "project": "p"},
+    "comet": {"enabled": false, "online": null, "samples_log_interval": 50},
+    "comms_logger": {"enabled": true, "prof_ops": ["all_reduce"], "verbose": false},
+    "flops_profiler": {"enabled": true, "profile_step": 1, "module_depth": -1,
+                       "top_modules": 1, "detailed": true, "output_file": null}})"));
+  CHECK_NOTHROW(from_ds(R"({"gradient_clipping": 1.0, "communication_data_type": "bf16"})"));
+  // What DeepSpeed would refuse, or trip over at its first step, is refused naming the field.
+  auto refused = [](const char* text) { return error_of([&] { from_ds(text); }); };
+  CHECK(refused(R"({"gradient_clipping": "x"})").find("field 'gradient_clipping' must be a number >= 0, got \"x\"") != std::string::npos);
+  CHECK(refused(R"({"gradient_clipping": -1})").find("field 'gradient_clipping'") != std::string::npos);
+  CHECK(refused(R"({"wall_clock_breakdown": [1, 2]})").find("field 'wall_clock_breakdown' must be true or false, got [1,2]") != std::string::npos);
+  CHECK(refused(R"({"steps_per_print": "10"})").find("field 'steps_per_print'") != std::string::npos);
+  CHECK(refused(R"({"seed": 1.5})").find("field 'seed'") != std::string::npos);
+  CHECK(refused(R"({"communication_data_type": "int8"})").find("field 'communication_data_type' must be \"fp16\", \"bf16\", \"fp32\" or null") != std::string::npos);
+  CHECK(refused(R"({"tensorboard": {"enabled": "yes"}})").find("field 'tensorboard.enabled' must be true or false") != std::string::npos);
+  CHECK(refused(R"({"tensorboard": {"outpath": "x"}})").find("unknown field 'tensorboard.outpath'") != std::string::npos);
+  CHECK(refused(R"({"wandb": {"project": 3}})").find("field 'wandb.project' must be a string") != std::string::npos);
+  CHECK(refused(R"({"comms_logger": {"prof_ops": "all_reduce"}})").find("field 'comms_logger.prof_ops' must be a list") != std::string::npos);
+  CHECK(refused(R"({"flops_profiler": {"profile_step": 1.5}})").find("field 'flops_profiler.profile_step' must be an integer") != std::string::npos);
+  CHECK(refused(R"({"tensorboard": [1]})").find("tensorboard") != std::string::npos);
+}
