@@ -26,6 +26,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# --no-build: the packages only (tools/fuzz.sh builds its own tree).
+[ "${1:-}" = "--no-build" ] && exit 0
+
 build=${ZP_BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${ZP_BUILD_TYPE:-Release}" ${ZP_CMAKE_ARGS:-} >/dev/null

@@ -38,6 +38,12 @@ json parse_json_text(std::string_view text, const std::string& origin) {
   }
 }
 
+std::string json_excerpt(const json& v, std::size_t max) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > max && max >= 3) s = s.substr(0, max - 3) + "...";
+  return s;
+}
+
 Fields::Fields(const json& obj, std::string origin, std::string prefix)
     : obj_(obj), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
 
@@ -47,8 +53,7 @@ bool Fields::has(std::string_view key) const {
 }
 
 void Fields::fail(std::string_view key, std::string_view expected) const {
-  std::string got = has(key) ? obj_.at(std::string(key)).dump() : std::string("nothing");
-  if (got.size() > 40) got = got.substr(0, 37) + "...";
+  const std::string got = has(key) ? json_excerpt(obj_.at(std::string(key))) : std::string("nothing");
   throw Error(fmt::format("{}: field '{}' must be {}, got {}", origin_, path(key), expected, got),
               fmt::format("fix '{}' in {}", path(key), origin_));
 }

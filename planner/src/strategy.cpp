@@ -348,8 +348,8 @@ void require_neutral(const json& obj, std::string_view key, const json& neutral,
   auto it = obj.find(key);
   if (it != obj.end() && !it->is_null() && *it != neutral)
     throw Error(fmt::format("{}: field '{}{}' = {} is not modelled by zeroplan", origin, prefix,
-                            key, it->dump()),
-                fmt::format("remove it or set it to {} to plan without it", neutral.dump()));
+                            key, json_excerpt(*it)),
+                fmt::format("remove it or set it to {} to plan without it", json_excerpt(neutral)));
 }
 
 // The section's device, and its buffer settings where zeroplan has them:
@@ -627,7 +627,7 @@ Strategy apply_deepspeed_config(Strategy s, const json& ds, const std::string& o
     if (auto it = zo->find("zero_quantized_gradients");
         it != zo->end() && !it->is_null() && *it != json(false))
       throw Error(fmt::format("{}: field 'zero_optimization.zero_quantized_gradients' = {} is not "
-                              "modelled by zeroplan", origin, it->dump()),
+                              "modelled by zeroplan", origin, json_excerpt(*it)),
                   "ZeRO++ qgZ replaces the reduce-scatter by an int4 all-to-all only across "
                   "nodes (stage3.py __avg_scatter_grads: num_nodes > 1, GPUs per node from "
                   "the launcher), with per-gradient buffers sized by its shape and node count; "

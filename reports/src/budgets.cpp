@@ -79,7 +79,7 @@ double growth_pct(const json& obj, std::string_view key, const std::string& wher
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
   if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0)
-    throw Error(fmt::format("{}.{}: must be a number of percent >= 0, got {}", where, key, it->dump()),
+    throw Error(fmt::format("{}.{}: must be a number of percent >= 0, got {}", where, key, json_excerpt(*it)),
                 fmt::format("e.g. \"{}\": 1 fails a tier that grew by more than 1%", key));
   return it->get<double>();
 }
@@ -105,7 +105,7 @@ TierLimit parse_limit(const json& v, const std::string& where) {
     return l;
   }
   if (!v.is_string())
-    throw Error(fmt::format("{}: must be a size or a share of the device, got {}", where, v.dump()),
+    throw Error(fmt::format("{}: must be a size or a share of the device, got {}", where, json_excerpt(v)),
                 std::string(kLimitHint));
   l.text = v.get<std::string>();
   std::string_view s = trim(l.text);
@@ -145,7 +145,7 @@ Budgets parse_budgets(const json& j, const std::string& path) {
   Fields top(j, path);
   if (!top.has("schema") || !j["schema"].is_string() || j["schema"].get<std::string>() != kSchema)
     throw Error(fmt::format("{}: field 'schema' must be \"{}\", got {}", path, kSchema,
-                            top.has("schema") ? j["schema"].dump() : "nothing"),
+                            top.has("schema") ? json_excerpt(j["schema"]) : "nothing"),
                 fmt::format("add \"schema\": \"{}\" at the top of the file", kSchema));
   const double default_growth = growth_pct(j, "max_growth_pct", path, 1.0);
   if (!j.contains("cases") || !j["cases"].is_array() || j["cases"].empty())
@@ -160,7 +160,7 @@ Budgets parse_budgets(const json& j, const std::string& path) {
     const json& c = j["cases"][i];
     const std::string where = fmt::format("{}: cases[{}]", path, i);
     if (!c.is_object())
-      throw Error(fmt::format("{}: must be an object, got {}", where, c.dump()),
+      throw Error(fmt::format("{}: must be an object, got {}", where, json_excerpt(c)),
                   "e.g. {\"model\": \"gpt2\", \"budget\": {\"gpu\": \"8 GiB\"}}");
     reject_unknown(c,
                    {"name", "model", "strategy", "ds_config", "hardware", "profile", "device",
@@ -217,7 +217,7 @@ Budgets parse_budgets(const json& j, const std::string& path) {
           throw Error(fmt::format("{}.accepted: unknown tier '{}'", where, key), "tiers are gpu, cpu and nvme");
         if (!(value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0)))
           throw Error(fmt::format("{}.accepted.{}: must be bytes as an integer >= 0, got {}", where,
-                                  key, value.dump()),
+                                  key, json_excerpt(value)),
                       "zero-plan check --update writes the accepted values");
         bc.accepted[tier_index(*t)] = value.get<uint64_t>();
       }

@@ -93,10 +93,10 @@ std::string model_difference(const std::string& saved, const std::string& here) 
   if (a.is_object() && b.is_object()) {
     for (const auto& [k, v] : a.items())
       if (!b.contains(k) || b.at(k) != v)
-        return fmt::format("{}: {} in the checkpoint, {} here", k, v.dump(),
-                           b.contains(k) ? b.at(k).dump() : "absent");
+        return fmt::format("{}: {} in the checkpoint, {} here", k, json_excerpt(v),
+                           b.contains(k) ? json_excerpt(b.at(k)) : "absent");
     for (const auto& [k, v] : b.items())
-      if (!a.contains(k)) return fmt::format("{}: absent in the checkpoint, {} here", k, v.dump());
+      if (!a.contains(k)) return fmt::format("{}: absent in the checkpoint, {} here", k, json_excerpt(v));
     return {};
   }
   return a == b ? std::string{} : "the configs differ";

@@ -24,6 +24,10 @@ std::string read_text_file(const std::string& path);
 // Parses JSON; a syntax error or truncation becomes zp::Error with origin, line and column.
 nlohmann::json parse_json_text(std::string_view text, const std::string& origin);
 
+// A JSON value as one line for an error message: invalid UTF-8 (a YAML file's bytes) replaced,
+// never thrown; longer than `max` characters cut with "...".
+std::string json_excerpt(const nlohmann::json& v, std::size_t max = 40);
+
 class Fields {
  public:
   // obj: the JSON object being read; origin: file name for errors; prefix: the path of obj

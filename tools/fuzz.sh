@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tools/fuzz.sh: build the parsers' libFuzzer targets (tests/fuzz, clang, address and
+# undefined-behaviour sanitizers) in build-fuzz/ and run each on its seed corpus.
+#   tools/fuzz.sh                      every target for 20 s (what CI runs)
+#   tools/fuzz.sh -runs=1000000        every target for 10^6 executions
+#   tools/fuzz.sh -max_total_time=600 plan   one target, 10 minutes
+# Arguments starting with '-' go to libFuzzer; others name targets. A crash, a hang (over
+# 10 s on one input), a leak or a sanitizer report fails the run and leaves the input in
+# build-fuzz/findings/. New inputs the fuzzer finds go to a scratch corpus, never the repo's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ZP_EXTRA_PACKAGES="${ZP_EXTRA_PACKAGES:-} clang" tools/setup.sh --no-build
+build="${ZP_FUZZ_BUILD_DIR:-build-fuzz}"
+if [ ! -f "$build/build.ninja" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DZP_FUZZ=ON -DZP_BUILD_TESTS=OFF -DZP_BUILD_BENCH=OFF \
+    -DZP_ENABLE_CUDA=OFF >/dev/null
+fi
+all=(hf_config ds_config plan budgets hardware units accelerate megatron manifest)
+args=() targets=()
+for a in "$@"; do if [[ "$a" == -* ]]; then args+=("$a"); else targets+=("$a"); fi; done
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+[ ${#args[@]} -gt 0 ] || args=(-max_total_time=20)
+ninja -C "$build" "${targets[@]/#/fuzz_}" >/dev/null
+# The project's own files seed the targets that read them.
+seeds() {
+  case "$1" in
+    hf_config) echo models/configs ;;
+    budgets) echo tests/budgets ;;
+    hardware) echo planner/hardware ;;
+    *) echo "tests/fuzz/corpus/$1" ;;
+  esac
+}
+mkdir -p "$build/findings"
+status=0
+for t in "${targets[@]}"; do
+  scratch="$build/corpus/$t"
+  mkdir -p "$scratch"
+  log="$build/fuzz_$t.log"
+  if "$build/bin/fuzz_$t" "${args[@]}" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+       -artifact_prefix="$build/findings/$t-" "$scratch" "$(seeds "$t")" >"$log" 2>&1; then
+    runs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
+    echo "fuzz $t: ${runs:-?} inputs, no findings"
+  else
+    echo "fuzz $t: FAILED (log: $log; input: $build/findings/$t-*)"
+    tail -n 30 "$log"
+    status=1
+  fi
+done
+exit $status
