@@ -32,18 +32,33 @@ seeds() {
   esac
 }
 mkdir -p "$build/findings"
-status=0
-for t in "${targets[@]}"; do
-  scratch="$build/corpus/$t"
+# One target per core at a time; each writes its log, the summary is printed in order.
+run_one() {
+  local t=$1 scratch="$build/corpus/$1" log="$build/fuzz_$1.log"
   mkdir -p "$scratch"
-  log="$build/fuzz_$t.log"
   if "$build/bin/fuzz_$t" "${args[@]}" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$build/findings/$t-" "$scratch" "$(seeds "$t")" >"$log" 2>&1; then
-    runs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
-    echo "fuzz $t: ${runs:-?} inputs, no findings"
+    echo ok >"$log.status"
+  else
+    echo failed >"$log.status"
+  fi
+}
+jobs_max=$(nproc)
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  run_one "$t" &
+done
+wait
+status=0
+for t in "${targets[@]}"; do
+  log="$build/fuzz_$t.log"
+  runs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
+  rate=$(grep -m1 'stat::average_exec_per_sec' "$log" | awk '{print $2}')
+  if [ "$(cat "$log.status")" = ok ]; then
+    echo "fuzz $t: ${runs:-?} inputs (${rate:-?}/s), no findings"
   else
     echo "fuzz $t: FAILED (log: $log; input: $build/findings/$t-*)"
-    tail -n 30 "$log"
+    grep -E 'ERROR|what\(\)|SUMMARY|in zp::' "$log" | head -n 20
     status=1
   fi
 done

@@ -14,3 +14,7 @@ cd "${ZP_BUILD_DIR:-build}"
 # tools/test.sh -L long. Any argument replaces this default.
 if [ $# -eq 0 ]; then set -- -LE long; fi
 ctest --output-on-failure -j "$(nproc)" "$@"
+# Then every parser under libFuzzer for 20 s (clang, address and undefined-behaviour
+# sanitizers; its own build tree), unless ctest was given a selection.
+cd - >/dev/null
+if [ "$*" = "-LE long" ] && [ "${ZP_SKIP_FUZZ:-0}" != 1 ]; then tools/fuzz.sh; fi

@@ -28,9 +28,10 @@ std::string read_text_file(const std::string& path) {
 json parse_json_text(std::string_view text, const std::string& origin) {
   try {
     return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 3, column 1: ...";
-    // keep the part after the bracketed id.
+  } catch (const json::exception& e) {
+    // A syntax error (parse_error) or a number beyond double's range (out_of_range 406,
+    // "1e999"). e.what() reads "[json.exception.parse_error.101] parse error at line 3,
+    // column 1: ..."; keep the part after the bracketed id.
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
     throw Error(fmt::format("{}: invalid JSON: {}", origin, what),
