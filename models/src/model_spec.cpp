@@ -28,6 +28,7 @@ std::size_t edit_distance(std::string_view a, std::string_view b, bool ignore_ca
 
 std::vector<std::string> closest_catalog_names(std::string_view name, std::size_t n) {
   std::vector<std::pair<std::size_t, std::string>> scored;
+  name = name.substr(0, kSuggestChars);  // a longer name is no typo of one (and stays linear)
   for (const auto& e : catalog()) scored.emplace_back(edit_distance(name, e.name, true), e.name);
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });

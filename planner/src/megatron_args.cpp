@@ -43,6 +43,7 @@ const MegatronFlag* find_flag(std::string_view name) {
 
 std::vector<std::string_view> closest_flags(std::string_view name, std::size_t n) {
   std::vector<std::pair<std::size_t, std::string_view>> scored;
+  name = name.substr(0, models::kSuggestChars);  // a longer flag is no typo of one
   for (const MegatronFlag& f : kFlags) scored.emplace_back(models::edit_distance(name, f.name), f.name);
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });

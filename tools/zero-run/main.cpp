@@ -242,6 +242,10 @@ Setup resolve(const Args& a, const CLI::App& app, int n_ranks) {
     if (app.count("--grad-clip") == 0) s.opt.grad_clip = static_cast<float>(m.grad_clip);
     if (a.dpu_warmup.empty() && s.plan.strategy.dpu) s.opt.dpu_warmup_steps = m.dpu_warmup;
   }
+  if ((!s.save_dir.empty() || s.resume) && s.plan.strategy.ep > 1)
+    throw Error(fmt::format("{}: checkpoints of expert-parallel runs (--ep {}) are not supported yet",
+                            !s.save_dir.empty() ? "--save-checkpoint" : "--resume", s.plan.strategy.ep),
+                "run with --ep 1 to save or resume a checkpoint");
   if ((!s.save_dir.empty() || s.resume) && !s.plan.strategy.save_checkpoint) {
     planner::Strategy st = s.plan.strategy;
     st.save_checkpoint = true;

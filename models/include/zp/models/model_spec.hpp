@@ -248,5 +248,8 @@ std::vector<std::string> closest_catalog_names(std::string_view name, std::size_
 // Levenshtein distance (insertions, deletions, substitutions of one character each), for
 // "did you mean" hints; letters compared without case when ignore_case.
 std::size_t edit_distance(std::string_view a, std::string_view b, bool ignore_case = false);
+// Suggestions ("closest: ...") compare the first kSuggestChars characters of a misspelt name:
+// no catalog name or flag is longer, and a pasted megabyte costs no quadratic time.
+inline constexpr std::size_t kSuggestChars = 64;
 
 }  // namespace zp::models
