@@ -1772,12 +1772,8 @@ void Engine::save_weights(const std::string& path) {
   };
   // Swapped master weights: each chunk of the partition to the flat places of its groups.
   if (nvme_)
-    read_swapped_master([&](const float* x, uint64_t e0, uint64_t m) {
-      for (const Group& gr : groups_) {
-        const auto [lo, hi] = owned(gr);
-        const uint64_t a = std::max(e0, gr.part_off), b = std::min(e0 + m, gr.part_off + (hi - lo));
-        if (a < b) put(x + (a - e0), b - a, gr.flat_off + lo + (a - gr.part_off));
-      }
+    read_swapped_master([&](uint64_t flat, uint64_t m, const std::byte* x) {
+      put(reinterpret_cast<const float*>(x), m, flat);
     });
   for (const Group& gr : groups_) {
     if (!writer(gr) || nvme_) continue;

@@ -398,17 +398,17 @@ void Engine::end_param_write() {
     if (param_tickets_[b]) wait_param_io(b);
 }
 
-// The owned partition of the master file, chunk by chunk: fn(values, first element, count).
-void Engine::read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn) {
+// The owned elements of the master file, through the first swap buffer (visit_state):
+// fn(first flat element, count, values).
+void Engine::read_swapped_master(const std::function<void(uint64_t, uint64_t, std::byte*)>& fn) {
   std::vector<HostBuffer> buffers;
   ArenaGuard guard{dev_.arena(Tier::cpu), {}};
   guard.held.push_back(alloc_swap_buffers(buffers));
-  const uint64_t chunk_bytes = buffers.front().capacity_bytes;
-  for (uint64_t off = 0; off < part_ * 4; off += chunk_bytes) {
-    const uint64_t len = std::min(chunk_bytes, part_ * 4 - off);
-    swapper_->wait(swapper_->read(swap_files_.front(), off, buffers.front().data, len));
-    fn(reinterpret_cast<const float*>(buffers.front().data), off / 4, len / 4);
-  }
+  StateRef master;
+  master.name = "master";
+  master.swapper = swapper_.get();
+  master.file = swap_files_.front();
+  visit_state(master, false, buffers.front().data, buffers.front().capacity_bytes, fn);
 }
 
 }  // namespace zp::runtime

@@ -404,13 +404,13 @@ class Engine {
   // engine_nvme.cpp: the swap files and their nvme-arena ranges; initial master weights and
   // zero moments written to them; the pipelined update of every owned element from
   // host_grads_[g_buf], new parameters to the device (or, for the delayed update, to
-  // dpu_params_); chunks of the swapped master weights.
+  // dpu_params_); the owned swapped master weights, flat piece by piece (visit_state).
   void open_swap_files();
   void init_swapped_states();
   void nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bool to_device);
   void* alloc_swap_buffers(std::vector<HostBuffer>& buffers);  // cpu tier; free the result
   void carve_swap_buffers(void* block, std::vector<HostBuffer>& buffers) const;
-  void read_swapped_master(const std::function<void(const float*, uint64_t, uint64_t)>& fn);
+  void read_swapped_master(const std::function<void(uint64_t, uint64_t, std::byte*)>& fn);
   // offload_param=nvme: the file and host buffers; the gather order and pieces; a gather's
   // shard into the device staging buffer; reads issued ahead. Writing the partition back:
   // put_params in increasing partition order (gaps are zero), end_param_write to finish.
