@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -553,11 +554,13 @@ int main(int argc, char** argv) {
   const int64_t start = engine->steps_done();
   int64_t saved_at = -1;
   auto save = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
     engine->save_checkpoint(s.save_dir, s.keep);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     saved_at = engine->steps_done();
     if (lead) {
-      std::printf("checkpoint: %s/%s\n", s.save_dir.c_str(),
-                  runtime::checkpoint_dir_name(saved_at).c_str());
+      std::printf("checkpoint: %s/%s (written in %.3f s)\n", s.save_dir.c_str(),
+                  runtime::checkpoint_dir_name(saved_at).c_str(), secs);
       std::fflush(stdout);
     }
   };
