@@ -822,8 +822,9 @@ ModelSpec parse_object(const json& j, const std::string& origin) {
   if (const json* q = c.raw("quantization_config")) m.notes.push_back(quantization_note(*q));
   check_fields(j, c, m);
   m.source_config = j.dump();
-  // Counting rejects shapes whose counts overflow, at the point of entry.
-  const ParamInventory inv = count_params(m);
+  // Counting rejects shapes whose counts overflow, and more tensors than anyone publishes, at
+  // the point of entry (the sums only: listing every tensor by name is the planner's work).
+  const ParamInventory inv = count_param_totals(m, kMaxParamTensors, origin);
   if (m.mtp_layers > 0)
     m.notes.push_back(fmt::format(
         "{} multi-token-prediction module{} (num_nextn_predict_layers): {} parameters, not in "

@@ -2,6 +2,7 @@
 // names (one table per naming scheme), summed into the exact inventory. Shapes follow each
 // family's modeling_<type>.py in transformers; the tests compare them with a PyTorch
 // implementation (tests/models/torch_reference.py) and the authors' published totals.
+#include <limits>
 #include <map>
 #include <string>
 
@@ -499,21 +500,31 @@ std::pair<std::string, std::string> hf_name(const ModelSpec& m, const Scheme& s,
 
 }  // namespace
 
-ParamInventory count_params(const ModelSpec& m) {
+namespace {
+
+// Abandons a walk past its tensor limit.
+struct TooManyTensors {};
+
+// The inventory's sums, and with `list` its named tensors. Names cost a formatted string or
+// two per tensor, which a model of many layers and experts has hundreds of thousands of: the
+// sums alone (parse_hf_config's check) name a tensor only when its count overflows. More than
+// `max_tensors` tensors: TooManyTensors, before any more are walked.
+ParamInventory tally(const ModelSpec& m, bool list, int64_t max_tensors) {
   ParamInventory inv;
   const Scheme s = scheme_of(m);
   const int64_t head_layer = m.n_blocks();
   int64_t last_block = 0;
   std::map<int64_t, int64_t> routed_by_layer;
   detail::walk_params(m, [&](const detail::SlotTensor& x) {
-    auto [module, leaf] = hf_name(m, s, x);
-    std::vector<int64_t> shape = x.shape;
-    const bool block_linear = x.layer >= 0 && x.layer < head_layer && shape.size() == 2 &&
-                              leaf == "weight" && !x.slot.starts_with("attn.rel_bias");
-    if (s.conv1d && block_linear) std::swap(shape[0], shape[1]);
+    if (++inv.n_tensors > max_tensors) throw TooManyTensors{};
     int64_t n = 1;
-    for (int64_t d : shape)
-      n = checked_mul(n, d, fmt::format("elements of {}.{}", module, leaf));
+    for (int64_t d : x.shape) {
+      if (__builtin_mul_overflow(n, d, &n)) {
+        auto [module, leaf] = hf_name(m, s, x);
+        n = 1;
+        for (int64_t e : x.shape) n = checked_mul(n, e, fmt::format("elements of {}.{}", module, leaf));
+      }
+    }
     inv.total = checked_add(inv.total, n, "total parameters");
     const std::string_view sl = x.slot;
     if (sl.starts_with("embed") || sl.starts_with("pos") || sl.starts_with("type.")) {
@@ -534,6 +545,12 @@ ParamInventory count_params(const ModelSpec& m) {
       }
       inv.per_layer += n;
     }
+    if (!list) return;
+    auto [module, leaf] = hf_name(m, s, x);
+    std::vector<int64_t> shape = x.shape;
+    const bool block_linear = x.layer >= 0 && x.layer < head_layer && shape.size() == 2 &&
+                              leaf == "weight" && !x.slot.starts_with("attn.rel_bias");
+    if (s.conv1d && block_linear) std::swap(shape[0], shape[1]);
     const int layer = static_cast<int>(x.layer);
     inv.tensors.push_back({leaf.empty() ? module : module + "." + leaf, module, std::move(shape),
                            n, layer, std::string(x.slot), x.split, x.routed});
@@ -574,6 +591,26 @@ ParamInventory count_params(const ModelSpec& m) {
     i = j;
   }
   return inv;
+}
+
+}  // namespace
+
+ParamInventory count_params(const ModelSpec& m) {
+  return tally(m, true, std::numeric_limits<int64_t>::max());
+}
+
+ParamInventory count_param_totals(const ModelSpec& m, int64_t max_tensors, const std::string& origin) {
+  try {
+    return tally(m, false, max_tensors);
+  } catch (const TooManyTensors&) {
+    const bool moe = m.moe.n_experts > 0;
+    throw Error(fmt::format("{}: {} layers{} make more than {} parameter tensors, which is "
+                            "more than zeroplan lists",
+                            origin, m.n_blocks(),
+                            moe ? fmt::format(" of {} experts", m.moe.n_experts) : "", max_tensors),
+                fmt::format("check {}: published models have under 100000 (DeepSeek-V3: 45337)",
+                            moe ? "the layer count (num_hidden_layers) and the expert count" : "the layer count (num_hidden_layers, n_layer)"));
+  }
 }
 
 }  // namespace zp::models

@@ -42,14 +42,14 @@ const MegatronFlag* find_flag(std::string_view name) {
 }
 
 std::vector<std::string_view> closest_flags(std::string_view name, std::size_t n) {
-  std::vector<std::pair<std::size_t, std::string_view>> scored;
-  name = name.substr(0, models::kSuggestChars);  // a longer flag is no typo of one
-  for (const MegatronFlag& f : kFlags) scored.emplace_back(models::edit_distance(name, f.name), f.name);
-  std::stable_sort(scored.begin(), scored.end(),
-                   [](const auto& x, const auto& y) { return x.first < y.first; });
-  std::vector<std::string_view> out;
-  for (std::size_t i = 0; i < scored.size() && i < n; ++i) out.push_back(scored[i].second);
-  return out;
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const MegatronFlag& f : kFlags) out.push_back(f.name);
+    return out;
+  }();
+  // A suggestion is a likely typo: a third of the name's characters changed at most (the
+  // flags share long stems, so anything further is noise, and a garbage name costs little).
+  return models::closest_names(name, names, n, false, std::max<std::size_t>(2, name.size() / 3));
 }
 
 // ---- values as Python reads them -----------------------------------------------------------
@@ -202,9 +202,11 @@ MegatronArgs parse_megatron_args(std::string_view text, std::string origin) {
       else if (name.find("deepspeed") != std::string::npos || name == "--zero-stage")
         hint = "Megatron-DeepSpeed's DeepSpeed flags are not Megatron-LM's: give the DeepSpeed "
                "config with --ds-config and leave them out";
-      else
+      else if (const auto near = closest_flags(name, 3); !near.empty())
         hint = fmt::format("not a Megatron-LM flag (megatron/training/arguments.py); closest: {}",
-                           fmt::join(closest_flags(name, 3), ", "));
+                           fmt::join(near, ", "));
+      else
+        hint = "not a Megatron-LM flag (megatron/training/arguments.py), nor close to one";
       throw Error(fmt::format("{}: unknown flag {}", a.origin, name), hint);
     }
     std::vector<std::string> values;

@@ -2,6 +2,7 @@
 // and the HF config reader's handling of bad input.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,43 @@ TEST_CASE("inventory parts add up") {
       CHECK(blocks == m.n_layer * inv.per_layer);
       CHECK(inv.embedding + inv.final_norm + inv.head == outside);
     }
+    // The sums without the list (what the parser checks) are the listed inventory's.
+    const auto sums = count_param_totals(m, kMaxParamTensors, e.name);
+    CHECK(sums.tensors.empty());
+    CHECK(sums.n_tensors == static_cast<int64_t>(inv.tensors.size()));
+    CHECK(inv.n_tensors == sums.n_tensors);
+    CHECK(sums.total == inv.total);
+    CHECK(sums.per_layer == inv.per_layer);
+    CHECK(sums.embedding == inv.embedding);
+    CHECK(sums.head == inv.head);
+    CHECK(sums.final_norm == inv.final_norm);
+    CHECK(sums.experts == inv.experts);
+    CHECK(sums.active == inv.active);
+    CHECK(sums.mtp == inv.mtp);
+  }
+}
+
+TEST_CASE("a config of more parameter tensors than kMaxParamTensors is refused at once") {
+  // DeepSeek-V3 by hand: 3 dense layers of 12 tensors (MLA's q_a, q_a_norm, q_b, kv_a,
+  // kv_a_norm, kv_b, o; two norms; gate, up, down) and 58 MoE layers of 7 + 2 + the router +
+  // 256 experts x 3 + the shared expert's 3 = 781; the embedding, final norm and untied head.
+  const auto v3 = load_model("deepseek-v3");
+  CHECK(count_param_totals(v3, kMaxParamTensors, "v3").n_tensors == 3 * 12 + 58 * 781 + 3);
+  CHECK(count_params(v3).tensors.size() == 3 * 12 + 58 * 781 + 3);
+  // One tensor over a limit is refused; exactly at it is not.
+  CHECK(count_param_totals(v3, 45337, "v3").n_tensors == 45337);
+  CHECK(error_of([&] { count_param_totals(v3, 45336, "v3"); })
+            .find("v3: 61 layers of 256 experts make more than 45336 parameter tensors") == 0);
+  // A gpt2 config of 10^8 layers would list 1.2e9 tensors (minutes, then out of memory): the
+  // parser stops at the limit, naming the field to check.
+  const std::string gpt2_deep = R"({"model_type":"gpt2","n_embd":64,"n_head":4,"n_layer":100000000,
+      "vocab_size":100,"n_positions":64})";
+  try {
+    parse_hf_config(gpt2_deep, "deep.json");
+    FAIL("accepted");
+  } catch (const zp::Error& e) {
+    CHECK(std::string(e.what()).find("deep.json: 100000000 layers make more than 1048576 parameter tensors") == 0);
+    CHECK(e.hint().find("check the layer count (num_hidden_layers, n_layer):") == 0);
   }
 }
 
@@ -359,4 +397,48 @@ TEST_CASE("BERT reader: the head, the labels and what it refuses") {
         std::string::npos);
   CHECK(error_of([&] { parse_hf_config(head("BertForQuestionAnswering"), "c"); })
             .find("field 'architectures': 'BertForQuestionAnswering'") != std::string::npos);
+}
+
+namespace {
+// Levenshtein's full table, the textbook way: the reference for the pruned search.
+std::size_t levenshtein(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+  return d[a.size()][b.size()];
+}
+}  // namespace
+
+TEST_CASE("closest_names: the n best of a stable sort by edit distance, found with pruning") {
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("", "abc") == 3);
+  CHECK(edit_distance("GPT2", "gpt2", true) == 0);
+  CHECK(closest_catalog_names("GPT2-XXL", 1) == std::vector<std::string>{"gpt2-xl"});
+  // Random names over a small alphabet (many ties) against every catalog name and against
+  // each other: the same list as sorting all the textbook distances stably.
+  std::vector<std::string> pool;
+  for (const auto& e : catalog()) pool.push_back(e.name);
+  uint64_t x = 12345;
+  auto next = [&] { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
+  for (int i = 0; i < 200; ++i) {
+    std::string s;
+    for (uint64_t k = next() % 14; k > 0; --k) s.push_back("ab-1l"[next() % 5]);
+    pool.push_back(s);
+  }
+  std::vector<std::string_view> cands(pool.begin(), pool.end());
+  for (int q = 0; q < 300; ++q) {
+    const std::string& name = pool[next() % pool.size()];
+    const std::size_t n = 1 + next() % 5;
+    std::vector<std::pair<std::size_t, std::string_view>> all;
+    for (std::string_view c : cands) all.emplace_back(levenshtein(name, c), c);
+    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::string_view> want;
+    for (std::size_t i = 0; i < n; ++i) want.push_back(all[i].second);
+    CAPTURE(name);
+    CHECK(closest_names(name, cands, n) == want);
+    for (std::string_view c : cands) CHECK(edit_distance(name, c) == levenshtein(name, c));
+  }
 }

@@ -187,6 +187,16 @@ TEST_CASE("Megatron args: an unknown flag is refused by name, a known one that m
     return std::string();
   }();
   CHECK(has(hint, "--tensor-model-parallel-size"));
+  // Far from every flag: no "closest" list of noise.
+  const std::string far = [] {
+    try {
+      (void)parse_megatron_args("--qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq 2");
+    } catch (const zp::Error& e) {
+      return e.hint();
+    }
+    return std::string();
+  }();
+  CHECK(far == "not a Megatron-LM flag (megatron/training/arguments.py), nor close to one");
   CHECK(has(refusal("--nproc_per_node 8"), "unknown flag --nproc_per_node"));  // torchrun's
   CHECK(has(refusal("--virtual-pipeline-model-parallel-size 2"),
             "unknown flag --virtual-pipeline-model-parallel-size"));

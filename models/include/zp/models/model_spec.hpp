@@ -195,6 +195,7 @@ struct ParamTensor {
 
 struct ParamInventory {
   std::vector<ParamTensor> tensors;   // every tensor, in module order
+  int64_t n_tensors = 0;              // how many (also when count_param_totals lists none)
   int64_t total = 0;                  // all parameters (a tied head counted once)
   int64_t per_layer = 0;              // the last transformer block
   int64_t embedding = 0;              // token (+ position, + token-type) embeddings
@@ -214,6 +215,16 @@ struct ParamInventory {
 
 // Exact parameter inventory; throws zp::Error if a count overflows 64 bits.
 ParamInventory count_params(const ModelSpec& m);
+
+// The most parameter tensors in a config parse_hf_config accepts: 16x the largest published
+// models (~70,000 in Kimi-K2's 61 layers of 384 experts). Each is listed by name in the
+// inventory, so an absurd num_hidden_layers or expert count would otherwise take minutes and
+// gigabytes (2,000 layers of 1,000 experts: 6 M tensors, 30 s, 2.4 GiB) or never end.
+inline constexpr int64_t kMaxParamTensors = int64_t{1} << 20;
+
+// count_params's sums and n_tensors without the tensors' list (no names: cheap for any size);
+// more than `max_tensors` tensors is a zp::Error naming `origin`, raised before walking more.
+ParamInventory count_param_totals(const ModelSpec& m, int64_t max_tensors, const std::string& origin);
 
 // Parses a Hugging Face config.json (text). `origin` names the source in errors and becomes
 // ModelSpec::name. Unknown model_type, wrong types, shapes that do not divide and unknown
@@ -251,5 +262,14 @@ std::size_t edit_distance(std::string_view a, std::string_view b, bool ignore_ca
 // Suggestions ("closest: ...") compare the first kSuggestChars characters of a misspelt name:
 // no catalog name or flag is longer, and a pasted megabyte costs no quadratic time.
 inline constexpr std::size_t kSuggestChars = 64;
+
+// Up to `n` of `candidates` closest to `name` (its first kSuggestChars characters) by
+// edit_distance, at most `max_distance` away, best first, ties in the candidates' order: what
+// a stable sort by distance gives, without computing the distances that cannot enter the n
+// best (a length difference already too large, a row of the table past the n-th best).
+std::vector<std::string_view> closest_names(std::string_view name,
+                                            const std::vector<std::string_view>& candidates,
+                                            std::size_t n, bool ignore_case = false,
+                                            std::size_t max_distance = SIZE_MAX);
 
 }  // namespace zp::models
