@@ -648,6 +648,12 @@ reports::Format parse_format(const std::string& s) {
   return *f;
 }
 
+void say_error(const Error& e, const std::string& where) {
+  std::cerr << "error: " << where << e.what() << "\n";
+  if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+  std::cerr.flush();
+}
+
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);
@@ -668,8 +674,7 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
   try {
     return body();
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+    say_error(e);
     return kExitBadInput;
   } catch (const std::bad_alloc&) {
     std::cerr << "error: out of host memory\n";

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
 #include "zp/planner/schedule.hpp"
 #include "zp/planner/strategy.hpp"
@@ -81,6 +82,10 @@ void add_target_flags(CLI::App& app, TargetFlags& flags, std::string_view defaul
 // --format text|markdown|json|csv on `app`, into `into` (default text).
 void add_format_flag(CLI::App& app, std::string& into);
 reports::Format parse_format(const std::string& s);
+
+// "error: <where><what>" and, when the error has one, "hint: ..." on stderr, flushed; `where`
+// is "" or a prefix such as "rank 3: ".
+void say_error(const Error& e, const std::string& where = "");
 
 // Runs `body` after parsing; turns zp::Error and CLI11 parse errors into exit code 2 with
 // "error: ..." and "hint: ..." on stderr, and --help into exit 0.

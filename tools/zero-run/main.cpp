@@ -353,10 +353,11 @@ int main(int argc, char** argv) {
   try {
     comm = runtime::make_mpi_comm();
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    cli::say_error(e);
     return cli::kExitBadInput;
   }
   const int rank = comm->rank();
+  const std::string at_rank = fmt::format("rank {}: ", rank);
   const bool lead = rank == 0;
   if (!lead) {  // one voice: only rank 0 prints help and usage errors
     std::fclose(stdout);
@@ -459,9 +460,7 @@ int main(int argc, char** argv) {
   // Errors after this point may strike one rank only (an arena running out): that rank
   // reports and ends the whole job, so no rank hangs in a collective.
   auto fail = [&](const Error& e, int code) {
-    std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
-    if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
-    std::cerr.flush();
+    cli::say_error(e, at_rank);
     comm->abort(code);
   };
   const bool cuda = a.device == "cuda";
@@ -484,8 +483,7 @@ int main(int argc, char** argv) {
     }
     if (comm->all_reduce_sum(device_error ? 1.0 : 0.0) > 0) {
       if (device_error) {
-        std::cerr << fmt::format("error: rank {}: {}\n", rank, device_error->what());
-        if (!device_error->hint().empty()) std::cerr << "hint: " << device_error->hint() << "\n";
+        cli::say_error(*device_error, at_rank);
       }
       return cli::kExitBadInput;
     }
@@ -503,8 +501,7 @@ int main(int argc, char** argv) {
       engine->load_checkpoint(s.resume_dir, *s.resume);
     } catch (const runtime::StepFailed& e) {
       if (e.origin()) {
-        std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
-        if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+        cli::say_error(e, at_rank);
       }
       engine.reset();
       return cli::kExitBadInput;
@@ -517,8 +514,7 @@ int main(int argc, char** argv) {
   if (n_failed > 0) {
     const bool lead_failed = comm->all_reduce_sum(lead && setup_error ? 1.0 : 0.0) > 0;
     if (setup_error && (lead || !lead_failed)) {
-      std::cerr << "error: " << (lead ? "" : fmt::format("rank {}: ", rank)) << setup_error->what() << "\n";
-      if (!setup_error->hint().empty()) std::cerr << "hint: " << setup_error->hint() << "\n";
+      cli::say_error(*setup_error, lead ? "" : at_rank);
     }
     engine.reset();
     return cli::kExitBadInput;
@@ -582,8 +578,7 @@ int main(int argc, char** argv) {
     // Every rank is here together: the failing rank says why, all remove their swap files
     // (the engine's destructor) and exit 1 without aborting the job.
     if (e.origin()) {
-      std::cerr << fmt::format("error: rank {}: {}\n", rank, e.what());
-      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+      cli::say_error(e, at_rank);
     }
     engine.reset();
     return cli::kExitCheckFailed;
@@ -642,8 +637,7 @@ int main(int argc, char** argv) {
         reports::write_file_atomic(a.report, reports::render_report(cmp, kind));
       }
     } catch (const Error& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      if (!e.hint().empty()) std::cerr << "hint: " << e.hint() << "\n";
+      cli::say_error(e);
       exit_code = cli::kExitBadInput;
     }
     if (exit_code == cli::kExitOk && !cmp.within_tolerance()) exit_code = cli::kExitCheckFailed;
