@@ -1507,7 +1507,7 @@ void Engine::offload_update(int g_buf, double inv_scale, double clip, int64_t t,
   if (to_device && mixed) {
     tiles[0] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.0");
     tiles[1] = alloc(Tier::cpu, tile * pbytes_, Category::buffers, "param_tile.1");
-    if (step_ == first_step_) sample(opt_pos_);
+    if (t == first_step_ + 1) sample(opt_pos_);  // t: step_ may be moving (delayed update)
   }
   // Before the tiles go back to the arena, their copies must be done (on an error path too: a
   // GPU's h2d stream may still be reading them); a failing wait adds nothing to the error in

@@ -130,7 +130,9 @@ void Engine::nvme_update(int g_buf, double inv_scale, double clip, int64_t t, bo
       guard.held.push_back(tiles[0] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.0"));
       guard.held.push_back(tiles[1] = alloc(Tier::cpu, tile, Category::buffers, "param_tile.1"));
     }
-    if (step_ == first_step_ && to_device) sample(opt_pos_);
+    // t, not step_: on the delayed update's thread the main thread is already counting the
+    // step (to_device is false there, and step_ is not read).
+    if (to_device && t == first_step_ + 1) sample(opt_pos_);
     int next = 0;
     try {
       ChunkPipeline pipe(*swapper_, chunk_bytes, static_cast<uint32_t>(swap_files_.size()), buffers);
