@@ -185,8 +185,9 @@ TEST_CASE("parameter inventories equal the PyTorch reference, tensor by tensor")
     std::map<std::string, std::vector<int64_t>> ours, ref;
     for (const ParamTensor& t : inv.tensors) ours[t.name] = t.shape;
     for (const json& t : c["params"]) ref[t["name"]] = t["shape"].get<std::vector<int64_t>>();
-    for (const auto& [n, shape] : ref) {
-      CAPTURE(n);
+    for (const auto& entry : ref) {
+      const auto& [n, shape] = entry;
+      CAPTURE(entry.first);
       REQUIRE(ours.contains(n));
       CHECK(ours[n] == shape);
     }
@@ -262,15 +263,17 @@ TEST_CASE("hf_modeling adds named tensors that the backward reads; without it no
                        {"h.1.moe.topk_weights", 32 * 2 * 4}, {"h.1.moe.topk_sum", 32 * 4},
                        {"h.1.moe.experts.act", 2 * 32 * 96 * 4}}},
   };
-  for (const auto& [name, tensors] : expected) {
-    CAPTURE(name);
+  for (const auto& entry : expected) {
+    const auto& [name, tensors] = entry;
+    CAPTURE(entry.first);
     const ModelSpec m = parse_hf_config(fixture_config(name)["config"].dump(), name);
     const TrainingGraph hf = build_training_graph(m, fixture_options(true));
     const TrainingGraph fused = build_training_graph(m, fixture_options(false));
     const Liveness lv = liveness(hf);
     const int32_t end_fwd = end_of_forward(hf);
-    for (const auto& [tname, bytes] : tensors) {
-      CAPTURE(tname);
+    for (const auto& tensor : tensors) {
+      const auto& [tname, bytes] = tensor;
+      CAPTURE(tensor.first);
       const std::optional<Tensor> t = find_tensor(hf, tname);
       REQUIRE(t.has_value());
       CHECK(t->bytes == bytes);

@@ -192,8 +192,9 @@ TEST_CASE("moe: DeepSpeed's capacity factor fixes the dispatched rows and adds i
   const int64_t B = 2, T = 16, tokens = B * T;
   // capacity = max(4, ceil(k * tokens * cf / E)) rows per expert (sharded_moe.py _capacity with
   // capacity_factor * k): 2 * 32 * 1.25 / 4 = 20; with cf 0.1: ceil(1.6) = 2, raised to 4.
-  for (const auto& [cf, cap] : {std::pair{1.25, int64_t{20}}, std::pair{0.1, int64_t{4}}}) {
-    CAPTURE(cf);
+  for (const auto& c : {std::pair{1.25, int64_t{20}}, std::pair{0.1, int64_t{4}}}) {
+    const auto& [cf, cap] = c;
+    CAPTURE(c.first);
     for (int64_t ep : {1, 2}) {
       Strategy s = moe_strategy(2, 4, ep, B, T);
       s.moe_capacity_factor = cf;

@@ -102,8 +102,9 @@ TEST_CASE("optimizer spellings: --optimizer, strategy JSON, describe") {
       {"sgd", OptimizerKind::sgd},             {"sgd-plain", OptimizerKind::sgd_plain},
       {"lion", OptimizerKind::lion},           {"adafactor", OptimizerKind::adafactor},
       {"adam8bit", OptimizerKind::adam8bit}};
-  for (const auto& [name, kind] : all) {
-    CAPTURE(name);
+  for (const auto& entry : all) {
+    const auto& [name, kind] = entry;
+    CAPTURE(entry.first);
     CHECK(to_string(kind) == name);
     REQUIRE(optimizer_from_string(name).has_value());
     CHECK(*optimizer_from_string(name) == kind);

@@ -221,9 +221,11 @@ TEST_CASE("model states per rank equal Megatron's distributed-optimizer accounti
   const uint64_t attention = 2 * h * h * (a + g) / a, mlp = 2 * h * ffn * 3 / 2, norms = 2 * h;
   REQUIRE(attention == 41'943'040);
   REQUIRE(mlp == 176'160'768);
-  for (const auto& [tp, pp, dp] : {std::tuple<uint64_t, uint64_t, uint64_t>{2, 4, 8},
-                                   std::tuple<uint64_t, uint64_t, uint64_t>{1, 2, 4},
-                                   std::tuple<uint64_t, uint64_t, uint64_t>{4, 8, 2}}) {
+  for (const auto& degrees : {std::tuple<uint64_t, uint64_t, uint64_t>{2, 4, 8},
+                              std::tuple<uint64_t, uint64_t, uint64_t>{1, 2, 4},
+                              std::tuple<uint64_t, uint64_t, uint64_t>{4, 8, 2}}) {
+    // Named copies, not bindings: clang 14 lets no lambda (CAPTURE) refer to a binding.
+    const uint64_t tp = std::get<0>(degrees), pp = std::get<1>(degrees), dp = std::get<2>(degrees);
     CAPTURE(tp);
     CAPTURE(pp);
     CAPTURE(dp);
