@@ -9,13 +9,9 @@
 # build-fuzz/findings/. New inputs the fuzzer finds go to a scratch corpus, never the repo's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ZP_EXTRA_PACKAGES="${ZP_EXTRA_PACKAGES:-} clang" tools/setup.sh --no-build
+# The sanitized tree is shared with tools/sanitize.sh asan (the same libraries, configured once).
+tools/sanitize.sh configure
 build="${ZP_FUZZ_BUILD_DIR:-build-fuzz}"
-if [ ! -f "$build/build.ninja" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DZP_FUZZ=ON -DZP_BUILD_TESTS=OFF -DZP_BUILD_BENCH=OFF \
-    -DZP_ENABLE_CUDA=OFF >/dev/null
-fi
 all=(hf_config ds_config plan budgets hardware units accelerate megatron manifest)
 args=() targets=()
 for a in "$@"; do if [[ "$a" == -* ]]; then args+=("$a"); else targets+=("$a"); fi; done

@@ -14,7 +14,12 @@ cd "${ZP_BUILD_DIR:-build}"
 # tools/test.sh -L long. Any argument replaces this default.
 if [ $# -eq 0 ]; then set -- -LE long; fi
 ctest --output-on-failure -j "$(nproc)" "$@"
-# Then every parser under libFuzzer for 20 s (clang, address and undefined-behaviour
-# sanitizers; its own build tree), unless ctest was given a selection.
+# Then, unless ctest was given a selection, every parser under libFuzzer for 20 s and the
+# models and reports tests under the address and undefined-behaviour sanitizers (clang; one
+# build tree for both, build-fuzz/; tools/sanitize.sh says what runs only locally).
+# ZP_SKIP_FUZZ=1 skips both.
 cd - >/dev/null
-if [ "$*" = "-LE long" ] && [ "${ZP_SKIP_FUZZ:-0}" != 1 ]; then tools/fuzz.sh; fi
+if [ "$*" = "-LE long" ] && [ "${ZP_SKIP_FUZZ:-0}" != 1 ]; then
+  tools/fuzz.sh
+  tools/sanitize.sh asan
+fi
