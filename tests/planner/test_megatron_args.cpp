@@ -178,25 +178,11 @@ TEST_CASE("Megatron args: values taken as argparse takes them") {
 TEST_CASE("Megatron args: an unknown flag is refused by name, a known one that moves no memory is not") {
   const std::string typo = refusal("--tensor-model-paralel-size 2");
   CHECK(has(typo, "--megatron-args: unknown flag --tensor-model-paralel-size"));
-  const std::string hint = [] {
-    try {
-      (void)parse_megatron_args("--tensor-model-paralel-size 2");
-    } catch (const zp::Error& e) {
-      return e.hint();
-    }
-    return std::string();
-  }();
-  CHECK(has(hint, "--tensor-model-parallel-size"));
+  CHECK(has(zp::test::hint_of([] { (void)parse_megatron_args("--tensor-model-paralel-size 2"); }),
+            "--tensor-model-parallel-size"));
   // Far from every flag: no "closest" list of noise.
-  const std::string far = [] {
-    try {
-      (void)parse_megatron_args("--qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq 2");
-    } catch (const zp::Error& e) {
-      return e.hint();
-    }
-    return std::string();
-  }();
-  CHECK(far == "not a Megatron-LM flag (megatron/training/arguments.py), nor close to one");
+  CHECK(zp::test::hint_of([] { (void)parse_megatron_args("--qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq 2"); }) ==
+        "not a Megatron-LM flag (megatron/training/arguments.py), nor close to one");
   CHECK(has(refusal("--nproc_per_node 8"), "unknown flag --nproc_per_node"));  // torchrun's
   CHECK(has(refusal("--virtual-pipeline-model-parallel-size 2"),
             "unknown flag --virtual-pipeline-model-parallel-size"));

@@ -1,4 +1,4 @@
-// error_of.hpp: the message of the zp::Error a callable throws, for tests of bad input.
+// error_of.hpp: the message (and hint) of the zp::Error a callable throws, for tests of bad input.
 // Not a matcher: tests search the message for the words the user must see.
 #pragma once
 
@@ -15,6 +15,17 @@ std::string error_of(F&& f) {
     f();
   } catch (const zp::Error& e) {
     return e.what();
+  }
+  return "";
+}
+
+// The zp::Error's hint ("" when f throws none).
+template <typename F>
+std::string hint_of(F&& f) {
+  try {
+    f();
+  } catch (const zp::Error& e) {
+    return e.hint();
   }
   return "";
 }
