@@ -609,7 +609,8 @@ ParamInventory count_param_totals(const ModelSpec& m, int64_t max_tensors, const
                             origin, m.n_blocks(),
                             moe ? fmt::format(" of {} experts", m.moe.n_experts) : "", max_tensors),
                 fmt::format("check {}: published models have under 100000 (DeepSeek-V3: 45337)",
-                            moe ? "the layer count (num_hidden_layers) and the expert count" : "the layer count (num_hidden_layers, n_layer)"));
+                            moe ? "the layer count (num_hidden_layers) and the expert count"
+                                : "the layer count (num_hidden_layers, n_layer)"));
   }
 }
 

@@ -222,8 +222,9 @@ ParamInventory count_params(const ModelSpec& m);
 // gigabytes (2,000 layers of 1,000 experts: 6 M tensors, 30 s, 2.4 GiB) or never end.
 inline constexpr int64_t kMaxParamTensors = int64_t{1} << 20;
 
-// count_params's sums and n_tensors without the tensors' list (no names: cheap for any size);
-// more than `max_tensors` tensors is a zp::Error naming `origin`, raised before walking more.
+// count_params's sums and n_tensors without the tensors' list and the largest module (no
+// names: cheap for any size); more than `max_tensors` tensors is a zp::Error naming `origin`,
+// raised before walking more.
 ParamInventory count_param_totals(const ModelSpec& m, int64_t max_tensors, const std::string& origin);
 
 // Parses a Hugging Face config.json (text). `origin` names the source in errors and becomes
