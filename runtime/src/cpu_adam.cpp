@@ -46,10 +46,6 @@ using detail::KernelTable;
 // Below this many elements a step runs on the calling thread (an OpenMP fork costs a few
 // microseconds; 32K elements of an fp16 offload step move ~1 MB, tens of microseconds).
 constexpr std::size_t kParallelMinElems = std::size_t{1} << 15;
-// From this many elements on, the vector kernels write with streaming (non-temporal) stores:
-// a step of 2^20 elements moves 20 to 30 MiB (20-28 bytes per element), about the last-level
-// cache of the machines measured, so its outputs would not stay cached for the next reader.
-constexpr std::size_t kStreamMinElems = std::size_t{1} << 20;
 // Thread ranges start on multiples of 64 elements: whole cache lines of fp32 and 16-bit
 // arrays (no false sharing on the outputs) and whole vector blocks (16 or 32 elements).
 constexpr std::size_t kRangeAlignElems = 64;
@@ -90,6 +86,7 @@ CpuIsa best_isa_logged() {
 }
 
 std::atomic<int> g_forced_isa{-1};  // -1: automatic, else a CpuIsa
+std::atomic<CpuAdamStores> g_stores{CpuAdamStores::automatic};
 
 const KernelTable& table(CpuIsa isa) {
   switch (isa) {
@@ -201,6 +198,8 @@ void force_cpu_adam_isa(std::optional<CpuIsa> isa) {
   g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
 
+void force_cpu_adam_stores(CpuAdamStores stores) { g_stores.store(stores, std::memory_order_relaxed); }
+
 void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
                    const AdamTensors& ts) {
   require_supported(isa);
@@ -210,8 +209,14 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
   const detail::AdamKernel kernel = table(isa).adam[static_cast<std::size_t>(ts.grad_dtype)]
                                                    [moment_index(ts.moment_dtype)]
                                                    [param_out_index(ts)];
-  const detail::Stores stores =
-      ts.n >= kStreamMinElems ? detail::Stores::streaming : detail::Stores::cached;
+  // Ordinary stores unless forced: bench_cpu_adam measured non-temporal stores slower at 2^26
+  // elements on both machines it has run on since its roofline became the best of a family of
+  // streams (the fused step 1.0-1.35x slower with them on a Zen 4 VM, 1.4-3.0x on a 16-core
+  // Xeon, where non-temporal streams ran at 26-86% of the best cached one). A machine where
+  // they win shows it in the bench's table; force_cpu_adam_stores picks them.
+  const detail::Stores stores = g_stores.load(std::memory_order_relaxed) == CpuAdamStores::streaming
+                                    ? detail::Stores::streaming
+                                    : detail::Stores::cached;
   // One contiguous range per thread: the hardware prefetchers see long streams (chunks
   // interleaved between threads measured no faster).
 #pragma omp parallel if (ts.n >= kParallelMinElems)

@@ -34,9 +34,10 @@ std::vector<CpuIsa> supported_isas() {
   return out;
 }
 
-// Elements per vector-loop iteration (width x unroll, see cpu_adam_avx2.cpp / _avx512.cpp).
+// Elements per vector block (width x unroll, see cpu_adam_avx2.cpp / _avx512.cpp: 32 on both,
+// whole 64-byte lines of every array).
 std::size_t block_elems(CpuIsa isa) {
-  return isa == CpuIsa::avx512 ? 32 : (isa == CpuIsa::avx2 ? 16 : 1);
+  return isa == CpuIsa::scalar ? 1 : 32;
 }
 
 // Distance in units in the last place between two finite 16-bit floats (fp16 or bf16).
@@ -445,64 +446,79 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
   }
 }
 
-TEST_CASE("cpu_adam: streaming stores (n >= 2^20) equal the scalar reference on any alignment") {
-  // From 2^20 elements the vector kernels write with non-temporal stores after a scalar head
-  // up to master's vector boundary, and fall back to ordinary stores when another written
-  // array is not on its boundary there. Each array sits at its own element offset inside a
-  // 64-byte-aligned allocation: all aligned (streamed, no head), all shifted alike (a head,
-  // then streamed), and param_out or the moments shifted apart (not streamable: the fallback).
+TEST_CASE("cpu_adam: streaming and cached stores equal the scalar reference on any alignment") {
+  // The vector kernels write with ordinary stores unless non-temporal ones are forced
+  // (force_cpu_adam_stores; bench_cpu_adam compares both). Streaming runs a scalar head up to
+  // master's block boundary (128 bytes), and falls back to ordinary stores when another written
+  // array is not on its vector boundary there. Each kind at 2^20 + 37 and at 4,133 elements;
+  // each array at its own element offset inside a 64-byte-aligned allocation: all aligned (no
+  // head), all shifted alike (a head, then streamed), and param_out or the moments shifted
+  // apart (not streamable: the fallback).
   struct Offsets {
     std::size_t master, moments, out;
   };
-  const std::size_t n = (std::size_t{1} << 20) + 37;
-  const State s = random_state(n, 2024);
-  // n elements of `bytes` each, starting `offset` elements past a 64-byte boundary.
-  struct Aligned {
-    std::vector<uint8_t> storage;
-    uint8_t* p = nullptr;
-    Aligned(std::size_t n_elems, std::size_t bytes, std::size_t offset)
-        : storage(n_elems * bytes + 64 + offset * bytes) {
-      const auto base = reinterpret_cast<uintptr_t>(storage.data());
-      p = storage.data() + (64 - base % 64) % 64 + offset * bytes;
-    }
-  };
-  for (CpuIsa isa : supported_isas()) {
-    if (isa == CpuIsa::scalar) continue;
-    for (const Offsets o : {Offsets{0, 0, 0}, Offsets{3, 3, 3}, Offsets{0, 0, 1}, Offsets{5, 2, 5}})
-      for (DType md : {DType::fp32, DType::bf16}) {
-        CAPTURE(to_string(isa));
-        CAPTURE(o.master);
-        CAPTURE(o.moments);
-        CAPTURE(o.out);
-        CAPTURE(to_string(md));
-        const Buffer g(DType::fp16, s.grads);
-        const Buffer m0(md, s.m), v0(md, s.v);
-        std::vector<uint8_t> want[4], got[4];  // master, m, v, out
-        for (int r = 0; r < 2; ++r) {
-          Aligned master(n, 4, o.master), m(n, dtype_bytes(md), o.moments),
-              v(n, dtype_bytes(md), o.moments), out(n, 2, o.out);
-          std::memcpy(master.p, s.master.data(), n * 4);
-          std::memcpy(m.p, m0.bytes.data(), m0.bytes.size());
-          std::memcpy(v.p, v0.bytes.data(), v0.bytes.size());
-          cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, {.lr = 1e-2, .weight_decay = 0.1},
-                        {.step = 5, .inv_loss_scale = 1.0 / 100, .clip_coef = 0.7},
-                        {.n = n, .master = reinterpret_cast<float*>(master.p), .exp_avg = m.p,
-                         .exp_avg_sq = v.p, .moment_dtype = md, .grads = g.data(),
-                         .grad_dtype = DType::fp16, .param_out = out.p,
-                         .param_out_dtype = DType::fp16});
-          std::vector<uint8_t>* dst = r == 0 ? want : got;
-          dst[0].assign(master.p, master.p + n * 4);
-          dst[1].assign(m.p, m.p + m0.bytes.size());
-          dst[2].assign(v.p, v.p + v0.bytes.size());
-          dst[3].assign(out.p, out.p + n * 2);
+  for (const std::size_t n : {(std::size_t{1} << 20) + 37, std::size_t{4133}})
+    for (const CpuAdamStores stores :
+         {CpuAdamStores::automatic, CpuAdamStores::cached, CpuAdamStores::streaming}) {
+      force_cpu_adam_stores(stores);
+      const State s = random_state(n, 2024);
+      // n elements of `bytes` each, starting `offset` elements past a 64-byte boundary.
+      struct Aligned {
+        std::vector<uint8_t> storage;
+        uint8_t* p = nullptr;
+        Aligned(std::size_t n_elems, std::size_t bytes, std::size_t offset)
+            : storage(n_elems * bytes + 64 + offset * bytes) {
+          const auto base = reinterpret_cast<uintptr_t>(storage.data());
+          p = storage.data() + (64 - base % 64) % 64 + offset * bytes;
         }
-        CHECK(want[0] == got[0]);
-        CHECK(want[1] == got[1]);
-        CHECK(want[2] == got[2]);
-        CHECK(want[3] == got[3]);
-        CHECK(std::memcmp(want[0].data(), s.master.data(), n * 4) != 0);  // the step moved
+      };
+      for (CpuIsa isa : supported_isas()) {
+        if (isa == CpuIsa::scalar) continue;
+        for (const Offsets o :
+             {Offsets{0, 0, 0}, Offsets{3, 3, 3}, Offsets{0, 0, 1}, Offsets{5, 2, 5}})
+          for (DType md : {DType::fp32, DType::bf16}) {
+            CAPTURE(to_string(isa));
+            CAPTURE(n);
+            CAPTURE(static_cast<int>(stores));
+            CAPTURE(o.master);
+            CAPTURE(o.moments);
+            CAPTURE(o.out);
+            CAPTURE(to_string(md));
+            const Buffer g(DType::fp16, s.grads);
+            const Buffer m0(md, s.m), v0(md, s.v);
+            std::vector<uint8_t> want[4], got[4];  // master, m, v, out
+            for (int r = 0; r < 2; ++r) {
+              Aligned master(n, 4, o.master), m(n, dtype_bytes(md), o.moments),
+                  v(n, dtype_bytes(md), o.moments), out(n, 2, o.out);
+              std::memcpy(master.p, s.master.data(), n * 4);
+              std::memcpy(m.p, m0.bytes.data(), m0.bytes.size());
+              std::memcpy(v.p, v0.bytes.data(), v0.bytes.size());
+              cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, {.lr = 1e-2, .weight_decay = 0.1},
+                            {.step = 5, .inv_loss_scale = 1.0 / 100, .clip_coef = 0.7},
+                            {.n = n,
+                             .master = reinterpret_cast<float*>(master.p),
+                             .exp_avg = m.p,
+                             .exp_avg_sq = v.p,
+                             .moment_dtype = md,
+                             .grads = g.data(),
+                             .grad_dtype = DType::fp16,
+                             .param_out = out.p,
+                             .param_out_dtype = DType::fp16});
+              std::vector<uint8_t>* dst = r == 0 ? want : got;
+              dst[0].assign(master.p, master.p + n * 4);
+              dst[1].assign(m.p, m.p + m0.bytes.size());
+              dst[2].assign(v.p, v.p + v0.bytes.size());
+              dst[3].assign(out.p, out.p + n * 2);
+            }
+            CHECK(want[0] == got[0]);
+            CHECK(want[1] == got[1]);
+            CHECK(want[2] == got[2]);
+            CHECK(want[3] == got[3]);
+            CHECK(std::memcmp(want[0].data(), s.master.data(), n * 4) != 0);  // the step moved
+          }
       }
-  }
+    }
+  force_cpu_adam_stores(CpuAdamStores::automatic);
 }
 
 TEST_CASE("grad_sum_squares: equals a long-double sum on every ISA; flags inf and NaN") {

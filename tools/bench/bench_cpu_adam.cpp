@@ -1,14 +1,21 @@
-// bench_cpu_adam: the fused CPU Adam step at 2^26 parameters against, in the same run, (1) an
-// "Adam-shaped" stream (same loads and stores, trivial arithmetic: the memory's limit) and
-// (2) the same offload work done as separate passes (convert, unscale, clip, Adam, cast).
-// Prints the ratios at the end. Not the PyTorch comparison (tools/bench/compare_adam.sh).
+// bench_cpu_adam: the fused CPU Adam step at 2^26 parameters against, in the same run, (1) the
+// memory's roofline: the fastest of a family of plain streams that make exactly the step's
+// loads and stores (adam_streams.hpp: two vector widths, loads-first or interleaved blocks,
+// non-temporal or cached stores, three prefetch distances), and (2) the same offload work done
+// as separate passes (convert, unscale, clip, Adam, cast). Four step variants: fp32 AdamW,
+// the ZeRO-Offload step with fp16 or bf16 gradients in and a 16-bit copy out, and bf16 moments.
+// Each fused kernel runs on every ISA this CPU has (avx2, avx512). Prints, at the end, each
+// kernel's share of the best stream of its variant. Not the PyTorch comparison
+// (tools/bench/compare_adam.sh).
 //
-// Every benchmark checks its answer first (bit-exact against the scalar reference on ~4K
-// sampled elements, including thread boundaries and the tail); a wrong answer is
-// SkipWithError, not a fast time. Counters: params/s and bytes/s (bytes that variant must
-// move per parameter, x params / time) and bytes_per_param. ZP_BENCH_ADAM_LOG2 sets the size
-// (default 26; the CTest smoke run uses 20). For less noise on a shared machine:
+// Every benchmark checks its answer first (fused: bit-exact against the scalar reference on
+// ~4K sampled elements, including thread boundaries and the tail; streams: against their
+// scalar meaning); a wrong answer is SkipWithError, not a fast time. Counters: params/s and
+// bytes/s (bytes that variant must move per parameter, x params / time) and bytes_per_param.
+// ZP_BENCH_ADAM_LOG2 sets the size (default 26; the CTest smoke run uses 20). For less noise
+// on a shared machine:
 //   build/bin/bench_cpu_adam --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+// One variant: --benchmark_filter=_fp32/ (or offload_fp16/, offload_bf16/, bf16_moments/).
 #include <benchmark/benchmark.h>
 // GCC 12 bug 105593: its AVX-512 conversion intrinsics warn "may be used uninitialized" about
 // their own undefined merge source (as in runtime/src/cpu_adam_avx512.cpp): silence only that.
@@ -23,12 +30,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "adam_streams.hpp"
 #include "ratio_reporter.hpp"
 #include "zp/checked.hpp"
 #include "zp/runtime/cpu_adam.hpp"
@@ -36,6 +43,7 @@
 namespace {
 
 using namespace zp::runtime;
+namespace streams = zp::bench::streams;
 
 // ---- buffers ------------------------------------------------------------------------------
 
@@ -68,13 +76,13 @@ class Big {
   T* p_ = nullptr;
 };
 
-// Every buffer of every benchmark, allocated once: n x (4 x 4 + 4 x 2) = 24 bytes per param.
+// Every buffer of every benchmark, allocated once: n x (4 x 4 + 5 x 2) = 26 bytes per param.
 struct Data {
   std::size_t n;
   Big<float> master, m, v, g32;          // fp32 master weights, moments; fp32 grads / scratch
-  Big<uint16_t> g16, p16, m16, v16;      // fp16 grads, 16-bit params out, bf16 moments
+  Big<uint16_t> g16, gb16, p16, m16, v16;  // fp16 and bf16 grads, 16-bit params out, bf16 moments
   explicit Data(std::size_t n_)
-      : n(n_), master(n), m(n), v(n), g32(n), g16(n), p16(n), m16(n), v16(n) {}
+      : n(n_), master(n), m(n), v(n), g32(n), g16(n), gb16(n), p16(n), m16(n), v16(n) {}
 };
 
 // A deterministic pseudo-random value in [-1, 1) for element i (splitmix64 of i and a seed).
@@ -100,7 +108,7 @@ void parallel_ranges(std::size_t n, F&& f) {
 }
 
 // Fresh state: master in [-1, 1), moments as after some steps, gradients ~1e-3 (loss-scaled
-// by 1024 in fp16), none subnormal (no denormal slow paths in anyone's timing).
+// by 1024 in fp16 and bf16), none subnormal (no denormal slow paths in anyone's timing).
 void fill(Data& d) {
   parallel_ranges(d.n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) {
@@ -110,6 +118,7 @@ void fill(Data& d) {
       d.v[i] = 1e-6f * (1.5f + unit(i, 3));
       d.g32[i] = g;
       d.g16[i] = fp32_to_fp16(1024.0f * g);
+      d.gb16[i] = fp32_to_bf16(1024.0f * g);
       d.p16[i] = 0;
       d.m16[i] = fp32_to_bf16(d.m[i]);
       d.v16[i] = fp32_to_bf16(d.v[i]);
@@ -118,7 +127,11 @@ void fill(Data& d) {
 }
 
 Data& data() {
-  static Data d(n_params());
+  static Data& d = [] () -> Data& {
+    static Data fresh(n_params());
+    fill(fresh);
+    return fresh;
+  }();
   return d;
 }
 
@@ -130,11 +143,19 @@ const AdamConfig kCfg{.lr = 1e-3, .weight_decay = 0.01};
 
 struct Variant {
   DType grads, moments;
-  bool out16;
+  bool out16;  // a 16-bit copy of the parameters, in the gradients' dtype
+  const char* name;
 };
-constexpr Variant kOffloadFp16{DType::fp16, DType::fp32, true};  // ZeRO-Offload with fp16
-constexpr Variant kFp32{DType::fp32, DType::fp32, false};        // torch AdamW's work
-constexpr Variant kBf16Moments{DType::bf16, DType::bf16, true};
+constexpr Variant kFp32{DType::fp32, DType::fp32, false, "fp32"};                 // torch AdamW's work
+constexpr Variant kOffloadFp16{DType::fp16, DType::fp32, true, "offload_fp16"};   // ZeRO-Offload, fp16
+constexpr Variant kOffloadBf16{DType::bf16, DType::fp32, true, "offload_bf16"};   // ZeRO-Offload, bf16
+constexpr Variant kBf16Moments{DType::bf16, DType::bf16, true, "bf16_moments"};   // half the moments' bytes
+constexpr Variant kVariants[] = {kFp32, kOffloadFp16, kOffloadBf16, kBf16Moments};
+
+const void* grads_of(const Data& d, DType g) {
+  return g == DType::fp32 ? static_cast<const void*>(d.g32.data())
+                          : g == DType::fp16 ? static_cast<const void*>(d.g16.data()) : d.gb16.data();
+}
 
 // Bytes one step must move per parameter: read grad; read+write master and both moments;
 // write the 16-bit copy. Offload fp16: 2 + 3*(4+4) + 2 = 28; fp32: 4 + 24 = 28;
@@ -151,8 +172,7 @@ AdamTensors tensors(const Data& d, const Variant& v, std::size_t offset, std::si
           .exp_avg = m ? m : (bf16m ? static_cast<void*>(d.m16.data() + offset) : d.m.data() + offset),
           .exp_avg_sq = vv ? vv : (bf16m ? static_cast<void*>(d.v16.data() + offset) : d.v.data() + offset),
           .moment_dtype = v.moments,
-          .grads = v.grads == DType::fp32 ? static_cast<const void*>(d.g32.data() + offset)
-                                          : static_cast<const void*>(d.g16.data() + offset),
+          .grads = static_cast<const char*>(grads_of(d, v.grads)) + offset * dtype_bytes(v.grads),
           .grad_dtype = v.grads,
           .param_out = v.out16 ? (out ? out : d.p16.data() + offset) : nullptr,
           .param_out_dtype = v.grads == DType::bf16 ? DType::bf16 : DType::fp16};
@@ -186,17 +206,18 @@ Expected scalar_reference(const Data& d, const Variant& var, int64_t t) {
   e.idx = sample_indices(d.n);
   const std::size_t k = e.idx.size();
   std::vector<float> master(k), m(k), v(k), g32(k);
-  std::vector<uint16_t> m16(k), v16(k), g16(k), out(k);
+  std::vector<uint16_t> m16(k), v16(k), g16(k), gb16(k), out(k);
   for (std::size_t j = 0; j < k; ++j) {
     const std::size_t i = e.idx[j];
     master[j] = d.master[i], m[j] = d.m[i], v[j] = d.v[i], g32[j] = d.g32[i];
-    m16[j] = d.m16[i], v16[j] = d.v16[i], g16[j] = d.g16[i];
+    m16[j] = d.m16[i], v16[j] = d.v16[i], g16[j] = d.g16[i], gb16[j] = d.gb16[i];
   }
   const bool bf16m = var.moments == DType::bf16;
   void* m_ptr = bf16m ? static_cast<void*>(m16.data()) : m.data();
   void* v_ptr = bf16m ? static_cast<void*>(v16.data()) : v.data();
   AdamTensors ts = tensors(d, var, 0, k, master.data(), m_ptr, v_ptr, out.data());
-  ts.grads = var.grads == DType::fp32 ? static_cast<const void*>(g32.data()) : g16.data();
+  ts.grads = var.grads == DType::fp32 ? static_cast<const void*>(g32.data())
+             : var.grads == DType::fp16 ? static_cast<const void*>(g16.data()) : gb16.data();
   cpu_adam_step(CpuIsa::scalar, kCfg, step_args(var, t), ts);
   e.master = master;
   for (std::size_t j = 0; j < k; ++j) {
@@ -230,16 +251,42 @@ void set_counters(benchmark::State& state, std::size_t n, std::size_t bytes_per)
   state.counters["threads"] = omp_get_max_threads();
 }
 
-// The fused step (one pass), on the ISA cpu_adam_isa() picks or a forced one.
-void BM_Fused(benchmark::State& state, Variant var, std::optional<CpuIsa> isa) {
+// How a fused benchmark runs the step: with the store kind cpu_adam_step picks (automatic:
+// ordinary stores, cpu_adam.cpp), with either kind forced, or in cache: each thread steps one 16K-element slice of its own
+// over and over (the data stays in its L2), as many elements in all as the full step, which
+// times the arithmetic alone, the step's compute floor.
+enum class Mode : uint8_t { automatic, cached, streaming, in_cache };
+constexpr std::size_t kInCacheElems = std::size_t{1} << 14;
+
+
+// The in-cache step: thread k steps elements [k * 16K, (k+1) * 16K) n / (16K x threads) times.
+void in_cache_step(CpuIsa use, const Data& d, const Variant& var, int64_t t) {
+#pragma omp parallel
+  {
+    const std::size_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const std::size_t reps = std::max<std::size_t>(1, d.n / (kInCacheElems * threads));
+    const std::size_t offset = std::min(d.n - std::min(d.n, kInCacheElems), me * kInCacheElems);
+    const std::size_t len = std::min(d.n, kInCacheElems);
+    for (std::size_t r = 0; r < reps; ++r)
+      cpu_adam_step(use, kCfg, step_args(var, t), tensors(d, var, offset, len, nullptr, nullptr, nullptr, nullptr));
+  }
+}
+
+// The fused step (one pass) on one ISA.
+void BM_Fused(benchmark::State& state, Variant var, CpuIsa use, Mode mode) {
   Data& d = data();
   fill(d);
-  const CpuIsa use = isa.value_or(cpu_adam_isa());
   if (!cpu_supports(use)) {
     state.SkipWithError("this CPU cannot run the requested ISA");
     return;
   }
   state.SetLabel(std::string(to_string(use)));
+  force_cpu_adam_stores(mode == Mode::cached ? CpuAdamStores::cached
+                        : mode == Mode::streaming ? CpuAdamStores::streaming
+                                                  : CpuAdamStores::automatic);
+  struct Reset {
+    ~Reset() { force_cpu_adam_stores(CpuAdamStores::automatic); }
+  } reset;
   const Expected want = scalar_reference(d, var, 1);
   cpu_adam_step(use, kCfg, step_args(var, 1), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
   if (const std::size_t wrong = count_wrong(d, var, want)) {
@@ -249,145 +296,82 @@ void BM_Fused(benchmark::State& state, Variant var, std::optional<CpuIsa> isa) {
   }
   int64_t t = 2;
   for (auto _ : state) {
-    cpu_adam_step(use, kCfg, step_args(var, t++), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
+    if (mode == Mode::in_cache) in_cache_step(use, d, var, t++);
+    else cpu_adam_step(use, kCfg, step_args(var, t++), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
     benchmark::ClobberMemory();
   }
   set_counters(state, d.n, bytes_per_param(var));
 }
 
-// ---- the physical limit: the same streams, trivial arithmetic -----------------------------
+// ---- the roofline: the best of the plain streams with the step's loads and stores ----------
 
-// p += g, m += g, v += g (fp32), and the 16-bit copy of p: every load and store of the fused
-// step, with its conversions, in the same order (all loads of a vector, then all stores: with
-// every array on the same 2 MiB alignment, a store followed by a load of another array at the
-// same offset is a false store-to-load dependency that cost this kernel 3x on a Zen 4), and
-// the same store kind the fused step uses at this size: from 2^20 elements non-temporal stores
-// with the loads prefetched 1024 elements ahead (cpu_adam.cpp's kStreamMinElems,
-// cpu_adam_kernels.hpp's kPrefetchElems). One add per stream instead of Adam's arithmetic.
-constexpr std::size_t kStreamMinElems = std::size_t{1} << 20;
-constexpr std::size_t kPrefetchElems = 1024;
-
-template <bool kStream>
-__attribute__((target("avx2,fma,f16c"), always_inline)) inline void store_f32(float* dst, __m256 x) {
-  if constexpr (kStream) _mm256_stream_ps(dst, x);
-  else _mm256_storeu_ps(dst, x);
+streams::Arrays stream_arrays(const Data& d, const Variant& v) {
+  const bool bf16m = v.moments == DType::bf16;
+  return {.p = d.master.data(),
+          .m = bf16m ? static_cast<void*>(d.m16.data()) : d.m.data(),
+          .v = bf16m ? static_cast<void*>(d.v16.data()) : d.v.data(),
+          .g = grads_of(d, v.grads),
+          .out = v.out16 ? d.p16.data() : nullptr};
 }
 
-template <DType G, bool kOut16, bool kStream>
-__attribute__((target("avx2,fma,f16c"))) void stream_range(const Data& d, std::size_t b, std::size_t e) {
-  float *p = d.master.data(), *m = d.m.data(), *v = d.v.data();
-  uint16_t* out = d.p16.data();
-  std::size_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    if constexpr (kStream)
-      for (const float* a : {p, m, v}) _mm_prefetch(reinterpret_cast<const char*>(a + i + kPrefetchElems), _MM_HINT_T0);
-    for (std::size_t u = 0; u < 16; u += 8) {
-      const std::size_t j = i + u;
-      const __m256 p0 = _mm256_loadu_ps(p + j), m0 = _mm256_loadu_ps(m + j), v0 = _mm256_loadu_ps(v + j);
-      __m256 g;
-      if constexpr (G == DType::fp16)
-        g = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d.g16.data() + j)));
-      else
-        g = _mm256_loadu_ps(d.g32.data() + j);
-      const __m256 pn = _mm256_add_ps(p0, g);
-      store_f32<kStream>(p + j, pn);
-      store_f32<kStream>(m + j, _mm256_add_ps(m0, g));
-      store_f32<kStream>(v + j, _mm256_add_ps(v0, g));
-      if constexpr (kOut16) {
-        __m128i* dst = reinterpret_cast<__m128i*>(out + j);
-        const __m128i h = _mm256_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT);
-        if constexpr (kStream) _mm_stream_si128(dst, h);
-        else _mm_storeu_si128(dst, h);
-      }
-    }
+streams::Types stream_types(const Variant& v) {
+  return {v.grads, v.moments, v.grads == DType::bf16 ? DType::bf16 : DType::fp16, v.out16};
+}
+
+// Every shape this CPU can run (AVX2 always measured; AVX-512 where cpuid has it).
+std::vector<streams::Shape> stream_shapes() {
+  std::vector<streams::Shape> shapes;
+  for (const int width : {8, 16}) {
+    if (width == 16 && !cpu_supports(CpuIsa::avx512)) continue;
+    for (const streams::Order order : {streams::Order::loads_first, streams::Order::interleaved})
+      for (const bool nt : {true, false})
+        for (const int pf : streams::kPrefetches) shapes.push_back({width, order, nt, pf});
   }
-  for (; i < e; ++i) {
-    const float g = G == DType::fp16 ? fp16_to_fp32(d.g16[i]) : d.g32[i];
-    p[i] += g, m[i] += g, v[i] += g;
-    if constexpr (kOut16) out[i] = fp32_to_fp16(p[i]);
-  }
-  if constexpr (kStream) _mm_sfence();
+  return shapes;
 }
 
-// The same on 16 lanes, for CPUs where the fused step runs its AVX-512 kernel: its stores
-// are the same width then (a 512-bit non-temporal store fills a whole 64-byte line; on a
-// Zen 4 the AVX2 stream above ran 20-45% slower than this at 2^26).
-template <bool kStream>
-__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline void store_f32(float* dst, __m512 x) {
-  if constexpr (kStream) _mm512_stream_ps(dst, x);
-  else _mm512_storeu_ps(dst, x);
-}
-
-template <DType G, bool kOut16, bool kStream>
-__attribute__((target("avx512f,avx2,fma,f16c"))) void stream_range_avx512(const Data& d, std::size_t b,
-                                                                         std::size_t e) {
-  float *p = d.master.data(), *m = d.m.data(), *v = d.v.data();
-  uint16_t* out = d.p16.data();
-  std::size_t i = b;
-  for (; i + 32 <= e; i += 32) {
-    for (std::size_t u = 0; u < 32; u += 16) {
-      const std::size_t j = i + u;
-      if constexpr (kStream)
-        for (const float* a : {p, m, v}) _mm_prefetch(reinterpret_cast<const char*>(a + j + kPrefetchElems), _MM_HINT_T0);
-      const __m512 p0 = _mm512_loadu_ps(p + j), m0 = _mm512_loadu_ps(m + j), v0 = _mm512_loadu_ps(v + j);
-      __m512 g;
-      if constexpr (G == DType::fp16)
-        g = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d.g16.data() + j)));
-      else
-        g = _mm512_loadu_ps(d.g32.data() + j);
-      const __m512 pn = _mm512_add_ps(p0, g);
-      store_f32<kStream>(p + j, pn);
-      store_f32<kStream>(m + j, _mm512_add_ps(m0, g));
-      store_f32<kStream>(v + j, _mm512_add_ps(v0, g));
-      if constexpr (kOut16) {
-        __m256i* dst = reinterpret_cast<__m256i*>(out + j);
-        const __m256i h = _mm512_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT);
-        if constexpr (kStream) _mm256_stream_si256(dst, h);
-        else _mm256_storeu_si256(dst, h);
-      }
-    }
-  }
-  stream_range<G, kOut16, false>(d, i, e);  // the tail (fewer than 32 elements)
-  if constexpr (kStream) _mm_sfence();
-}
-
-// Thread ranges start on multiples of 64 elements of 2 MiB-aligned buffers: every vector store
-// is aligned, as the non-temporal ones need.
-template <DType G, bool kOut16>
-void stream_pass(const Data& d) {
-  parallel_ranges(d.n, [&](std::size_t b, std::size_t e) {
-    const bool stream = d.n >= kStreamMinElems;
-    if (cpu_adam_isa() == CpuIsa::avx512)
-      stream ? stream_range_avx512<G, kOut16, true>(d, b, e) : stream_range_avx512<G, kOut16, false>(d, b, e);
-    else
-      stream ? stream_range<G, kOut16, true>(d, b, e) : stream_range<G, kOut16, false>(d, b, e);
-  });
-}
-
-template <DType G, bool kOut16>
-void BM_Stream(benchmark::State& state) {
+// One stream kernel over all n elements: the same thread split as the fused step.
+void BM_Stream(benchmark::State& state, Variant var, streams::Shape shape) {
   Data& d = data();
-  fill(d);
-  if (!cpu_supports(CpuIsa::avx2)) {
-    state.SkipWithError("the stream kernel needs AVX2+F16C");
+  const streams::RangeFn kernel = streams::kernel(stream_types(var), shape);
+  if (!cpu_supports(CpuIsa::avx2) || kernel == nullptr) {
+    state.SkipWithError("the stream kernels need AVX2+F16C");
     return;
   }
-  state.SetLabel(std::string(to_string(cpu_adam_isa() == CpuIsa::avx512 ? CpuIsa::avx512 : CpuIsa::avx2)));
+  state.SetLabel(shape.width == 16 ? "avx512" : "avx2");
+  const streams::Arrays a = stream_arrays(d, var);
+  const streams::Types types = stream_types(var);
+  // The check: sampled elements copied aside and passed through the scalar meaning, then one
+  // full pass, then every sampled element of every array compared bit for bit.
   const std::vector<std::size_t> idx = sample_indices(d.n);
-  std::vector<float> want(idx.size());
-  for (std::size_t j = 0; j < idx.size(); ++j)
-    want[j] = d.master[idx[j]] + (G == DType::fp16 ? fp16_to_fp32(d.g16[idx[j]]) : d.g32[idx[j]]);
-  stream_pass<G, kOut16>(d);
-  for (std::size_t j = 0; j < idx.size(); ++j)
-    if (d.master[idx[j]] != want[j] || (kOut16 && d.p16[idx[j]] != fp32_to_fp16(want[j]))) {
-      state.SkipWithError("the stream kernel gives a wrong answer");
+  const std::size_t k = idx.size(), gb = dtype_bytes(var.grads), mb = dtype_bytes(var.moments);
+  std::vector<float> p(k);
+  std::vector<unsigned char> m(k * mb), v(k * mb), g(k * gb), out(k * 2);
+  for (std::size_t j = 0; j < k; ++j) {
+    p[j] = d.master[idx[j]];
+    std::memcpy(&m[j * mb], static_cast<const char*>(a.m) + idx[j] * mb, mb);
+    std::memcpy(&v[j * mb], static_cast<const char*>(a.v) + idx[j] * mb, mb);
+    std::memcpy(&g[j * gb], static_cast<const char*>(a.g) + idx[j] * gb, gb);
+  }
+  const streams::Arrays want{p.data(), m.data(), v.data(), g.data(), var.out16 ? out.data() : nullptr};
+  for (std::size_t j = 0; j < k; ++j) streams::element(want, types, j);
+  parallel_ranges(d.n, [&](std::size_t b, std::size_t e) { kernel(a, b, e); });
+  for (std::size_t j = 0; j < k; ++j) {
+    const std::size_t i = idx[j];
+    const bool same = std::memcmp(&p[j], d.master.data() + i, 4) == 0 &&
+                      std::memcmp(&m[j * mb], static_cast<const char*>(a.m) + i * mb, mb) == 0 &&
+                      std::memcmp(&v[j * mb], static_cast<const char*>(a.v) + i * mb, mb) == 0 &&
+                      (!var.out16 || std::memcmp(&out[j * 2], d.p16.data() + i, 2) == 0);
+    if (!same) {
+      state.SkipWithError(fmt::format("the stream kernel gives a wrong answer at element {}", i).c_str());
       return;
     }
+  }
   for (auto _ : state) {
-    stream_pass<G, kOut16>(d);
+    parallel_ranges(d.n, [&](std::size_t b, std::size_t e) { kernel(a, b, e); });
     benchmark::ClobberMemory();
   }
-  set_counters(state, d.n, bytes_per_param({G, DType::fp32, kOut16}));
+  set_counters(state, d.n, bytes_per_param(var));
 }
 
 // ---- the same offload work as separate passes ---------------------------------------------
@@ -473,36 +457,82 @@ void BM_GradSumSquares(benchmark::State& state) {
 
 // ---- ratios from this run -----------------------------------------------------------------
 
-// The ratios the issue asks for (from the mean real time per iteration of each benchmark in
-// this run).
+// The ISAs the fused step is measured on here (the dispatch picks the last one).
+std::vector<CpuIsa> fused_isas() {
+  std::vector<CpuIsa> isas;
+  for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512})
+    if (cpu_supports(isa)) isas.push_back(isa);
+  return isas;
+}
+
+std::string stream_name(const Variant& v, const streams::Shape& s) {
+  return fmt::format("stream_{}/{}", v.name, streams::to_string(s));
+}
+std::string fused_name(const Variant& v, CpuIsa isa, Mode mode = Mode::automatic) {
+  const char* suffix[] = {"", "/cached", "/nt", "/in_cache"};
+  return fmt::format("fused_{}/{}{}", v.name, to_string(isa), suffix[static_cast<int>(mode)]);
+}
+
+// From the mean real time per iteration of each benchmark in this run (both sides of a share
+// move the same bytes, so a bandwidth share is a time ratio): per variant, the roofline (the
+// fastest stream), each fused kernel's share of it (goal >= 90%), then every stream's share.
 void print_ratios(const zp::bench::RatioReporter& r) {
-  auto time = [&](const std::string& name) { return r.time(name); };
-  struct Line {
-    std::string what;
-    double value;
-    std::string unit;
-    double goal;
-  };
-  // Both variants of a pair move the same bytes, so the bandwidth ratio is a time ratio.
-  const Line lines[] = {
-      {"(1) fused offload step bandwidth / Adam-shaped stream (fp16 grads, fp16 out)",
-       100 * time("stream_offload_fp16") / time("fused_offload_fp16"), "%", 90},
-      {"(1) fused step bandwidth / Adam-shaped stream (fp32 grads, no 16-bit out)",
-       100 * time("stream_fp32") / time("fused_fp32"), "%", 90},
-      {"(2) separate passes time / fused offload step time",
-       time("separate_offload_fp16") / time("fused_offload_fp16"), "x", 1.8},
-      {"    fused offload step: vector / scalar speed-up",
-       time("fused_offload_fp16_scalar") / time("fused_offload_fp16"), "x", 1.0}};
-  bool header = false;
-  for (const Line& l : lines) {
-    if (std::isnan(l.value)) continue;  // a benchmark of the pair was filtered out or failed
-    if (!header)
-      fmt::print("\nratios from this run ({} params, {} threads, cpu_adam isa {}):\n",
+  const std::vector<streams::Shape> shapes = stream_shapes();
+  bool any = false;
+  std::vector<double> best(std::size(kVariants), NAN);
+  for (std::size_t k = 0; k < std::size(kVariants); ++k) {
+    const Variant& v = kVariants[k];
+    std::string best_shape;
+    for (const streams::Shape& s : shapes) {
+      const double t = r.time(stream_name(v, s));
+      if (!std::isnan(t) && !(t >= best[k])) best[k] = t, best_shape = streams::to_string(s);
+    }
+    if (std::isnan(best[k])) continue;
+    if (!any)
+      fmt::print("\nshares of the roofline from this run ({} params, {} threads; the dispatch picks {}):\n",
                  n_params(), omp_get_max_threads(), to_string(cpu_adam_isa()));
-    header = true;
-    fmt::print("  {}: {:.2f}{} (goal >= {}{}: {})\n", l.what, l.value, l.unit, l.goal, l.unit,
-               l.value >= l.goal ? "met" : "NOT met");
+    any = true;
+    const double gbs = static_cast<double>(n_params() * bytes_per_param(v)) / best[k] / 1e9;
+    fmt::print("  {:<13} roofline {:.2f} ms ({:.1f} GB/s at {} B/param): stream {}\n", v.name,
+               best[k] * 1e3, gbs, bytes_per_param(v), best_shape);
+    for (const CpuIsa isa : fused_isas()) {
+      const double t = r.time(fused_name(v, isa));
+      if (std::isnan(t)) continue;
+      const double share = 100 * best[k] / t;
+      const double t_nt = r.time(fused_name(v, isa, Mode::streaming)), floor = r.time(fused_name(v, isa, Mode::in_cache));
+      fmt::print("  {:<13}   fused {:<7} {:.2f} ms: {:.1f}% of the roofline (goal >= 90%: {})", "",
+                 to_string(isa), t * 1e3, share, share >= 90 ? "met" : "NOT met");
+      if (!std::isnan(t_nt)) fmt::print("; with nt stores {:.1f}%", 100 * best[k] / t_nt);
+      // The arithmetic alone, in cache: at or above the memory's time the step is compute-bound
+      // here, and no order of its loads and stores can reach the memory roofline.
+      if (!std::isnan(floor))
+        fmt::print("; compute floor {:.2f} ms = {:.0f}% of the roofline{}", floor * 1e3, 100 * floor / best[k],
+                   floor >= 0.9 * best[k] ? " (compute-bound)" : "");
+      fmt::print("\n");
+    }
   }
+  if (any) {
+    fmt::print("\n  each stream's share of its variant's roofline:\n  {:<34}", "");
+    for (const Variant& v : kVariants) fmt::print(" {:>13}", v.name);
+    fmt::print("\n");
+    for (const streams::Shape& s : shapes) {
+      fmt::print("  {:<34}", streams::to_string(s));
+      for (std::size_t k = 0; k < std::size(kVariants); ++k) {
+        const double t = r.time(stream_name(kVariants[k], s));
+        if (std::isnan(t) || std::isnan(best[k])) fmt::print(" {:>13}", "-");
+        else fmt::print(" {:>12.1f}%", 100 * best[k] / t);
+      }
+      fmt::print("\n");
+    }
+  }
+  const std::string fused = fused_name(kOffloadFp16, cpu_adam_isa());
+  const double separate = r.time("separate_offload_fp16") / r.time(fused);
+  const double scalar = r.time("fused_offload_fp16/scalar") / r.time(fused);
+  if (!std::isnan(separate))
+    fmt::print("\n  separate passes time / fused offload step time ({}): {:.2f}x (goal >= 1.8x: {})\n",
+               to_string(cpu_adam_isa()), separate, separate >= 1.8 ? "met" : "NOT met");
+  if (!std::isnan(scalar))
+    fmt::print("  fused offload step, vector / scalar speed-up: {:.2f}x\n", scalar);
 }
 
 }  // namespace
@@ -513,13 +543,23 @@ int main(int argc, char** argv) {
   auto reg = [](const char* name, auto fn) {
     benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond)->UseRealTime();
   };
-  reg("stream_offload_fp16", BM_Stream<DType::fp16, true>);
-  reg("fused_offload_fp16", [](benchmark::State& s) { BM_Fused(s, kOffloadFp16, std::nullopt); });
+  // Per variant: its streams, then its fused kernels (a filter on the variant's name keeps a
+  // roofline and its kernels together).
+  for (const Variant& v : kVariants) {
+    for (const streams::Shape& s : stream_shapes())
+      reg(stream_name(v, s).c_str(), [v, s](benchmark::State& st) { BM_Stream(st, v, s); });
+    for (const CpuIsa isa : fused_isas()) {
+      // The store kind the runtime picks, non-temporal stores, the compute floor.
+      reg(fused_name(v, isa).c_str(), [v, isa](benchmark::State& st) { BM_Fused(st, v, isa, Mode::automatic); });
+      reg(fused_name(v, isa, Mode::streaming).c_str(),
+          [v, isa](benchmark::State& st) { BM_Fused(st, v, isa, Mode::streaming); });
+      reg(fused_name(v, isa, Mode::in_cache).c_str(),
+          [v, isa](benchmark::State& st) { BM_Fused(st, v, isa, Mode::in_cache); });
+    }
+  }
   reg("separate_offload_fp16", BM_Separate);
-  reg("stream_fp32", BM_Stream<DType::fp32, false>);
-  reg("fused_fp32", [](benchmark::State& s) { BM_Fused(s, kFp32, std::nullopt); });
-  reg("fused_bf16_moments", [](benchmark::State& s) { BM_Fused(s, kBf16Moments, std::nullopt); });
-  reg("fused_offload_fp16_scalar", [](benchmark::State& s) { BM_Fused(s, kOffloadFp16, CpuIsa::scalar); });
+  reg("fused_offload_fp16/scalar",
+      [](benchmark::State& s) { BM_Fused(s, kOffloadFp16, CpuIsa::scalar, Mode::automatic); });
   reg("grad_sum_squares_fp16", BM_GradSumSquares);
   zp::bench::RatioReporter reporter(print_ratios);
   benchmark::RunSpecifiedBenchmarks(&reporter);

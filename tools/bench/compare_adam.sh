@@ -8,7 +8,8 @@
 # in odd rounds, torch then ours in even ones, about 10 s a round), each round gives a ratio
 # from two measurements taken seconds apart, and the speed-up reported is the median of the
 # rounds' ratios; every round is printed, with the range.
-# Not a build step: needs a built tree (ZP_BUILD_DIR, default build) and Debian's python3-torch.
+# Not a build step: needs a built tree (ZP_BUILD_DIR, default build) and Debian's python3-torch
+# (or another Python with torch: ZP_PYTHON).
 # Usage: tools/bench/compare_adam.sh [threads [rounds]]
 #        (default threads: OMP_NUM_THREADS or nproc; default rounds: 7)
 set -euo pipefail
@@ -24,16 +25,22 @@ done
 [[ -x $build/bin/bench_cpu_adam ]] || { echo "error: $build/bin/bench_cpu_adam not found" \
   "(hint: build it first: ninja -C $build bench_cpu_adam)" >&2; exit 2; }
 export OMP_NUM_THREADS=$threads ZP_BENCH_ADAM_LOG2=$log2
+# The fused step on the best ISA this CPU has (the runtime's automatic choice: the last one
+# bench_cpu_adam lists), with the stores the runtime picks at this size.
+isa=$("$build/bin/bench_cpu_adam" --benchmark_list_tests --benchmark_filter='^fused_fp32/avx[0-9]*/real_time$' 2>/dev/null |
+  tail -1 | cut -d/ -f2)
+[[ $isa == avx2 || $isa == avx512 ]] || { echo "error: this CPU has no AVX2 Adam kernel to compare with" >&2; exit 2; }
+python=${ZP_PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 ours() {
-  "$build/bin/bench_cpu_adam" --benchmark_filter='^fused_fp32/' --benchmark_min_time=1 \
+  "$build/bin/bench_cpu_adam" --benchmark_filter="^fused_fp32/$isa/real_time\$" --benchmark_min_time=1 \
     --benchmark_out="$tmp/ours.$1.json" --benchmark_out_format=json >/dev/null 2>"$tmp/ours.err" ||
     { cat "$tmp/ours.err" >&2; exit 1; }
 }
 torch() {
-  /usr/bin/python3 tools/bench/bench_torch_adamw.py --log2 "$log2" --threads "$threads" \
+  "$python" tools/bench/bench_torch_adamw.py --log2 "$log2" --threads "$threads" \
     --min-seconds 1 --json "$tmp/torch.$1.json" >/dev/null
 }
 for ((r = 1; r <= rounds; r++)); do
@@ -42,14 +49,14 @@ for ((r = 1; r <= rounds; r++)); do
 done
 printf '%*s\r' 20 '' >&2
 
-/usr/bin/python3 - "$tmp" "$rounds" <<'EOF'
+"$python" - "$tmp" "$rounds" <<'EOF'
 import json, os, statistics, sys
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 rows = []
 for r in range(1, rounds + 1):
     ours = json.load(open(os.path.join(tmp, f"ours.{r}.json")))
     torch = json.load(open(os.path.join(tmp, f"torch.{r}.json")))
-    run = next(b for b in ours["benchmarks"] if b["name"].startswith("fused_fp32/"))
+    run = ours["benchmarks"][0]
     if run.get("error_occurred"):
         sys.exit(f"error: bench_cpu_adam fused_fp32 failed: {run.get('error_message')}")
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[run["time_unit"]]

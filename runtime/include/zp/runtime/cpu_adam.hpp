@@ -98,6 +98,12 @@ CpuIsa cpu_adam_isa();
 // zp::Error when this CPU cannot run it.
 void force_cpu_adam_isa(std::optional<CpuIsa> isa);
 
+// How the vector kernels write master, moments and the 16-bit copy: automatic (ordinary
+// stores, the faster kind wherever bench_cpu_adam has measured), or forced either way
+// (streaming: non-temporal; the bench measures both; the results are the same bits).
+enum class CpuAdamStores : uint8_t { automatic, cached, streaming };
+void force_cpu_adam_stores(CpuAdamStores stores);
+
 // The same two kernels on an explicit ISA, ignoring the forced one (throws if unsupported).
 void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
                    const AdamTensors& ts);
