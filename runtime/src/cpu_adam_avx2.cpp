@@ -1,5 +1,5 @@
-// cpu_adam_avx2.cpp: the AVX2+FMA+F16C kernels of the CPU Adam (8 floats per vector, 2
-// vectors per iteration) and of the gradient sum of squares, with the scalar tail of
+// cpu_adam_avx2.cpp: the AVX2+FMA+F16C kernels of the CPU Adam (8 floats per vector, blocks
+// of 4 vectors) and of the gradient sum of squares, with the scalar tail of
 // cpu_adam_kernels.hpp. Not dispatch or threading (cpu_adam.cpp). Built with the baseline
 // flags: only these functions carry target("avx2,fma,f16c"), so no AVX2 code can leak into
 // inline functions the rest of the library shares (which per-file -mavx2 would risk).
@@ -16,7 +16,7 @@ namespace zp::runtime::detail {
 namespace {
 
 constexpr std::size_t kWidth = 8;   // floats per __m256
-constexpr std::size_t kUnroll = 2;  // vectors per loop iteration
+constexpr std::size_t kUnroll = 4;  // vectors per block: 32 elements, whole 64-byte lines
 constexpr std::size_t kBlock = kWidth * kUnroll;
 
 // Eight elements of any storage type, widened to fp32 exactly.
@@ -78,37 +78,55 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
           _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.decay)};
 }
 
-// adam_element() on eight lanes, operation for operation.
+// adam_element() on one block of kUnroll vectors, operation for operation: every load of the
+// block first, then the arithmetic, then every store. A block covers whole 64-byte lines of
+// every array (kBlock elements: 2 lines of fp32, one of a 16-bit array), so no load of a
+// block reads a line whose earlier part this thread just wrote: with non-temporal stores such
+// a load finds the line half-gathered in a write-combining buffer and forces it out as a
+// partial write (bench_cpu_adam measured the interleaved order at 47-85% of the memory
+// roofline with AVX2, and bf16 moments slowest: four vectors share each 16-bit line).
 template <DType G, DType M, ParamOut P, bool kStream>
-ZP_AVX2_INLINE void adam8(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
-  __m256 p = _mm256_loadu_ps(t.master + i);
-  __m256 m = load8<M>(t.exp_avg, i);
-  __m256 v = load8<M>(t.exp_avg_sq, i);
-  __m256 g = _mm256_mul_ps(load8<G>(t.grads, i), c.grad_scale);
-  g = _mm256_fmadd_ps(c.l2, p, g);
-  m = _mm256_fmadd_ps(c.beta1, m, _mm256_mul_ps(c.one_minus_beta1, g));
-  v = _mm256_fmadd_ps(c.beta2, v, _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
-  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
-  p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, denom), _mm256_mul_ps(p, c.decay));
-  store8<DType::fp32, kStream>(t.master, i, p);
-  store8<M, kStream>(t.exp_avg, i, m);
-  store8<M, kStream>(t.exp_avg_sq, i, v);
-  if constexpr (P != ParamOut::none) store8<param_out_dtype(P), kStream>(t.param_out, i, p);
+ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
+  __m256 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const std::size_t j = i + u * kWidth;
+    p[u] = _mm256_loadu_ps(t.master + j);
+    m[u] = load8<M>(t.exp_avg, j);
+    v[u] = load8<M>(t.exp_avg_sq, j);
+    g[u] = load8<G>(t.grads, j);
+  }
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const __m256 gs = _mm256_fmadd_ps(c.l2, p[u], _mm256_mul_ps(g[u], c.grad_scale));
+    m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.one_minus_beta1, gs));
+    v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, gs), gs));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps);
+    p[u] = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
+  }
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const std::size_t j = i + u * kWidth;
+    store8<DType::fp32, kStream>(t.master, j, p[u]);
+    store8<M, kStream>(t.exp_avg, j, m[u]);
+    store8<M, kStream>(t.exp_avg_sq, j, v[u]);
+    if constexpr (P != ParamOut::none) store8<param_out_dtype(P), kStream>(t.param_out, j, p[u]);
+  }
 }
 
-// The arrays read and written, kPrefetchElems ahead of element i (a prefetch never faults,
-// also past the end). One call per 16 elements: a 64-byte line of fp32.
+// Every line of the arrays read and written, kPrefetchElems ahead of block i (a prefetch never
+// faults, also past the end).
 template <DType M>
 ZP_AVX2_INLINE void prefetch_ahead(const AdamTensors& t, std::size_t i) {
   const std::size_t ahead = i + kPrefetchElems, mb = dtype_bytes(M);
-  _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead), _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb, _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb, _MM_HINT_T0);
+  for (std::size_t off = 0; off < kBlock * 4; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead) + off, _MM_HINT_T0);
+  for (std::size_t off = 0; off < kBlock * mb; off += 64) {
+    _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb + off, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb + off, _MM_HINT_T0);
+  }
 }
 
-// The vector body on [begin, end), then the scalar tail. kStream: begin is on a vector boundary
-// of every written array (streaming_aligned); non-temporal stores, prefetched loads, and a
-// store fence so that the stores are visible before the caller's OpenMP barrier.
+// The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
+// is on a vector boundary of every written array (streaming_aligned); non-temporal stores and
+// a store fence so that the stores are visible before the caller's OpenMP barrier.
 template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                std::size_t end) {
@@ -116,22 +134,22 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    if constexpr (kStream) prefetch_ahead<M>(local, i);
-    adam8<G, M, P, kStream>(c8, local, i);
-    adam8<G, M, P, kStream>(c8, local, i + kWidth);
+    prefetch_ahead<M>(local, i);
+    adam8_block<G, M, P, kStream>(c8, local, i);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
   if constexpr (kStream) _mm_sfence();
 }
 
-// Streaming: a scalar head up to master's vector boundary, then the streaming body if every
-// written array is on its boundary there (else the cached body: still correct, not streamed).
+// Streaming: a scalar head up to master's block boundary (128 bytes), then the streaming body
+// if every written array is on its vector boundary there (else the cached body: still correct,
+// not streamed).
 template <DType G, DType M, ParamOut P>
 ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                           std::size_t end, Stores stores) {
   if (stores == Stores::streaming) {
     const std::size_t head =
-        std::min(end, begin + elems_to_alignment(t.master + begin, kWidth * sizeof(float)));
+        std::min(end, begin + elems_to_alignment(t.master + begin, kBlock * sizeof(float)));
     adam_scalar_range<G, M, P>(c, t, begin, head);
     if (streaming_aligned<M, P>(t, head, kWidth))
       return adam_avx2_body<G, M, P, true>(c, t, head, end);
@@ -146,9 +164,10 @@ template <DType G>
 ZP_AVX2_FN double sum_squares_avx2(const void* g, std::size_t begin, std::size_t end) {
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                     _mm256_setzero_pd()};
+  constexpr std::size_t kSumUnroll = 2;  // four accumulators of four doubles
   std::size_t i = begin;
-  for (; i + kBlock <= end; i += kBlock) {
-    for (std::size_t u = 0; u < kUnroll; ++u) {
+  for (; i + kWidth * kSumUnroll <= end; i += kWidth * kSumUnroll) {
+    for (std::size_t u = 0; u < kSumUnroll; ++u) {
       const __m256 x = load8<G>(g, i + u * kWidth);
       const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
       const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));

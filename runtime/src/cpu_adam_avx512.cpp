@@ -1,5 +1,5 @@
-// cpu_adam_avx512.cpp: the AVX-512F kernels of the CPU Adam (16 floats per vector, 2 vectors
-// per iteration) and of the gradient sum of squares; the line-for-line twin of
+// cpu_adam_avx512.cpp: the AVX-512F kernels of the CPU Adam (16 floats per vector, blocks
+// of 2 vectors) and of the gradient sum of squares; the line-for-line twin of
 // cpu_adam_avx2.cpp. Not dispatch or threading (cpu_adam.cpp). Built with the baseline flags:
 // only these functions carry target("avx512f,..."), so the file compiles on any x86-64 host;
 // cpu_adam.cpp dispatches here only when cpuid reports AVX-512F.
@@ -19,7 +19,7 @@ namespace zp::runtime::detail {
 namespace {
 
 constexpr std::size_t kWidth = 16;  // floats per __m512
-constexpr std::size_t kUnroll = 2;  // vectors per loop iteration
+constexpr std::size_t kUnroll = 2;  // vectors per block: 32 elements, whole 64-byte lines
 constexpr std::size_t kBlock = kWidth * kUnroll;
 
 template <DType T>
@@ -74,37 +74,55 @@ ZP_AVX512_INLINE Coeffs16 broadcast(const AdamCoeffs& c) {
           _mm512_set1_ps(c.eps),          _mm512_set1_ps(c.decay)};
 }
 
-// adam_element() on sixteen lanes, operation for operation.
+// adam_element() on one block of kUnroll vectors, operation for operation: every load of the
+// block first, then the arithmetic, then every store. A block covers whole 64-byte lines of
+// every array (kBlock elements: 2 lines of fp32, one of a 16-bit array), so no load of a
+// block reads a line whose earlier part this thread just wrote: with non-temporal stores such
+// a load finds the line half-gathered in a write-combining buffer and forces it out as a
+// partial write (bench_cpu_adam measured the interleaved order at 47-85% of the memory
+// roofline with AVX2, and bf16 moments slowest: four vectors share each 16-bit line).
 template <DType G, DType M, ParamOut P, bool kStream>
-ZP_AVX512_INLINE void adam16(const Coeffs16& c, const AdamTensors& t, std::size_t i) {
-  __m512 p = _mm512_loadu_ps(t.master + i);
-  __m512 m = load16<M>(t.exp_avg, i);
-  __m512 v = load16<M>(t.exp_avg_sq, i);
-  __m512 g = _mm512_mul_ps(load16<G>(t.grads, i), c.grad_scale);
-  g = _mm512_fmadd_ps(c.l2, p, g);
-  m = _mm512_fmadd_ps(c.beta1, m, _mm512_mul_ps(c.one_minus_beta1, g));
-  v = _mm512_fmadd_ps(c.beta2, v, _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
-  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
-  p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m, denom), _mm512_mul_ps(p, c.decay));
-  store16<DType::fp32, kStream>(t.master, i, p);
-  store16<M, kStream>(t.exp_avg, i, m);
-  store16<M, kStream>(t.exp_avg_sq, i, v);
-  if constexpr (P != ParamOut::none) store16<param_out_dtype(P), kStream>(t.param_out, i, p);
+ZP_AVX512_INLINE void adam16_block(const Coeffs16& c, const AdamTensors& t, std::size_t i) {
+  __m512 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const std::size_t j = i + u * kWidth;
+    p[u] = _mm512_loadu_ps(t.master + j);
+    m[u] = load16<M>(t.exp_avg, j);
+    v[u] = load16<M>(t.exp_avg_sq, j);
+    g[u] = load16<G>(t.grads, j);
+  }
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const __m512 gs = _mm512_fmadd_ps(c.l2, p[u], _mm512_mul_ps(g[u], c.grad_scale));
+    m[u] = _mm512_fmadd_ps(c.beta1, m[u], _mm512_mul_ps(c.one_minus_beta1, gs));
+    v[u] = _mm512_fmadd_ps(c.beta2, v[u], _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, gs), gs));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps);
+    p[u] = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m[u], denom), _mm512_mul_ps(p[u], c.decay));
+  }
+  for (std::size_t u = 0; u < kUnroll; ++u) {
+    const std::size_t j = i + u * kWidth;
+    store16<DType::fp32, kStream>(t.master, j, p[u]);
+    store16<M, kStream>(t.exp_avg, j, m[u]);
+    store16<M, kStream>(t.exp_avg_sq, j, v[u]);
+    if constexpr (P != ParamOut::none) store16<param_out_dtype(P), kStream>(t.param_out, j, p[u]);
+  }
 }
 
-// The arrays read and written, kPrefetchElems ahead of element i (a prefetch never faults,
-// also past the end).
+// Every line of the arrays read and written, kPrefetchElems ahead of block i (a prefetch never
+// faults, also past the end).
 template <DType M>
 ZP_AVX512_INLINE void prefetch16(const AdamTensors& t, std::size_t i) {
   const std::size_t ahead = i + kPrefetchElems, mb = dtype_bytes(M);
-  _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead), _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb, _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb, _MM_HINT_T0);
+  for (std::size_t off = 0; off < kBlock * 4; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead) + off, _MM_HINT_T0);
+  for (std::size_t off = 0; off < kBlock * mb; off += 64) {
+    _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb + off, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb + off, _MM_HINT_T0);
+  }
 }
 
-// The vector body on [begin, end), then the scalar tail. kStream: begin is on a vector boundary
-// of every written array (streaming_aligned); non-temporal stores, prefetched loads, and a
-// store fence so that the stores are visible before the caller's OpenMP barrier.
+// The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
+// is on a vector boundary of every written array (streaming_aligned); non-temporal stores and
+// a store fence so that the stores are visible before the caller's OpenMP barrier.
 template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX512_FN void adam_avx512_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                    std::size_t end) {
@@ -112,22 +130,22 @@ ZP_AVX512_FN void adam_avx512_body(const AdamCoeffs& c, const AdamTensors& t, st
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    if constexpr (kStream) prefetch16<M>(local, i), prefetch16<M>(local, i + kWidth);
-    adam16<G, M, P, kStream>(c16, local, i);
-    adam16<G, M, P, kStream>(c16, local, i + kWidth);
+    prefetch16<M>(local, i);
+    adam16_block<G, M, P, kStream>(c16, local, i);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
   if constexpr (kStream) _mm_sfence();
 }
 
-// Streaming: a scalar head up to master's vector boundary, then the streaming body if every
-// written array is on its boundary there (else the cached body: still correct, not streamed).
+// Streaming: a scalar head up to master's block boundary (128 bytes), then the streaming body
+// if every written array is on its vector boundary there (else the cached body: still correct,
+// not streamed).
 template <DType G, DType M, ParamOut P>
 ZP_AVX512_FN void adam_avx512(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                               std::size_t end, Stores stores) {
   if (stores == Stores::streaming) {
     const std::size_t head =
-        std::min(end, begin + elems_to_alignment(t.master + begin, kWidth * sizeof(float)));
+        std::min(end, begin + elems_to_alignment(t.master + begin, kBlock * sizeof(float)));
     adam_scalar_range<G, M, P>(c, t, begin, head);
     if (streaming_aligned<M, P>(t, head, kWidth))
       return adam_avx512_body<G, M, P, true>(c, t, head, end);

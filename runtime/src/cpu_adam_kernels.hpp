@@ -87,15 +87,16 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 
 // How a vector body writes master, moments and param_out. cached: ordinary stores (the line is
 // read for ownership first, if it is not already cached, and stays in cache for whoever reads
-// it next). streaming: non-temporal stores, whole lines written to memory through the
-// write-combining buffers, bypassing the cache; for steps far larger than the last-level
-// cache, where nothing written is read again from cache anyway (cpu_adam.cpp picks). Only the
-// store instruction differs, never the value: both kinds give bit-identical results.
+// it next); the default. streaming: non-temporal stores, whole lines written to memory through
+// the write-combining buffers, bypassing the cache (only when forced: force_cpu_adam_stores;
+// slower on every machine measured so far, see cpu_adam.cpp). Only the store instruction
+// differs, never the value: both kinds give bit-identical results.
 enum class Stores : uint8_t { cached, streaming };
 
-// Streaming bodies prefetch master and both moments this many elements ahead (4 KiB of fp32
-// per array): with non-temporal stores the hardware prefetchers alone left the loads short of
-// memory bandwidth (bench_cpu_adam; 512 to 2048 measured alike, 256 worse, on an AVX-512 Zen 4).
+// The vector bodies prefetch master and both moments this many elements ahead (4 KiB of fp32
+// per array): 1.04-1.22x over the hardware prefetchers alone for the 16-bit variants on a
+// Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B; fp32 on AVX2 was 0.85x there, AVX-512
+// the same within noise), and with non-temporal stores 512 to 2048 measured alike, 256 worse.
 constexpr std::size_t kPrefetchElems = 1024;
 
 // Elements from p to the next multiple of align_bytes (p must be element-aligned).
