@@ -69,15 +69,19 @@ bool detect(CpuIsa isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
     case CpuIsa::avx512: return detect(CpuIsa::avx2) && __builtin_cpu_supports("avx512f");
+    case CpuIsa::avx512bf16:
+      return detect(CpuIsa::avx512) && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
 
 CpuIsa best_isa_logged() {
   static const CpuIsa best = [] {
-    const CpuIsa isa = detect(CpuIsa::avx512) ? CpuIsa::avx512
-                       : detect(CpuIsa::avx2) ? CpuIsa::avx2
-                                              : CpuIsa::scalar;
+    const CpuIsa isa = detect(CpuIsa::avx512bf16) ? CpuIsa::avx512bf16
+                       : detect(CpuIsa::avx512)   ? CpuIsa::avx512
+                       : detect(CpuIsa::avx2)     ? CpuIsa::avx2
+                                                  : CpuIsa::scalar;
     fmt::print(stderr, "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads)\n",
                to_string(isa), omp_get_max_threads());
     return isa;
@@ -90,6 +94,7 @@ std::atomic<CpuAdamStores> g_stores{CpuAdamStores::automatic};
 
 const KernelTable& table(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::avx512bf16: return detail::kAvx512Bf16Table;
     case CpuIsa::avx512: return detail::kAvx512Table;
     case CpuIsa::avx2: return detail::kAvx2Table;
     default: return detail::kScalarTable;
@@ -178,14 +183,16 @@ std::string_view to_string(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx512bf16: return "avx512bf16";
     default: return "scalar";
   }
 }
 
 bool cpu_supports(CpuIsa isa) {
-  static const bool has_avx2 = detect(CpuIsa::avx2), has_avx512 = detect(CpuIsa::avx512);
+  static const bool has_avx2 = detect(CpuIsa::avx2), has_avx512 = detect(CpuIsa::avx512),
+                    has_avx512bf16 = detect(CpuIsa::avx512bf16);
   return isa == CpuIsa::scalar || (isa == CpuIsa::avx2 && has_avx2) ||
-         (isa == CpuIsa::avx512 && has_avx512);
+         (isa == CpuIsa::avx512 && has_avx512) || (isa == CpuIsa::avx512bf16 && has_avx512bf16);
 }
 
 CpuIsa cpu_adam_isa() {

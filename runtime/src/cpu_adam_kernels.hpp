@@ -142,9 +142,11 @@ struct KernelTable {
         {S<DType::fp32>, S<DType::fp16>, S<DType::bf16>}, BLOCK                              \
   }
 
-// One table per ISA (defined in cpu_adam.cpp, cpu_adam_avx2.cpp, cpu_adam_avx512.cpp).
+// One table per ISA (defined in cpu_adam.cpp, cpu_adam_avx2.cpp, cpu_adam_avx512.cpp: the
+// last holds both AVX-512 tables).
 extern const KernelTable kScalarTable;
 extern const KernelTable kAvx2Table;
 extern const KernelTable kAvx512Table;
+extern const KernelTable kAvx512Bf16Table;
 
 }  // namespace zp::runtime::detail

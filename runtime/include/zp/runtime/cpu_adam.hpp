@@ -86,12 +86,14 @@ GradSumSquares grad_sum_squares(const void* grads, DType grad_dtype, std::size_t
 double clip_coefficient(double sum_sq, double inv_loss_scale, double max_norm);
 
 // Instruction sets with a kernel. cpu_supports() asks the CPU (and OS) via cpuid.
-enum class CpuIsa : uint8_t { scalar, avx2, avx512 };
+// avx512bf16: the avx512 kernels with AVX-512 BF16 (and DQ) for their bf16 stores.
+enum class CpuIsa : uint8_t { scalar, avx2, avx512, avx512bf16 };
 std::string_view to_string(CpuIsa isa);
 bool cpu_supports(CpuIsa isa);
 
 // The ISA cpu_adam_step and grad_sum_squares use: the forced one if any, else the best the
-// CPU supports (avx512 > avx2 > scalar; avx2 means AVX2+FMA+F16C, avx512 adds AVX-512F).
+// CPU supports (avx512bf16 > avx512 > avx2 > scalar; avx2 means AVX2+FMA+F16C, avx512 adds
+// AVX-512F, avx512bf16 adds AVX512_BF16 and AVX512DQ).
 // The first automatic choice is logged once to stderr.
 CpuIsa cpu_adam_isa();
 // Force an ISA (tests, benchmarks), or std::nullopt to go back to automatic. Throws
