@@ -83,8 +83,8 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
 // every array (kBlock elements: 2 lines of fp32, one of a 16-bit array), so no load of a
 // block reads a line whose earlier part this thread just wrote: with non-temporal stores such
 // a load finds the line half-gathered in a write-combining buffer and forces it out as a
-// partial write (bench_cpu_adam measured the interleaved order at 47-85% of the memory
-// roofline with AVX2, and bf16 moments slowest: four vectors share each 16-bit line).
+// partial write (the AVX2 bf16-moment step, where four vectors share each 16-bit line, ran
+// 6-11x slower that way on a Xeon; bench_cpu_adam).
 template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
   __m256 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
