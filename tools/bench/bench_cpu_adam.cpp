@@ -253,13 +253,13 @@ void set_counters(benchmark::State& state, std::size_t n, std::size_t bytes_per)
 }
 
 // How a fused benchmark runs the step: with the store kind cpu_adam_step picks (automatic:
-// ordinary stores, cpu_adam.cpp), with either kind forced, or in cache: each thread steps one
+// ordinary stores, cpu_adam.cpp), with non-temporal stores forced, or in cache: each thread steps one
 // 16K-element slice of its own over and over (the data stays in its L2), as many elements in
 // all as the full step, which times the arithmetic alone, the step's compute floor. Each of
 // those calls has a fixed cost (the argument checks, the coefficients' pow(), a one-thread
 // OpenMP region: a few microseconds, as much as the slice's arithmetic), so the floor is the
 // time of those calls minus the time of as many calls on 32 elements (a manual time).
-enum class Mode : uint8_t { automatic, cached, streaming, in_cache };
+enum class Mode : uint8_t { automatic, streaming, in_cache };
 constexpr std::size_t kInCacheElems = std::size_t{1} << 14, kCallCostElems = 32;
 
 // Thread k steps len elements at k * 16K, n / (16K x threads) times.
@@ -284,9 +284,7 @@ void BM_Fused(benchmark::State& state, Variant var, CpuIsa use, Mode mode) {
     return;
   }
   state.SetLabel(std::string(to_string(use)));
-  force_cpu_adam_stores(mode == Mode::cached ? CpuAdamStores::cached
-                        : mode == Mode::streaming ? CpuAdamStores::streaming
-                                                  : CpuAdamStores::automatic);
+  force_cpu_adam_stores(mode == Mode::streaming ? CpuAdamStores::streaming : CpuAdamStores::automatic);
   struct Reset {
     ~Reset() { force_cpu_adam_stores(CpuAdamStores::automatic); }
   } reset;
@@ -481,7 +479,7 @@ std::string stream_name(const Variant& v, const streams::Shape& s) {
   return fmt::format("stream_{}/{}", v.name, streams::to_string(s));
 }
 std::string fused_name(const Variant& v, CpuIsa isa, Mode mode = Mode::automatic) {
-  const char* suffix[] = {"", "/cached", "/nt", "/in_cache"};
+  const char* suffix[] = {"", "/nt", "/in_cache"};
   return fmt::format("fused_{}/{}{}", v.name, to_string(isa), suffix[static_cast<int>(mode)]);
 }
 
