@@ -47,7 +47,7 @@ using detail::KernelTable;
 // microseconds; 32K elements of an fp16 offload step move ~1 MB, tens of microseconds).
 constexpr std::size_t kParallelMinElems = std::size_t{1} << 15;
 // Thread ranges start on multiples of 64 elements: whole cache lines of fp32 and 16-bit
-// arrays (no false sharing on the outputs) and whole vector blocks (16 or 32 elements).
+// arrays (no false sharing on the outputs) and whole vector blocks (32 elements).
 constexpr std::size_t kRangeAlignElems = 64;
 
 struct Range {
@@ -216,10 +216,9 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
   const detail::AdamKernel kernel = table(isa).adam[static_cast<std::size_t>(ts.grad_dtype)]
                                                    [moment_index(ts.moment_dtype)]
                                                    [param_out_index(ts)];
-  // Ordinary stores unless forced: bench_cpu_adam measured non-temporal stores slower at 2^26
-  // elements on both machines it has run on since its roofline became the best of a family of
-  // streams (the fused step 1.0-1.35x slower with them on a Zen 4 VM, 1.4-3.0x on a 16-core
-  // Xeon, where non-temporal streams ran at 26-86% of the best cached one). A machine where
+  // Ordinary stores unless forced: with non-temporal ones the fused step ran 1.4-3.0x slower at
+  // 2^26 elements on a quiet 16-core Xeon (its non-temporal streams at 26-86% of the best
+  // cached one; bench_cpu_adam), and on a Zen 4 VM either kind won some runs. A machine where
   // they win shows it in the bench's table; force_cpu_adam_stores picks them.
   const detail::Stores stores = g_stores.load(std::memory_order_relaxed) == CpuAdamStores::streaming
                                     ? detail::Stores::streaming

@@ -89,7 +89,7 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 // read for ownership first, if it is not already cached, and stays in cache for whoever reads
 // it next); the default. streaming: non-temporal stores, whole lines written to memory through
 // the write-combining buffers, bypassing the cache (only when forced: force_cpu_adam_stores;
-// slower on every machine measured so far, see cpu_adam.cpp). Only the store instruction
+// see cpu_adam.cpp for what was measured). Only the store instruction
 // differs, never the value: both kinds give bit-identical results.
 enum class Stores : uint8_t { cached, streaming };
 
