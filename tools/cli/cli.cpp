@@ -304,13 +304,16 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
                                          std::vector<std::string>* assumed) const {
   Strategy s;
   nlohmann::json ds;
-  if (!ds_config.empty() && !fsdp_config.empty())
+  if (has_ds_config() && !fsdp_config.empty())
     throw Error("--ds-config and --fsdp-config describe two different runs",
                 "give the DeepSpeed config for --profile deepspeed, the accelerate FSDP config "
                 "for --profile fsdp");
-  if (!ds_config.empty()) {
-    ds = parse_json_text(read_text_file(ds_config), ds_config);
-    s = planner::apply_deepspeed_config(s, ds, ds_config, assumed);
+  if (!ds_config.empty() && !ds_config_json.is_null())
+    throw Error("--ds-config and a DeepSpeed config given in memory", "give one of them");
+  if (has_ds_config()) {
+    const std::string& origin = ds_config.empty() ? ds_config_origin : ds_config;
+    ds = ds_config.empty() ? ds_config_json : parse_json_text(read_text_file(ds_config), ds_config);
+    s = planner::apply_deepspeed_config(s, ds, origin, assumed);
   }
   if (!fsdp_config.empty()) {
     if (o.profile != planner::Profile::fsdp)
@@ -325,7 +328,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
       throw Error("--megatron-args and --fsdp-config describe two different runs",
                   "Megatron's data parallelism is its own (or DeepSpeed's, with --ds-config)");
     mg = planner::parse_megatron_args(megatron_args);
-    s = planner::apply_megatron_args(s, mg, n_layer, ds_config.empty() ? nullptr : &ds);
+    s = planner::apply_megatron_args(s, mg, n_layer, has_ds_config() ? &ds : nullptr);
   }
   if (given("--stage")) {
     // Accept only 0..3 written as an integer; "4" and "two" get the same one-line error.
@@ -547,7 +550,7 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
     if (!given("--dp") && !acc) left.push_back(fmt::format("--dp {}", s.dp));
     if (!given("--micro-batch") && !in_ds({"train_micro_batch_size_per_gpu"}) && !mg.has("--micro-batch-size"))
       left.push_back(fmt::format("--micro-batch {}", s.micro_batch));
-    if (!given("--precision") && ds_config.empty() && !acc && !mg_given)
+    if (!given("--precision") && !has_ds_config() && !acc && !mg_given)
       left.push_back(fmt::format("--precision {}", planner::to_string(s.precision)));
     // Plain PyTorch in 16 bits on fp32 weights is autocast (models::GraphOptions::autocast).
     if (o.profile == planner::Profile::pytorch && s.precision != planner::Precision::fp32 &&
@@ -582,13 +585,17 @@ Strategy StrategyFlags::resolve_for_gpus(int64_t gpus, const planner::PlanOption
 
 models::ModelSpec load_model(const std::string& model, StrategyFlags& flags) {
   const bool mg = flags.given("--megatron-args");
-  if (model.empty() && !mg)
+  const bool in_memory = !flags.model_json.empty();
+  if (in_memory && !model.empty())
+    throw Error("--model and a model config given in memory", "give one of them");
+  if (model.empty() && !mg && !in_memory)
     throw Error("--model is required", "a catalog name (zero-plan models), a config.json, or "
                 "--megatron-args with the model's --num-layers, --hidden-size, ...");
   const models::ModelSpec m =
-      model.empty() ? planner::megatron_model(planner::parse_megatron_args(flags.megatron_args))
-                    : models::load_model(model);
-  if (mg && !model.empty()) planner::check_megatron_model(planner::parse_megatron_args(flags.megatron_args), m);
+      in_memory       ? models::parse_hf_config(flags.model_json, flags.model_json_origin)
+      : model.empty() ? planner::megatron_model(planner::parse_megatron_args(flags.megatron_args))
+                      : models::load_model(model);
+  if (mg && (!model.empty() || in_memory)) planner::check_megatron_model(planner::parse_megatron_args(flags.megatron_args), m);
   flags.n_layer = m.n_layer;
   return m;
 }

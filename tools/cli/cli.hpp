@@ -7,6 +7,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "zp/error.hpp"
 #include "zp/models/model_spec.hpp"
@@ -62,11 +63,18 @@ struct StrategyFlags {
   planner::Strategy resolve_for_gpus(int64_t gpus, const planner::PlanOptions& o = {},
                                      std::vector<std::string>* assumed = nullptr) const;
   bool given(const std::string& flag) const;
+
+  // Inputs held in memory instead of files (the Python module's dicts): a DeepSpeed config in
+  // place of --ds-config, a model config's JSON text in place of --model; `*_origin` names
+  // them in errors.
+  nlohmann::json ds_config_json;
+  std::string ds_config_origin, model_json, model_json_origin;
+  bool has_ds_config() const { return !ds_config.empty() || !ds_config_json.is_null(); }
 };
 
 void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
 
-// The model of --model, or without it the one --megatron-args' size flags describe (with both,
+// The model of --model (or of flags.model_json), or without it the one --megatron-args' size flags describe (with both,
 // the flags must agree with the model); records its layer count in flags.n_layer.
 models::ModelSpec load_model(const std::string& model, StrategyFlags& flags);
 

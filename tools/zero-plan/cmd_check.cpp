@@ -29,8 +29,7 @@ std::unique_ptr<CheckCommand> add_check_command(CLI::App& parent) {
   return c;
 }
 
-int CheckCommand::run() const {
-  const reports::Format f = parse_format(format);
+int CheckCommand::execute(reports::Format f, std::string& out) const {
   const reports::Budgets b = reports::load_budgets(file);
   const reports::CheckReport r = reports::check_budgets(b);
   // The file is read again just before it is replaced, so a concurrent edit is noticed rather
@@ -38,12 +37,12 @@ int CheckCommand::run() const {
   std::string updated;
   if (update) updated = reports::with_accepted(read_text_file(file), r, file);
   if (!junit.empty()) emit(junit, reports::render_check_junit(r));
-  emit("", reports::render_check(r, f));
+  out += reports::render_check(r, f);
   if (update) {
     emit(file, updated);
     if (f == reports::Format::text || f == reports::Format::markdown)
-      emit("", fmt::format("updated {}: accepted the predictions of {} case{}\n", file,
-                           r.cases.size(), r.cases.size() == 1 ? "" : "s"));
+      out += fmt::format("updated {}: accepted the predictions of {} case{}\n", file,
+                         r.cases.size(), r.cases.size() == 1 ? "" : "s");
     return r.over_budget() ? kExitCheckFailed : kExitOk;
   }
   return r.passed() ? kExitOk : kExitCheckFailed;

@@ -8,6 +8,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zp/reports/table.hpp"
+
 namespace zp::cli {
 
 struct CheckCommand {
@@ -15,7 +17,8 @@ struct CheckCommand {
   std::string file, junit, format;
   bool update = false;
   // 0 every case within budget and growth, 1 a case failed, 2 bad input (via zp::Error).
-  int run() const;
+  // Writes --junit and the --update'd file; what goes to stdout is appended to `out`.
+  int execute(reports::Format f, std::string& out) const;
 };
 
 // Adds the `check` subcommand to `parent`; the returned object holds its flags.

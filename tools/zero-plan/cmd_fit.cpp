@@ -183,8 +183,7 @@ nlohmann::json ds_estimator(const planner::Strategy& s, const models::ParamInven
 
 }  // namespace
 
-int FitCommand::run() {
-  const auto fmt_ = parse_format(format);
+int FitCommand::execute(reports::Format fmt_, std::string& out) {
   planner::FitRequest r;
   r.model = load_model(model, flags);
   r.hw = planner::load_hardware(hardware);
@@ -207,8 +206,8 @@ int FitCommand::run() {
   const auto mg = flags.given("--megatron-args") ? planner::parse_megatron_args(flags.megatron_args)
                                                  : planner::MegatronArgs{};
   if (flags.given("--stage") || mg.has("--use-distributed-optimizer")) r.stages = {s.stage};
-  if (flags.given("--offload-optimizer") || !flags.ds_config.empty()) r.offload_optimizer = {s.offload_optimizer};
-  if (flags.given("--offload-param") || !flags.ds_config.empty() || !flags.fsdp_config.empty())
+  if (flags.given("--offload-optimizer") || flags.has_ds_config()) r.offload_optimizer = {s.offload_optimizer};
+  if (flags.given("--offload-param") || flags.has_ds_config() || !flags.fsdp_config.empty())
     r.offload_param = {s.offload_param};
   if (flags.given("--micro-batch") || mg.has("--micro-batch-size")) r.micro_batches = {s.micro_batch};
   if (flags.given("--checkpointing") || mg.has("--recompute-granularity") || mg.has("--recompute-activations"))
@@ -229,8 +228,8 @@ int FitCommand::run() {
   // optimizer, stage 1, or plain data parallelism; nothing offloaded), unless pinned otherwise.
   if (!emit_megatron.empty() && !megatron_deepspeed) {
     if (!flags.given("--stage") && !mg.has("--use-distributed-optimizer")) r.stages = {0, 1};
-    if (!flags.given("--offload-optimizer") && flags.ds_config.empty()) r.offload_optimizer = {planner::Offload::none};
-    if (!flags.given("--offload-param") && flags.ds_config.empty()) r.offload_param = {planner::Offload::none};
+    if (!flags.given("--offload-optimizer") && !flags.has_ds_config()) r.offload_optimizer = {planner::Offload::none};
+    if (!flags.given("--offload-param") && !flags.has_ds_config()) r.offload_param = {planner::Offload::none};
     if (!flags.dpu) r.dpu = {false};
   }
   if (flags.given("--tp") || mg.has("--tensor-model-parallel-size")) r.mps = {s.mp};
@@ -293,7 +292,6 @@ int FitCommand::run() {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const models::ParamInventory inv_final = models::count_params(r.model);
 
-  std::string out;
   if (fmt_ == reports::Format::json) {
     nlohmann::json j = planner::to_json(f, r);
     j["search_seconds"] = seconds;
@@ -335,7 +333,6 @@ int FitCommand::run() {
       emit(trace, planner::trace_json(tl).dump() + "\n");
     }
   }
-  emit(output, out);
   return f.candidates.empty() ? kExitCheckFailed : kExitOk;
 }
 

@@ -22,7 +22,10 @@ struct FitCommand {
   TargetFlags target;
 
   bool parsed() const { return app != nullptr && app->parsed(); }
-  int run();  // exit code: 0 something fits, 1 nothing does (sets flags.n_layer)
+  // The search; writes --emit-deepspeed, --emit-megatron and --trace, and puts what goes to
+  // --output (or stdout) in `out`. Exit code: 0 something fits, 1 nothing does (sets
+  // flags.n_layer).
+  int execute(reports::Format f, std::string& out);
 };
 
 // Registers `fit` on `app`; `cmd` must outlive the parse.
