@@ -67,8 +67,10 @@ std::vector<std::string> to_args(const CLI::App& sub, const std::string& functio
       if (!is_switch)
         throw PyError{fmt::format("{}: takes a value, not {}", name, *b ? "True" : "False"),
                       fmt::format("e.g. {}=... as zero-plan's --{} takes", name, lname)};
-      if (*b) args.push_back("--" + lname);
-      else if (opt->check_lname("no-" + lname)) args.push_back("--no-" + lname);
+      if (*b)
+        args.push_back("--" + lname);
+      else if (opt->check_lname("no-" + lname))
+        args.push_back("--no-" + lname);
     } else {
       if (is_switch)
         throw PyError{fmt::format("{}: a switch, give True or False", name),
@@ -125,7 +127,7 @@ PYBIND11_MODULE(_zeroplan, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     if (!p) return;
     auto raise = [](const std::string& message, const std::string& hint) {
-      PyObject* cls = error_class->is_none() || !*error_class ? PyExc_RuntimeError : error_class->ptr();
+      PyObject* cls = !*error_class ? PyExc_RuntimeError : error_class->ptr();
       PyErr_SetObject(cls, py::make_tuple(message, hint).ptr());
     };
     try {

@@ -595,7 +595,8 @@ models::ModelSpec load_model(const std::string& model, StrategyFlags& flags) {
       in_memory       ? models::parse_hf_config(flags.model_json, flags.model_json_origin)
       : model.empty() ? planner::megatron_model(planner::parse_megatron_args(flags.megatron_args))
                       : models::load_model(model);
-  if (mg && (!model.empty() || in_memory)) planner::check_megatron_model(planner::parse_megatron_args(flags.megatron_args), m);
+  if (mg && (!model.empty() || in_memory))
+    planner::check_megatron_model(planner::parse_megatron_args(flags.megatron_args), m);
   flags.n_layer = m.n_layer;
   return m;
 }

@@ -74,8 +74,9 @@ struct StrategyFlags {
 
 void add_strategy_flags(CLI::App& app, StrategyFlags& flags);
 
-// The model of --model (or of flags.model_json), or without it the one --megatron-args' size flags describe (with both,
-// the flags must agree with the model); records its layer count in flags.n_layer.
+// The model of --model (or of flags.model_json), or without it the one --megatron-args' size
+// flags describe (with both, the flags must agree with the model); records its layer count in
+// flags.n_layer.
 models::ModelSpec load_model(const std::string& model, StrategyFlags& flags);
 
 // --profile zeroplan|deepspeed and --device cpu|cuda: whose allocations are predicted.

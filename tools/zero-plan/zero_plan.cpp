@@ -36,9 +36,10 @@ std::vector<uint64_t> parse_list(const std::string& text, const std::string& fla
 }  // namespace
 
 ZeroPlan::ZeroPlan(bool plan_output_required)
-    : app_{"zero-plan: will this ZeRO training run fit, where should each byte live?\n"
-           "Predicts per-device memory for ZeRO stages 0-3, ZeRO-Offload and ZeRO-Infinity.",
-           "zero-plan"} {
+    : app_{
+          "zero-plan: will this ZeRO training run fit, where should each byte live?\n"
+          "Predicts per-device memory for ZeRO stages 0-3, ZeRO-Offload and ZeRO-Infinity.",
+          "zero-plan"} {
   CLI::App& app = app_;
   app.require_subcommand(1);
   app.footer(
@@ -56,10 +57,12 @@ ZeroPlan::ZeroPlan(bool plan_output_required)
   table_ = app.add_subcommand("table", "the ZeRO paper's model-state table, plus stage 0");
   table_->add_option("--params", table_params_, "model sizes, comma-separated [7.5e9,128e9,1e12]");
   table_->add_option("--dp", table_dp_, "data-parallel degrees [1,4,16,64,256,1024]");
-  table_->add_option("--k", table_k_, "optimizer bytes per parameter (12: mixed-precision Adam) [12]");
+  table_->add_option("--k", table_k_,
+                     "optimizer bytes per parameter (12: mixed-precision Adam) [12]");
   add_format_flag(*table_, table_format_);
-  table_->footer("Text prints GB (1e9 bytes) rounded as the paper prints; json gives exact bytes.\n"
-                 "Example: zero-plan table --params 175e9 --dp 8,64,512");
+  table_->footer(
+      "Text prints GB (1e9 bytes) rounded as the paper prints; json gives exact bytes.\n"
+      "Example: zero-plan table --params 175e9 --dp 8,64,512");
 
   models_ = app.add_subcommand("models", "the model catalog, or one model's parameter inventory");
   models_->add_option("model", models_name_, "a catalog name or config.json: list its tensors");
@@ -68,9 +71,11 @@ ZeroPlan::ZeroPlan(bool plan_output_required)
 
   estimate_ = app.add_subcommand("estimate", "per-device memory for one model and strategy");
   CLI::App& est = *estimate_;
-  est.add_option("--model", est_model_, "catalog name (zero-plan models) or a HF config.json "
+  est.add_option("--model", est_model_,
+                 "catalog name (zero-plan models) or a HF config.json "
                  "[the model --megatron-args describes]");
-  est.add_option("--hardware", est_hw_, "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) "
+  est.add_option("--hardware", est_hw_,
+                 "preset (v100-32g, a100-40g, a100-80g, h100-80g, h200-141g) "
                  "or a hardware JSON file: adds the fits verdict");
   add_strategy_flags(est, est_flags_);
   add_target_flags(est, est_target_, "cuda");
@@ -78,24 +83,28 @@ ZeroPlan::ZeroPlan(bool plan_output_required)
   est.add_option("-o,--output", est_output_, "write to this file (atomically) instead of stdout");
   est.add_option("--timeline", est_timeline_,
                  "write the memory timeline of one step as a Chrome trace (open in Perfetto)");
-  est.add_option("--report", est_report_,
-                 "also write a report file: .html (charts, self-contained), .json, .md, .csv or .txt");
-  est.footer("Examples:\n"
-             "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8\n"
-             "  zero-plan estimate --model llama-2-70b --stage 3 --dp 64 --offload-optimizer cpu "
-             "--hardware a100-80g\n"
-             "  zero-plan estimate --model llama-2-7b --ds-config ds_config.json --dp 8 --format json");
+  est.add_option(
+      "--report", est_report_,
+      "also write a report file: .html (charts, self-contained), .json, .md, .csv or .txt");
+  est.footer(
+      "Examples:\n"
+      "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8\n"
+      "  zero-plan estimate --model llama-2-70b --stage 3 --dp 64 --offload-optimizer cpu "
+      "--hardware a100-80g\n"
+      "  zero-plan estimate --model llama-2-7b --ds-config ds_config.json --dp 8 --format json");
 
   plan_ = app.add_subcommand("plan", "write a plan file that zero-run executes and checks");
   CLI::App& plan = *plan_;
-  plan.add_option("--model", plan_model_, "catalog name or a HF config.json [the model --megatron-args describes]");
+  plan.add_option("--model", plan_model_,
+                  "catalog name or a HF config.json [the model --megatron-args describes]");
   add_strategy_flags(plan, plan_flags_);
   add_target_flags(plan, plan_target_, "cpu");
   plan.add_option("--seed", plan_seed_, "seed of the weights and the data order [1234]");
   plan.add_option("-o,--output", plan_output_, "plan file to write (atomically)")
       ->required(plan_output_required);
-  plan.footer("Example:\n  zero-plan plan --model gpt2-tiny --stage 2 --dp 2 -o plan.json\n"
-              "  mpirun -np 2 zero-run plan.json");
+  plan.footer(
+      "Example:\n  zero-plan plan --model gpt2-tiny --stage 2 --dp 2 -o plan.json\n"
+      "  mpirun -np 2 zero-run plan.json");
 
   add_fit_command(app, fit_);
   check_ = add_check_command(app);
@@ -127,8 +136,9 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
   if (models_->parsed()) {
     const auto fmt_ = format_of(models_format_);
     return {kExitOk,
-            models_name_.empty() ? reports::render_catalog(fmt_)
-                                 : reports::render_inventory(models::load_model(models_name_), fmt_),
+            models_name_.empty()
+                ? reports::render_catalog(fmt_)
+                : reports::render_inventory(models::load_model(models_name_), fmt_),
             ""};
   }
   if (estimate_->parsed()) {
@@ -149,8 +159,9 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
       else if (const auto tf = reports::table_format(kind))
         emit(est_report_, reports::render_estimate(e, *tf));
       else
-        throw Error(fmt::format("--report {}: an estimate has no JUnit report", est_report_),
-                    "use .html, .json, .md, .csv or .txt; zero-run and zero-plan check write JUnit");
+        throw Error(
+            fmt::format("--report {}: an estimate has no JUnit report", est_report_),
+            "use .html, .json, .md, .csv or .txt; zero-run and zero-plan check write JUnit");
     }
     return {kExitOk, reports::render_estimate(e, fmt_), est_output_};
   }
@@ -162,7 +173,8 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
   if (plan_->parsed()) {
     const auto m = load_model(plan_model_, plan_flags_);
     const auto o = plan_target_.resolve(planner::Backend::cpu, &plan_flags_);
-    const auto p = planner::make_plan(m, plan_flags_.resolve(o), o, parse_count(plan_seed_, "--seed"));
+    const auto p =
+        planner::make_plan(m, plan_flags_.resolve(o), o, parse_count(plan_seed_, "--seed"));
     const std::string text = planner::to_json(p).dump(2) + "\n";
     // The plan file is the output; on the command line nothing else is printed.
     if (!plan_output_.empty()) emit(plan_output_, text);
