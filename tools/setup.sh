@@ -10,7 +10,7 @@ packages=(
   libboost-graph-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev
   libbenchmark-dev libopenmpi-dev openmpi-bin libopenblas-dev libopenblas-openmp-dev
   liburing-dev libyaml-cpp-dev zlib1g-dev
-  pybind11-dev python3-dev
+  pybind11-dev python3-dev libcpp-httplib-dev
 )
 # Extra packages a caller may ask for (tools/test.sh adds the browser for the HTML test).
 if [ -n "${ZP_EXTRA_PACKAGES:-}" ]; then read -r -a extra <<<"$ZP_EXTRA_PACKAGES"; packages+=("${extra[@]}"); fi

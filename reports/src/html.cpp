@@ -106,9 +106,12 @@ th, td { padding: 3px 10px; border-bottom: 1px solid #eee; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 #zp-error { color: #c62828; white-space: pre-wrap; }
 </style>
-</head>
-<body>
-<h1 id="zp-title">zeroplan report</h1>
+)zphtml";
+
+constexpr std::string_view kOpenBody = "</head>\n<body>\n";
+
+// The report's sections; the data follows in <script id="zp-data">.
+constexpr std::string_view kReportSections = R"zphtml(<h1 id="zp-title">zeroplan report</h1>
 <p class="sub" id="zp-strategy"></p>
 <p id="zp-verdict"></p>
 <p id="zp-error"></p>
@@ -383,52 +386,305 @@ constexpr std::string_view kScript = R"zphtml(</script>
     }
   }
 
-  try {
-    const data = JSON.parse(document.getElementById("zp-data").textContent);
-    const report = data.report;
-    document.getElementById("zp-title").textContent =
-        "zeroplan report: " + report.model.name + " (" + fmtCount(report.model.params) + " params)";
-    document.getElementById("zp-strategy").textContent =
-        data.strategy_text + "; " + report.device + " backend; " + report.ranks.length + " rank(s)";
-    const v = document.getElementById("zp-verdict");
-    if (report.verdict) {
-      v.textContent = (report.verdict.within_tolerance ? "ok: every peak within " : "MISMATCH: a peak is ") +
-          report.verdict.max_error_pct.toFixed(2) +
-          (report.verdict.within_tolerance ? "% of" : "% off") + " the prediction (tolerance " +
-          report.verdict.tolerance_pct.toFixed(2) + "%)";
-      v.className = report.verdict.within_tolerance ? "ok" : "bad";
-    } else {
-      v.textContent = "prediction only (nothing measured)";
+  // Draws html_data()'s object into the page's sections, replacing what they held (the serve
+  // page calls it again on every change).
+  function draw(data) {
+    try {
+      for (const id of ["zp-legend", "zp-memory", "zp-timeline", "zp-zero", "zp-table", "zp-steps", "zp-error"])
+        document.getElementById(id).replaceChildren();
+      const report = data.report;
+      document.getElementById("zp-title").textContent =
+          "zeroplan report: " + report.model.name + " (" + fmtCount(report.model.params) + " params)";
+      document.getElementById("zp-strategy").textContent =
+          data.strategy_text + "; " + report.device + " backend; " + report.ranks.length + " rank(s)";
+      const v = document.getElementById("zp-verdict");
+      if (report.verdict) {
+        v.textContent = (report.verdict.within_tolerance ? "ok: every peak within " : "MISMATCH: a peak is ") +
+            report.verdict.max_error_pct.toFixed(2) +
+            (report.verdict.within_tolerance ? "% of" : "% off") + " the prediction (tolerance " +
+            report.verdict.tolerance_pct.toFixed(2) + "%)";
+        v.className = report.verdict.within_tolerance ? "ok" : "bad";
+      } else {
+        v.textContent = "prediction only (nothing measured)";
+      }
+      const legend = document.getElementById("zp-legend");
+      for (const c of CATS) {
+        const s = html("span", null, legend);
+        html("i", null, s).style.background = COLORS[c];
+        s.appendChild(document.createTextNode(c));
+      }
+      memoryCharts(report, document.getElementById("zp-memory"));
+      timelineCharts(report, document.getElementById("zp-timeline"));
+      zeroChart(data.zero, document.getElementById("zp-zero"));
+      tables(report, document.getElementById("zp-table"), document.getElementById("zp-steps"));
+      document.body.setAttribute("data-zp-status", "ok");
+    } catch (e) {
+      fail(e);
     }
-    const legend = document.getElementById("zp-legend");
-    for (const c of CATS) {
-      const s = html("span", null, legend);
-      html("i", null, s).style.background = COLORS[c];
-      s.appendChild(document.createTextNode(c));
-    }
-    memoryCharts(report, document.getElementById("zp-memory"));
-    timelineCharts(report, document.getElementById("zp-timeline"));
-    zeroChart(data.zero, document.getElementById("zp-zero"));
-    tables(report, document.getElementById("zp-table"), document.getElementById("zp-steps"));
-    document.body.setAttribute("data-zp-status", "ok");
-  } catch (e) {
+  }
+  function fail(e) {
     document.getElementById("zp-error").textContent = "This report could not be drawn: " + e;
     document.body.setAttribute("data-zp-status", "error: " + e);
   }
+  window.zpDraw = draw;
+  window.zpFmtBytes = fmtBytes;
+  const embedded = document.getElementById("zp-data").textContent;
+  if (embedded.trim() !== "") {
+    try {
+      draw(JSON.parse(embedded));
+    } catch (e) {
+      fail(e);
+    }
+  }
 })();
 </script>
-</body>
+)zphtml";
+
+constexpr std::string_view kTail = R"zphtml(</body>
 </html>
 )zphtml";
 
+// zero-plan serve: the page's own style, its form (between kServeForm's halves: the catalog's
+// <option>s, then the hardware presets'), and its script, which posts the form to /api/estimate
+// and /api/fit and draws the answers with the report's zpDraw.
+constexpr std::string_view kServeStyle = R"zphtml(<style>
+form { display: flex; flex-wrap: wrap; gap: 12px; }
+fieldset { border: 1px solid #ddd; padding: 8px 12px; }
+fieldset label { display: inline-block; margin: 4px 10px 4px 0; font-size: 0.9em; }
+input[type=number] { width: 6em; }
+#zp-config { width: 100%; box-sizing: border-box; font-family: ui-monospace, monospace; font-size: 0.85em; }
+#zp-summary span { margin-right: 18px; font-weight: 600; }
+#zp-serve-error { color: #c62828; white-space: pre-wrap; font-size: 1em; }
+body[data-zp-serve="error"] #zp-memory, body[data-zp-serve="error"] #zp-timeline,
+body[data-zp-serve="error"] #zp-zero, body[data-zp-serve="error"] #zp-table,
+body[data-zp-serve="error"] #zp-fit { opacity: 0.25; }
+</style>
+)zphtml";
+
+constexpr std::string_view kServeFormModels = R"zphtml(</head>
+<body data-zp-serve="busy">
+<h1>zero-plan serve</h1>
+<p class="sub">Will this run fit? Change anything and the estimate, the charts and the fit table
+follow; the address bar holds the inputs, so the URL shares them.</p>
+<form id="zp-form" autocomplete="off" onsubmit="return false">
+<fieldset><legend>Model</legend>
+<label>catalog <select name="model">)zphtml";
+
+constexpr std::string_view kServeFormHardware = R"zphtml(</select></label>
+<label>or a config.json <input type="file" id="zp-file" accept=".json,application/json"></label><br>
+<textarea name="config" id="zp-config" rows="3" cols="60"
+ placeholder="or paste a config.json here (what save_pretrained writes); empty: the catalog model"></textarea>
+</fieldset>
+<fieldset><legend>Strategy</legend>
+<label>ZeRO stage <select name="stage"><option>0</option><option>1</option><option selected>2</option><option>3</option></select></label>
+<label>data-parallel degree <input name="dp" type="number" min="1" value="8" size="5"></label>
+<label>micro-batch <input name="micro_batch" type="number" min="1" value="1" size="4"></label>
+<label>sequence <input name="seq" type="number" min="1" placeholder="model's" size="6"></label>
+<label>grad. accumulation <input name="grad_accum" type="number" min="1" placeholder="1" size="4"></label><br>
+<label>precision <select name="precision"><option value="">bf16 (default)</option><option>bf16</option><option>fp16</option><option>fp32</option></select></label>
+<label>checkpointing <select name="checkpointing"><option>none</option><option>full</option><option>selective</option></select></label>
+<label>attention <select name="attention"><option value="">the profile's default</option><option>eager</option><option>sdpa</option><option>flash</option></select></label>
+<label>optimizer offload <select name="offload_optimizer"><option>none</option><option>cpu</option><option>nvme</option></select></label>
+<label>parameter offload <select name="offload_param"><option>none</option><option>cpu</option><option>nvme</option></select></label>
+</fieldset>
+<fieldset><legend>Target</legend>
+<label>profile <select name="profile"><option>zeroplan</option><option>deepspeed</option><option>fsdp</option><option>pytorch</option></select></label>
+<label>hardware <select name="hardware"><option value="">none</option>)zphtml";
+
+constexpr std::string_view kServeFormEnd = R"zphtml(</select></label>
+<label>GPUs for the fit table <input name="gpus" type="number" min="1" value="8" size="5"></label>
+</fieldset>
+</form>
+<p id="zp-summary"></p>
+<pre id="zp-serve-error"></pre>
+<h2>Fastest configurations that fit (zero-plan fit)</h2>
+<p class="sub">The search over ZeRO stage, offload, micro-batch and checkpointing for the model,
+sequence, precision, profile and GPUs above; the strategy fields are not pinned here.</p>
+<div id="zp-fit"></div>
+)zphtml";
+
+constexpr std::string_view kServeScript = R"zphtml(<script>
+"use strict";
+(function () {
+  const form = document.getElementById("zp-form");
+  const config = document.getElementById("zp-config");
+  // What the fit search is told; the other fields are what it searches.
+  const FIT_KEYS = ["profile", "hardware", "gpus", "seq", "precision", "attention"];
+  let generation = 0, timer = null;
+
+  function toBase64Url(text) {
+    let bin = "";
+    for (const b of new TextEncoder().encode(text)) bin += String.fromCharCode(b);
+    return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+  function fromBase64Url(s) {
+    const bin = atob(s.replace(/-/g, "+").replace(/_/g, "/"));
+    return new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0)));
+  }
+  // Every field that holds a value (the pasted config apart), by name.
+  function fields() {
+    const out = {};
+    for (const e of form.elements)
+      if (e.name && e.name !== "config" && e.value.trim() !== "") out[e.name] = e.value.trim();
+    return out;
+  }
+  function readQuery() {
+    const q = new URLSearchParams(location.search);
+    for (const e of form.elements) {
+      if (!e.name || !q.has(e.name)) continue;
+      if (e.name === "config") {
+        try { e.value = fromBase64Url(q.get("config")); } catch (x) { e.value = ""; }
+      } else {
+        e.value = q.get(e.name);
+      }
+    }
+  }
+  function writeQuery() {
+    const q = new URLSearchParams(fields());
+    if (config.value.trim() !== "") { q.delete("model"); q.set("config", toBase64Url(config.value)); }
+    history.replaceState(null, "", "?" + q.toString());
+  }
+  function request(keys) {
+    const f = fields(), keywords = {};
+    for (const [k, v] of Object.entries(f))
+      if (k !== "model" && (keys ? keys.includes(k) : k !== "gpus")) keywords[k] = v;
+    const body = { keywords: keywords };
+    if (config.value.trim() !== "") body.config = config.value; else body.model = f.model;
+    return body;
+  }
+  async function post(path, body) {
+    const r = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
+                                  body: JSON.stringify(body) });
+    const j = await r.json();
+    if (!r.ok) throw j;
+    return j;
+  }
+  function node(name, text, parent, cls) {
+    const e = document.createElement(name);
+    if (text !== null) e.textContent = text;
+    if (cls) e.className = cls;
+    parent.appendChild(e);
+    return e;
+  }
+  function summary(est) {
+    const root = document.getElementById("zp-summary");
+    root.replaceChildren();
+    for (const tier of ["gpu", "cpu", "nvme"]) {
+      const t = est.per_device[tier];
+      if (!t || !t.total) continue;
+      const s = node("span", tier + ": " + zpFmtBytes(t.total) + " per device", root);
+      s.setAttribute("data-tier", tier);
+      s.setAttribute("data-bytes", String(t.total));
+    }
+    if (est.fits === true || est.fits === false) {
+      const s = node("span", (est.fits ? "fits " : "does not fit ") + est.hardware.name, root,
+                     est.fits ? "ok" : "bad");
+      s.setAttribute("data-fits", String(est.fits));
+    }
+  }
+  function describe(s) {
+    let out = "stage " + s.stage + " dp " + s.dp;
+    if (s.tp > 1) out += " tp " + s.tp;
+    out += " B=" + s.micro_batch;
+    if (s.checkpointing !== "none") out += " ckpt " + s.checkpointing;
+    if (s.offload_optimizer !== "none") out += " opt->" + s.offload_optimizer;
+    if (s.offload_param !== "none") out += " params->" + s.offload_param;
+    if (s.dpu) out += " dpu";
+    if (s.grad_accum > 1) out += " ga " + s.grad_accum;
+    return out;
+  }
+  function fitTable(fit) {
+    const root = document.getElementById("zp-fit");
+    root.replaceChildren();
+    if (!fit) { node("p", "choose a hardware preset to search configurations", root, "sub"); return; }
+    node("p", fit.n_searched + " configurations searched on " + fit.gpus + " x " + fit.hardware +
+         ", " + fit.n_fit + " fit", root, "sub");
+    if (fit.candidates.length === 0) {
+      node("p", "nothing fits; the closest: " + describe(fit.closest.strategy), root, "bad");
+      for (const s of fit.closest.shortfalls) node("p", s, root, "sub");
+      return;
+    }
+    const table = node("table", null, root);
+    const head = node("tr", null, table);
+    for (const h of ["#", "strategy", "gpu peak", "step s", "tokens/s", "TFLOP/s"]) node("th", h, head);
+    fit.candidates.forEach((c, i) => {
+      const tr = node("tr", null, table);
+      tr.setAttribute("data-fit-rank", String(i + 1));
+      tr.setAttribute("data-gpu-bytes", String(c.per_device.gpu.total));
+      node("td", String(i + 1), tr, "num");
+      node("td", describe(c.strategy), tr);
+      node("td", zpFmtBytes(c.per_device.gpu.total), tr, "num");
+      node("td", c.step_seconds.toFixed(3), tr, "num");
+      node("td", c.tokens_per_second.toFixed(0), tr, "num");
+      node("td", c.tflops_per_gpu.toFixed(1), tr, "num");
+    });
+  }
+  async function update() {
+    const mine = ++generation;
+    writeQuery();
+    document.body.setAttribute("data-zp-serve", "busy");
+    try {
+      const est = await post("/api/estimate", request(null));
+      const f = fields();
+      const fit = f.hardware ? (await post("/api/fit", request(FIT_KEYS))).result : null;
+      if (mine !== generation) return;
+      document.getElementById("zp-serve-error").textContent = "";
+      zpDraw(est.report);
+      summary(est.result);
+      fitTable(fit);
+      document.body.setAttribute("data-zp-serve", "ready");
+    } catch (e) {
+      if (mine !== generation) return;
+      document.getElementById("zp-serve-error").textContent =
+          e && e.error ? "error: " + e.error + (e.hint ? "\nhint: " + e.hint : "") : "error: " + e;
+      document.getElementById("zp-summary").replaceChildren();
+      document.body.setAttribute("data-zp-serve", "error");
+    }
+  }
+  function soon() { clearTimeout(timer); timer = setTimeout(update, 250); }
+  form.addEventListener("input", soon);
+  form.addEventListener("change", soon);
+  document.getElementById("zp-file").addEventListener("change", async (ev) => {
+    const file = ev.target.files[0];
+    if (file) { config.value = await file.text(); soon(); }
+  });
+  readQuery();
+  update();
+})();
+</script>
+)zphtml";
+
 }  // namespace
+
+std::string render_serve_page(const std::vector<std::string>& models,
+                              const std::vector<std::string>& hardware) {
+  std::string out(kHead);
+  out += "zero-plan serve";
+  out += kStyle;
+  out += kServeStyle;
+  out += kServeFormModels;
+  for (const std::string& m : models)
+    out += fmt::format("<option{}>{}</option>", m == "gpt2-xl" ? " selected" : "", xml_escape(m));
+  out += kServeFormHardware;
+  for (const std::string& h : hardware) out += fmt::format("<option>{}</option>", xml_escape(h));
+  out += kServeFormEnd;
+  // The report's sections, empty until the first answer, and its drawing script.
+  out += kReportSections;
+  out += kScript;
+  out += kServeScript;
+  out += kTail;
+  return out;
+}
 
 std::string render_html(const Comparison& c) {
   std::string out(kHead);
   out += xml_escape(fmt::format("zeroplan: {} ({})", c.model, planner::describe(c.strategy)));
   out += kStyle;
+  out += kOpenBody;
+  out += kReportSections;
   out += script_safe(html_data(c).dump());
   out += kScript;
+  out += kTail;
   return out;
 }
 

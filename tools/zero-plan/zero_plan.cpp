@@ -3,8 +3,10 @@
 // reports; no planning logic lives here.
 #include "zero_plan.hpp"
 
+#include <algorithm>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -51,6 +53,7 @@ ZeroPlan::ZeroPlan(bool plan_output_required)
       "  zero-plan fit --model gpt2-xl --hardware v100-32g --gpus 16   # fastest that fits\n"
       "  zero-plan estimate --model gpt2-xl --stage 2 --dp 8 --report gpt2-xl.html\n"
       "  zero-plan check tests/budgets/catalog.json --junit check.xml\n"
+      "  zero-plan serve                                   # the same in a browser page\n"
       "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (with 'error:' and 'hint:').\n"
       "From Python: import zeroplan; zeroplan.estimate(\"gpt2-xl\", stage=2, dp=8) (python/).");
 
@@ -108,6 +111,7 @@ ZeroPlan::ZeroPlan(bool plan_output_required)
 
   add_fit_command(app, fit_);
   check_ = add_check_command(app);
+  add_serve_command(app, serve_);
 }
 
 void ZeroPlan::set_model_json(std::string text, std::string origin) {
@@ -131,7 +135,8 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
     const auto params = parse_list(table_params_, "--params");
     const auto dps = parse_list(table_dp_, "--dp");
     const uint64_t k = parse_count(table_k_, "--k");
-    return {kExitOk, reports::render_zero_table(planner::zero_table(params, dps, k), k, fmt_), ""};
+    return {
+        kExitOk, reports::render_zero_table(planner::zero_table(params, dps, k), k, fmt_), "", {}};
   }
   if (models_->parsed()) {
     const auto fmt_ = format_of(models_format_);
@@ -139,7 +144,8 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
             models_name_.empty()
                 ? reports::render_catalog(fmt_)
                 : reports::render_inventory(models::load_model(models_name_), fmt_),
-            ""};
+            "",
+            {}};
   }
   if (estimate_->parsed()) {
     const auto fmt_ = format_of(est_format_);
@@ -163,12 +169,14 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
             fmt::format("--report {}: an estimate has no JUnit report", est_report_),
             "use .html, .json, .md, .csv or .txt; zero-run and zero-plan check write JUnit");
     }
-    return {kExitOk, reports::render_estimate(e, fmt_), est_output_};
+    Output out{kExitOk, reports::render_estimate(e, fmt_), est_output_, {}};
+    if (want_report_) out.report = reports::html_data(reports::comparison_from_estimate(e));
+    return out;
   }
   if (fit_.parsed()) {
     std::string text;
     const int code = fit_.execute(format_of(fit_.format), text);
-    return {code, std::move(text), fit_.output};
+    return {code, std::move(text), fit_.output, {}};
   }
   if (plan_->parsed()) {
     const auto m = load_model(plan_model_, plan_flags_);
@@ -178,14 +186,93 @@ Output ZeroPlan::execute(std::optional<reports::Format> format) {
     const std::string text = planner::to_json(p).dump(2) + "\n";
     // The plan file is the output; on the command line nothing else is printed.
     if (!plan_output_.empty()) emit(plan_output_, text);
-    return {kExitOk, format ? text : std::string(), ""};
+    return {kExitOk, format ? text : std::string(), "", {}};
   }
   if (check_->app->parsed()) {
     std::string text;
     const int code = check_->execute(format_of(check_->format), text);
-    return {code, std::move(text), ""};
+    return {code, std::move(text), "", {}};
   }
+  if (serve_.parsed()) return {serve_.run(), "", "", {}};
   return {};
+}
+
+namespace {
+
+// The keywords a subcommand takes: its flags' long names with '_' for '-'.
+std::vector<std::string> keyword_names(const CLI::App& sub) {
+  std::vector<std::string> names;
+  for (const CLI::Option* o : sub.get_options())
+    for (std::string n : o->get_lnames())
+      if (n != "help" && !n.starts_with("no-")) {
+        std::replace(n.begin(), n.end(), '-', '_');
+        names.push_back(std::move(n));
+      }
+  return names;
+}
+
+std::vector<std::string> keyword_args(const CLI::App& sub, const std::string& caller,
+                                      const std::vector<Keyword>& keywords) {
+  std::vector<std::string> args;
+  for (const auto& [name, value] : keywords) {
+    std::string lname = name;
+    std::replace(lname.begin(), lname.end(), '_', '-');
+    const CLI::Option* opt = lname.starts_with("no-") || lname == "help"
+                                 ? nullptr
+                                 : sub.get_option_no_throw("--" + lname);
+    if (opt == nullptr || opt->get_lnames().empty()) {
+      const auto names = keyword_names(sub);
+      const auto near =
+          models::closest_names(name, std::vector<std::string_view>(names.begin(), names.end()), 3);
+      throw Error(fmt::format("{}: not an argument of {}", name, caller),
+                  near.empty() ? fmt::format("zero-plan {} --help lists them", sub.get_name())
+                               : fmt::format("closest: {}", fmt::join(near, ", ")));
+    }
+    const bool is_switch = opt->get_items_expected_max() == 0;  // a flag takes no value
+    if (const bool* b = std::get_if<bool>(&value)) {
+      if (!is_switch)
+        throw Error(fmt::format("{}: takes a value, not {}", name, *b ? "True" : "False"),
+                    fmt::format("e.g. {}=... as zero-plan's --{} takes", name, lname));
+      if (*b)
+        args.push_back("--" + lname);
+      else if (opt->check_lname("no-" + lname))
+        args.push_back("--no-" + lname);
+    } else {
+      if (is_switch)
+        throw Error(fmt::format("{}: a switch, give True or False", name),
+                    fmt::format("e.g. {}=True", name));
+      args.push_back("--" + lname);
+      args.push_back(std::get<std::string>(value));
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
+Output run_keywords(const KeywordCall& call) {
+  ZeroPlan z(/*plan_output_required=*/false);
+  CLI::App* sub = nullptr;
+  for (CLI::App* c : z.app().get_subcommands({}))
+    if (c->get_name() == call.command) sub = c;
+  if (sub == nullptr) throw Error(fmt::format("zero-plan has no command '{}'", call.command));
+  std::vector<std::string> args = {call.command};
+  args.insert(args.end(), call.positional.begin(), call.positional.end());
+  const auto flags = keyword_args(*sub, call.caller, call.keywords);
+  args.insert(args.end(), flags.begin(), flags.end());
+  if (!call.model_json.empty()) z.set_model_json(call.model_json, call.model_origin);
+  if (!call.ds_config.is_null()) z.set_ds_config(call.ds_config, "strategy");
+  z.set_want_report(call.want_report);
+  std::reverse(args.begin(), args.end());  // CLI11 takes the vector last argument first
+  try {
+    z.app().parse(args);
+  } catch (const CLI::ParseError& e) {
+    throw Error(e.what(), fmt::format("{} takes zero-plan {}'s flags as keywords", call.caller,
+                                      call.command));
+  }
+  Output out = z.execute(reports::Format::json);
+  if (!out.path.empty()) emit(out.path, out.text);
+  return out;
 }
 
 int zero_plan_main(int argc, char** argv) {

@@ -41,4 +41,13 @@ nlohmann::json html_data(const Comparison& c);
 // The whole page.
 std::string render_html(const Comparison& c);
 
+// zero-plan serve's page: a form (a catalog model, or a config.json pasted or uploaded; the
+// strategy; profile, hardware and GPUs) above the report's sections, which its script redraws
+// with the report's own drawing code from what /api/estimate answers, and a table of what
+// /api/fit answers. Its inputs live in the query string (a pasted config as base64url), so a
+// URL shares them. <body data-zp-serve="busy|ready|error"> says where it stands. `models`: the
+// catalog's names (gpt2-xl selected first); `hardware`: the preset names.
+std::string render_serve_page(const std::vector<std::string>& models,
+                              const std::vector<std::string>& hardware);
+
 }  // namespace zp::reports
