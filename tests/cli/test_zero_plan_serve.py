@@ -10,7 +10,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+import urllib.error
 import urllib.parse
+import urllib.request
 
 import pytest
 from PIL import Image
@@ -149,3 +151,26 @@ def test_bad_input_shows_the_clis_error_and_hint(server):
 def test_bad_port_is_a_clear_error():
     r = subprocess.run([ZERO_PLAN, "serve", "--port", "70000"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.startswith("error: --port: 70000 is not a TCP port")
+
+
+def test_requests_write_no_files_and_must_be_json(server, tmp_path):
+    target = tmp_path / "written.json"
+    body = {"model": "gpt2-xl", "keywords": {"stage": "2", "output": str(target)}}
+
+    def post(content_type):
+        req = urllib.request.Request(server + "api/estimate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": content_type}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    status, answer = post("application/json")
+    assert status == 400 and answer["error"] == "output: the page writes no files"
+    status, answer = post("text/plain")  # what another site's form or fetch could send
+    assert status == 400 and "Content-Type" in answer["error"]
+    assert not target.exists()
+    body["keywords"] = {"stage": "2"}
+    status, answer = post("application/json")
+    assert status == 200 and answer["result"]["strategy"]["stage"] == 2

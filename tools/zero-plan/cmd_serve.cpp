@@ -2,9 +2,11 @@
 // A request body is {"model": name | "config": text, "keywords": {flag: value}}; the answer
 // {"result": <estimate or fit JSON>, "report": <what the report draws>} or, for bad input,
 // HTTP 400 with {"error": ..., "hint": ...}, the CLI's two lines. Calls run one at a time (the
-// server's threads share one planner lock).
+// server's threads share one planner lock). A request can write no file (the keywords that
+// would are refused) and must be application/json, so another site cannot post to it.
 #include "cmd_serve.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -62,6 +64,16 @@ KeywordCall call_of(const std::string& command, const std::string& body) {
   if (j.contains("keywords")) {
     if (!j["keywords"].is_object()) throw Error("request body: keywords is not an object");
     for (const auto& [k, v] : j["keywords"].items()) {
+      // Nothing a request says may write a file on this machine.
+      for (const char* writes :
+           {"output", "report", "timeline", "emit_deepspeed", "emit_megatron", "trace"})
+        if (k == writes) {
+          std::string flag = k;
+          std::replace(flag.begin(), flag.end(), '_', '-');
+          throw Error(
+              fmt::format("{}: the page writes no files", k),
+              fmt::format("zero-plan {} --{} ... on the command line writes it", command, flag));
+        }
       if (v.is_boolean())
         call.keywords.emplace_back(k, v.get<bool>());
       else if (v.is_string())
@@ -106,6 +118,10 @@ int ServeCommand::run() const {
                                                 httplib::Response& res) {
       const auto t0 = std::chrono::steady_clock::now();
       try {
+        // JSON only: another site's page in the same browser cannot send this type without a
+        // CORS preflight, which the server never grants.
+        if (!req.get_header_value("Content-Type").starts_with("application/json"))
+          throw Error("request: Content-Type must be application/json", "the page sends JSON");
         const KeywordCall call = call_of(command, req.body);
         Output out;
         {
