@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 # Test-only packages: the HTML report test drives a real browser (headless Chromium), the
 # JUnit test reads the XML back with Python's xml.etree, the Python module's tests run under
 # pytest and `pip install` it into a virtual environment, the serve page's test reads its
-# screenshot with PIL, and CPack's Debian package needs dpkg-shlibdeps (dpkg-dev).
-ZP_EXTRA_PACKAGES="${ZP_EXTRA_PACKAGES:-} chromium python3 python3-pytest python3-pil python3-venv python3-pip dpkg-dev" \
+# screenshot with PIL and drives Chromium over DevTools (websocket), and CPack's Debian package
+# needs dpkg-shlibdeps (dpkg-dev).
+ZP_EXTRA_PACKAGES="${ZP_EXTRA_PACKAGES:-} chromium python3 python3-pytest python3-pil python3-websocket python3-venv python3-pip dpkg-dev" \
   tools/setup.sh
 # Open MPI refuses root and more ranks than cores unless told; the mpirun tests need both.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

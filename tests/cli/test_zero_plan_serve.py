@@ -1,7 +1,9 @@
 """zero-plan serve in headless Chromium: the page, driven by a URL that holds its inputs, must
 show the numbers zero-plan's JSON gives for the same inputs (the estimate's totals and every bar,
 the fit table's rows), draw the bars in a screenshot as tall as their bytes, and show the CLI's
-error and hint for bad input. ZP_BIN: the folder holding zero-plan; ZP_CHROMIUM: the browser."""
+error and hint for bad input; driven over the DevTools protocol (python3-websocket) as a user
+drives it, it must follow a changed field and an uploaded config.json. ZP_BIN: the folder
+holding zero-plan; ZP_CHROMIUM: the browser."""
 import base64
 import html
 import json
@@ -10,11 +12,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
+import websocket
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -174,3 +178,84 @@ def test_requests_write_no_files_and_must_be_json(server, tmp_path):
     body["keywords"] = {"stage": "2"}
     status, answer = post("application/json")
     assert status == 200 and answer["result"]["strategy"]["stage"] == 2
+
+
+class DevTools:
+    """One page of a headless Chromium under the DevTools protocol."""
+
+    def __init__(self, profile):
+        self.proc = subprocess.Popen(
+            [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-dev-shm-usage", "--no-proxy-server", "--user-data-dir=" + profile,
+             "--remote-debugging-port=0", "--remote-allow-origins=*", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        active = os.path.join(profile, "DevToolsActivePort")
+        for _ in range(300):
+            if os.path.exists(active) and len(open(active).read().split()) >= 2:
+                break
+            time.sleep(0.1)
+        port = open(active).read().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
+            page = next(t for t in json.load(r) if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60,
+                                              suppress_origin=True)
+        self.next_id = 0
+
+    def call(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            m = json.loads(self.ws.recv())
+            if m.get("id") == self.next_id:
+                assert "error" not in m, m
+                return m["result"]
+
+    def js(self, expression):
+        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in r, r
+        return r["result"].get("value")
+
+    def wait_ready(self, until):
+        """Polls until the page has redrawn for `until` (a JS condition) and says ready."""
+        for _ in range(600):
+            if self.js(f"!!document.body && document.body.getAttribute('data-zp-serve') === 'ready' && ({until})"):
+                return
+            time.sleep(0.1)
+        raise AssertionError("the page did not redraw: " + self.js("document.body.outerHTML.slice(0, 3000)"))
+
+    def gpu_total(self):
+        return int(self.js("document.querySelector('#zp-summary span[data-tier=gpu]').dataset.bytes"))
+
+    def close(self):
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def test_the_page_follows_a_change_and_an_upload(server):
+    with tempfile.TemporaryDirectory() as profile:
+        page = DevTools(profile)
+        try:
+            page.call("Page.navigate", url=server + "?model=gpt2-xl&stage=2&dp=8")
+            page.wait_ready("location.search.includes('stage=2')")
+            assert page.gpu_total() == cli("estimate", "--model", "gpt2-xl", "--stage", "2",
+                                           *PAGE_DEFAULTS)["per_device"]["gpu"]["total"]
+            # A user picks stage 3: the summary, the bars and the address bar follow.
+            page.js("const s = document.querySelector('select[name=stage]'); s.value = '3';"
+                    "s.dispatchEvent(new Event('change', {bubbles: true})); true")
+            page.wait_ready("location.search.includes('stage=3')")
+            want = cli("estimate", "--model", "gpt2-xl", "--stage", "3", *PAGE_DEFAULTS)["per_device"]["gpu"]
+            assert page.gpu_total() == want["total"]
+            bars = page.js("Object.fromEntries([...document.querySelectorAll('#zp-memory rect')]"
+                           ".map(r => [r.dataset.category, Number(r.dataset.bytes)]))")
+            assert bars == {c: b for c, b in want["breakdown"].items() if b > 0}
+            # And uploads a config.json through the file chooser.
+            root = page.call("DOM.getDocument")["root"]["nodeId"]
+            chooser = page.call("DOM.querySelector", nodeId=root, selector="#zp-file")["nodeId"]
+            page.call("DOM.setFileInputFiles", files=[MISTRAL], nodeId=chooser)
+            page.wait_ready("location.search.includes('config=')")
+            assert page.gpu_total() == cli("estimate", "--model", MISTRAL, "--stage", "3",
+                                           *PAGE_DEFAULTS)["per_device"]["gpu"]["total"]
+            assert page.js("!location.search.includes('model=')")
+        finally:
+            page.close()
