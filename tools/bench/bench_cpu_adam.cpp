@@ -483,9 +483,12 @@ std::string fused_name(const Variant& v, CpuIsa isa, Mode mode = Mode::automatic
   return fmt::format("fused_{}/{}{}", v.name, to_string(isa), suffix[static_cast<int>(mode)]);
 }
 
-// From the mean real time per iteration of each benchmark in this run (both sides of a share
-// move the same bytes, so a bandwidth share is a time ratio): per variant, the roofline (the
-// fastest stream), each fused kernel's share of it (goal >= 90%), then every stream's share.
+// From the median real time per iteration of each benchmark over its repetitions in this run
+// (both sides of a share move the same bytes, so a bandwidth share is a time ratio): per
+// variant, the roofline (the fastest stream's median), each fused kernel's share of it (goal
+// >= 90%), then every stream's share. One repetition each, the roofline is the luckiest of
+// 24 single runs and the shares read low on a noisy machine; the header's interleaved
+// repetitions steady both sides.
 void print_ratios(const zp::bench::RatioReporter& r) {
   const std::vector<streams::Shape> shapes = stream_shapes();
   bool any = false;
@@ -499,8 +502,10 @@ void print_ratios(const zp::bench::RatioReporter& r) {
     }
     if (std::isnan(best[k])) continue;
     if (!any)
-      fmt::print("\nshares of the roofline from this run ({} params, {} threads; the dispatch picks {}):\n",
-                 n_params(), omp_get_max_threads(), to_string(cpu_adam_isa()));
+      fmt::print("\nshares of the roofline from this run ({} params, {} threads, medians of {} "
+                 "repetition(s); the dispatch picks {}):\n",
+                 n_params(), omp_get_max_threads(), r.repetitions(stream_name(v, shapes.front())),
+                 to_string(cpu_adam_isa()));
     any = true;
     const double gbs = static_cast<double>(n_params() * bytes_per_param(v)) / best[k] / 1e9;
     fmt::print("  {:<13} roofline {:.2f} ms ({:.1f} GB/s at {} B/param): stream {}\n", v.name,

@@ -1,7 +1,10 @@
 // ratio_reporter.hpp: Google Benchmark's console display plus, at the end, ratios between
 // benchmarks of the same run (the machine is shared and noisy: only ratios measured side by
-// side mean anything). Collects each benchmark's mean real time per iteration by function
-// name; the caller's `finish` reads them through time() and prints its ratios.
+// side mean anything). Collects each benchmark's real time per iteration by function name,
+// once per repetition; the caller's `finish` reads the median over the repetitions through
+// time() and prints its ratios. With --benchmark_repetitions=N
+// --benchmark_enable_random_interleaving=true every benchmark's N runs are spread over the whole
+// run, and a median ignores the runs a neighbour's burst slowed (a mean does not).
 //
 // Example:
 //   zp::bench::RatioReporter reporter([](const zp::bench::RatioReporter& r) {
@@ -12,6 +15,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -27,31 +31,34 @@ class RatioReporter : public benchmark::ConsoleReporter {
       : finish_(std::move(finish)) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs)
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred && r.iterations > 0) {
-        Acc& a = seconds_[r.run_name.function_name];
-        a.seconds += r.real_accumulated_time / static_cast<double>(r.iterations);
-        a.count += 1;
-      }
+      if (r.run_type == Run::RT_Iteration && !r.error_occurred && r.iterations > 0)
+        seconds_[r.run_name.function_name].push_back(r.real_accumulated_time /
+                                                     static_cast<double>(r.iterations));
     ConsoleReporter::ReportRuns(runs);
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
     finish_(*this);
   }
-  // Mean seconds per iteration of a benchmark over its repetitions; NaN if it did not run
-  // (filtered out, or it failed its own check).
+  // Median seconds per iteration of a benchmark over its repetitions (the mean of the middle
+  // two for an even count); NaN if it did not run (filtered out, or it failed its own check).
   double time(const std::string& name) const {
     const auto it = seconds_.find(name);
-    return it == seconds_.end() ? NAN : it->second.seconds / it->second.count;
+    if (it == seconds_.end() || it->second.empty()) return NAN;
+    std::vector<double> t = it->second;
+    std::sort(t.begin(), t.end());
+    const std::size_t n = t.size();
+    return n % 2 == 1 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+  }
+  // How many repetitions time() has for a benchmark.
+  std::size_t repetitions(const std::string& name) const {
+    const auto it = seconds_.find(name);
+    return it == seconds_.end() ? 0 : it->second.size();
   }
 
  private:
-  struct Acc {
-    double seconds = 0;
-    int count = 0;
-  };
   std::function<void(const RatioReporter&)> finish_;
-  std::map<std::string, Acc> seconds_;
+  std::map<std::string, std::vector<double>> seconds_;
 };
 
 }  // namespace zp::bench
