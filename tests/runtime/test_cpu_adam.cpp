@@ -450,7 +450,7 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
 TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the scalar reference") {
   // The avx512bf16 kernels store bf16 with VCVTNEPS2BF16, which flushes denormal inputs to
   // zero; a vector with a denormal lane must take the integer rounding instead. The first half
-  // holds the special values (denormal, -0, near FLT_MAX, inf, NaN, and zero gradients that
+  // holds the special values (denormal, -0, near FLT_MAX, inf, NaNs, and zero gradients that
   // keep denormals denormal through the update), the second half none, so both paths run.
   // Equal bits everywhere, except that a NaN only has to be a NaN (which operand's payload an
   // fma propagates depends on the instruction form the compiler picks).
@@ -466,6 +466,10 @@ TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the 
     if (i % 13 == 0) master[i] = 3.3895e38f;  // rounds up to bf16 infinity
     if (i % 17 == 0) master[i] = INFINITY;
     if (i % 19 == 0) grads[i] = NAN;
+    // NaNs whose every payload bit is set: rounding them as numbers carries out of the top
+    // (0x7fffffff + 0x7fff -> 0x8000, -0), so the kernels' NaN path must run.
+    if (i % 23 == 0) master[i] = std::bit_cast<float>(0x7fffffffu);
+    if (i % 29 == 0) grads[i] = std::bit_cast<float>(0xffffffffu);
   }
   for (CpuIsa isa : supported_isas()) {
     if (isa == CpuIsa::scalar) continue;
