@@ -73,5 +73,4 @@ PYBIND11_MODULE(_zeroplan, m) {
         return zp::cli::zero_plan_main(static_cast<int>(argv.size()), ptrs.data());
       },
       "zero-plan's command line (python3 -m zeroplan)");
-  m.def("supported_model_types", &zp::models::supported_model_types);
 }
