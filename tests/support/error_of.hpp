@@ -3,31 +3,35 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "zp/error.hpp"
 
 namespace zp::test {
 
-// The zp::Error's what() ("" when f throws none; other exceptions pass through).
+// What a zp::Error thrown by f said: its what() and hint(), both "" when f throws none (other
+// exceptions pass through).
+struct Thrown {
+  std::string what, hint;
+};
 template <typename F>
-std::string error_of(F&& f) {
+Thrown thrown(F&& f) {
   try {
-    f();
+    std::forward<F>(f)();
   } catch (const zp::Error& e) {
-    return e.what();
+    return {e.what(), e.hint()};
   }
-  return "";
+  return {};
 }
 
-// The zp::Error's hint ("" when f throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  return thrown(std::forward<F>(f)).what;
+}
+
 template <typename F>
 std::string hint_of(F&& f) {
-  try {
-    f();
-  } catch (const zp::Error& e) {
-    return e.hint();
-  }
-  return "";
+  return thrown(std::forward<F>(f)).hint;
 }
 
 }  // namespace zp::test
