@@ -180,7 +180,7 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    prefetch_ahead<M>(local, i);
+    if constexpr (kPrefetch<G, M>) prefetch_ahead<M>(local, i);
     adam8_block<G, M, P, kStream>(c8, local, i);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);

@@ -99,6 +99,14 @@ enum class Stores : uint8_t { cached, streaming };
 // the same within noise), and with non-temporal stores 512 to 2048 measured alike, 256 worse.
 constexpr std::size_t kPrefetchElems = 1024;
 
+// Whether the vector bodies prefetch at all: not for fp32 gradients and moments, where the
+// hardware prefetchers alone were faster (AVX2 1.21x, bench_cpu_adam at 2^25, four interleaved
+// old/new rounds on the Zen 4 VM; 1.2-1.5x in a two-thread harness at 2^25; and beside
+// DeepSpeed's Step_8 at 2^26 our AVX2 step went from 0.59-0.81x its speed to 1.02x). The
+// offload steps measured either way within the VM's noise and keep it; bf16 moments gain.
+template <DType G, DType M>
+inline constexpr bool kPrefetch = !(G == DType::fp32 && M == DType::fp32);
+
 // Elements from p to the next multiple of align_bytes (p must be element-aligned).
 template <typename T>
 inline std::size_t elems_to_alignment(const T* p, std::size_t align_bytes) {
