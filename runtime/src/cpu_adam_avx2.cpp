@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "bf16_avx2.hpp"
 #include "cpu_adam_kernels.hpp"
 
 #define ZP_AVX2_FN __attribute__((target("avx2,fma,f16c")))
@@ -33,21 +34,6 @@ ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
   }
 }
 
-// bf16 as fp32_to_bf16 rounds a non-NaN: (u + 0x7fff + ((u >> 16) & 1)) >> 16, in 32-bit lanes.
-ZP_AVX2_INLINE __m256i bf16_round(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
-                           16);
-}
-
-// The NaN lanes of x as fp32_to_bf16 writes them, (u >> 16) | 0x40, over `rounded`.
-ZP_AVX2_INLINE __m256i bf16_quiet_nans(__m256 x, __m256i rounded) {
-  const __m256i quiet =
-      _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-}
-
 // Eight fp32 values stored as T, rounded to nearest even exactly as dtype.hpp does; kStream:
 // a non-temporal store (base + i on a vector boundary), else an unaligned one.
 template <DType T, bool kStream>
@@ -65,7 +51,7 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
       // NaNs stay NaN but keep their top payload bits where the scalar writes 0x7e00).
       h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
     } else {
-      const __m256i r = bf16_quiet_nans(x, bf16_round(x));
+      const __m256i r = bf16_quiet_nans8(x, bf16_round8(x));
       // Each 32-bit lane holds a value <= 0xffff, so unsigned saturation packs it unchanged.
       h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     }
@@ -76,20 +62,11 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
 }
 
 // Sixteen fp32 values (x0 at i, x1 at i + 8) stored as bf16, bit for bit as two store8 calls
-// would: both rounded, the NaN fix only when a lane of either is NaN (one test per pair instead
-// of a blend per vector), one pack and one 32-byte store.
+// would (bf16_avx2.hpp: the rounding on packed 16-bit halves, the NaN fix only when a lane is
+// NaN), with one 32-byte store.
 template <bool kStream>
 ZP_AVX2_INLINE void store16_bf16(void* base, std::size_t i, __m256 x0, __m256 x1) {
-  __m256i r0 = bf16_round(x0), r1 = bf16_round(x1);
-  const __m256 nan =
-      _mm256_or_ps(_mm256_cmp_ps(x0, x0, _CMP_UNORD_Q), _mm256_cmp_ps(x1, x1, _CMP_UNORD_Q));
-  if (_mm256_movemask_ps(nan) != 0) [[unlikely]] {
-    r0 = bf16_quiet_nans(x0, r0);
-    r1 = bf16_quiet_nans(x1, r1);
-  }
-  // packus packs within 128-bit halves ([r0 lo, r1 lo, r0 hi, r1 hi]); the permute puts r0's
-  // eight values before r1's.
-  const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8);
+  const __m256i h = bf16_pack16(x0, x1);
   uint16_t* dst = static_cast<uint16_t*>(base) + i;
   if constexpr (kStream) {  // streaming_aligned promises 16 bytes: two halves
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(h));
