@@ -27,9 +27,9 @@ ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
   if constexpr (T == DType::fp32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + i);
   } else {
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);  // exact
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);                    // exact
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: << 16
   }
 }
@@ -56,8 +56,10 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
       h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     }
     __m128i* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i);
-    if constexpr (kStream) _mm_stream_si128(dst, h);
-    else _mm_storeu_si128(dst, h);
+    if constexpr (kStream)
+      _mm_stream_si128(dst, h);
+    else
+      _mm_storeu_si128(dst, h);
   }
 }
 
@@ -90,15 +92,16 @@ ZP_AVX2_INLINE void store_block(void* base, std::size_t i, const __m256 (&x)[kUn
 // The per-step constants, broadcast.
 struct Coeffs8 {
   __m256 grad_scale, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
-      inv_sqrt_bc2, eps, decay;
+      inv_sqrt_bc2, eps, decay, m_scale, v_scale;
 };
 
 ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
-  return {_mm256_set1_ps(c.grad_scale),   _mm256_set1_ps(c.l2),
-          _mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2),
+  return {_mm256_set1_ps(c.grad_scale),    _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.beta1),         _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),         _mm256_set1_ps(c.one_minus_beta2),
           _mm256_set1_ps(c.neg_step_size), _mm256_set1_ps(c.inv_sqrt_bc2),
-          _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.decay)};
+          _mm256_set1_ps(c.eps),           _mm256_set1_ps(c.decay),
+          _mm256_set1_ps(c.m_scale),       _mm256_set1_ps(c.v_scale)};
 }
 
 // adam_element() on one block of kUnroll vectors, operation for operation: every load of the
@@ -111,7 +114,7 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
 // a load finds the line half-gathered in a write-combining buffer and forces it out as a
 // partial write (the AVX2 bf16-moment step, where four vectors share each 16-bit line, ran
 // 6-11x slower that way on a Xeon; bench_cpu_adam).
-template <DType G, DType M, ParamOut P, bool kStream>
+template <DType G, DType M, ParamOut P, bool kStream, bool kL2>
 ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
   __m256 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
   for (std::size_t u = 0; u < kUnroll; ++u) {
@@ -122,11 +125,18 @@ ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::siz
     g[u] = load8<G>(t.grads, j);
   }
   for (std::size_t u = 0; u < kUnroll; ++u) {
-    const __m256 gs = _mm256_fmadd_ps(c.l2, p[u], _mm256_mul_ps(g[u], c.grad_scale));
-    m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.one_minus_beta1, gs));
-    v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, gs), gs));
+    if constexpr (kL2) {
+      const __m256 gs = _mm256_fmadd_ps(c.l2, p[u], _mm256_mul_ps(g[u], c.grad_scale));
+      m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.one_minus_beta1, gs));
+      v[u] =
+          _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, gs), gs));
+    } else {
+      m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.m_scale, g[u]));
+      v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.v_scale, g[u]), g[u]));
+    }
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps);
-    p[u] = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
+    p[u] =
+        _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
   }
   store_block<DType::fp32, kStream>(t.master, i, p);
   store_block<M, kStream>(t.exp_avg, i, m);
@@ -150,7 +160,7 @@ ZP_AVX2_INLINE void prefetch_ahead(const AdamTensors& t, std::size_t i) {
 // The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
 // is on a vector boundary of every written array (streaming_aligned); non-temporal stores and
 // a store fence so that the stores are visible before the caller's OpenMP barrier.
-template <DType G, DType M, ParamOut P, bool kStream>
+template <DType G, DType M, ParamOut P, bool kStream, bool kL2>
 ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                std::size_t end) {
   const Coeffs8 c8 = broadcast(c);
@@ -158,10 +168,20 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
     if constexpr (kPrefetch<G, M>) prefetch_ahead<M>(local, i);
-    adam8_block<G, M, P, kStream>(c8, local, i);
+    adam8_block<G, M, P, kStream, kL2>(c8, local, i);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
   if constexpr (kStream) _mm_sfence();
+}
+
+// The body for this step's form: decoupled (l2 = 0) or with Adam's L2 term (adam_element).
+template <DType G, DType M, ParamOut P, bool kStream>
+ZP_AVX2_FN void adam_avx2_run(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
+                              std::size_t end) {
+  if (c.l2 == 0.0f)
+    adam_avx2_body<G, M, P, kStream, false>(c, t, begin, end);
+  else
+    adam_avx2_body<G, M, P, kStream, true>(c, t, begin, end);
 }
 
 // Streaming: a scalar head up to master's block boundary (128 bytes), then the streaming body
@@ -175,10 +195,10 @@ ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t
         std::min(end, begin + elems_to_alignment(t.master + begin, kBlock * sizeof(float)));
     adam_scalar_range<G, M, P>(c, t, begin, head);
     if (streaming_aligned<M, P>(t, head, kWidth))
-      return adam_avx2_body<G, M, P, true>(c, t, head, end);
+      return adam_avx2_run<G, M, P, true>(c, t, head, end);
     begin = head;
   }
-  adam_avx2_body<G, M, P, false>(c, t, begin, end);
+  adam_avx2_run<G, M, P, false>(c, t, begin, end);
 }
 
 // Sum of squares: each fp32 lane widened to double (exact), squared and accumulated with an

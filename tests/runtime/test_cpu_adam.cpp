@@ -450,6 +450,45 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
   }
 }
 
+TEST_CASE("cpu_adam: AdamW's moments never see the parameter, as in torch (an inf or NaN one too)") {
+  // torch.optim.AdamW decays p on its own (p *= 1 - lr*wd) and updates m and v from the
+  // gradient alone, so an inf or NaN parameter leaves its moments what they would be for any
+  // other value; Adam's L2 term (g += wd*p) carries it into them. Every ISA, a full vector block
+  // and a tail, both store kinds.
+  const std::size_t n = 67;
+  for (CpuIsa isa : supported_isas())
+    for (bool adamw : {true, false}) {
+      const AdamConfig cfg{.lr = 1e-2, .weight_decay = 0.1, .adamw = adamw};
+      std::vector<float> master(n), m(n, 1e-3f), v(n, 1e-6f), grads(n), m_ref(n, 1e-3f), v_ref(n, 1e-6f);
+      std::vector<float> master_ref(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        grads[i] = 1e-2f * std::cos(0.3f * static_cast<float>(i));
+        master[i] = master_ref[i] = 0.25f;
+        if (i % 3 == 1) master[i] = INFINITY;
+        if (i % 3 == 2) master[i] = NAN;
+      }
+      AdamTensors ts{.n = n, .master = master.data(), .exp_avg = m.data(), .exp_avg_sq = v.data(),
+                     .grads = grads.data()};
+      AdamTensors ref{.n = n, .master = master_ref.data(), .exp_avg = m_ref.data(),
+                      .exp_avg_sq = v_ref.data(), .grads = grads.data()};
+      cpu_adam_step(isa, cfg, {.step = 1}, ts);
+      cpu_adam_step(isa, cfg, {.step = 1}, ref);
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(to_string(isa));
+        CAPTURE(adamw);
+        CAPTURE(i);
+        if (adamw) {
+          CHECK(std::bit_cast<uint32_t>(m[i]) == std::bit_cast<uint32_t>(m_ref[i]));
+          CHECK(std::bit_cast<uint32_t>(v[i]) == std::bit_cast<uint32_t>(v_ref[i]));
+        } else if (i % 3 != 0) {
+          CHECK_FALSE(std::isfinite(m[i]));  // g + wd*p is inf or NaN, and so is m
+        }
+        if (adamw && i % 3 == 1) CHECK(master[i] == INFINITY);  // inf * (1 - lr*wd) - finite
+        if (i % 3 == 2) CHECK(std::isnan(master[i]));
+      }
+    }
+}
+
 TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the scalar reference") {
   // The avx512bf16 kernels store bf16 with VCVTNEPS2BF16, which flushes denormal inputs to
   // zero; a vector with a denormal lane must take the integer rounding instead. The first half
