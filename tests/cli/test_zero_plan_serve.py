@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -52,14 +53,45 @@ def server():
         p.wait(timeout=10)
 
 
+def reap(proc):
+    """Ends a browser started with start_new_session and every process it left in its group
+    (Chromium's helpers can outlive the main process and still write to its profile, which made
+    the profile's removal fail once in CI)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for _ in range(100):
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def profile_dir():
+    return tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
+
+
 def chromium(url, *mode):
-    with tempfile.TemporaryDirectory() as profile:
-        r = subprocess.run([browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                            "--disable-dev-shm-usage", "--no-proxy-server", "--user-data-dir=" + profile,
-                            "--virtual-time-budget=20000", "--window-size=1280,2400", *mode, url],
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
+    with profile_dir() as profile:
+        proc = subprocess.Popen([browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 "--disable-dev-shm-usage", "--no-proxy-server", "--user-data-dir=" + profile,
+                                 "--virtual-time-budget=20000", "--window-size=1280,2400", *mode, url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            reap(proc)
+    assert proc.returncode == 0, err[-2000:]
+    return out
 
 
 def cli(*args, code=0):
@@ -188,7 +220,7 @@ class DevTools:
             [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--disable-dev-shm-usage", "--no-proxy-server", "--user-data-dir=" + profile,
              "--remote-debugging-port=0", "--remote-allow-origins=*", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         active = os.path.join(profile, "DevToolsActivePort")
         for _ in range(300):
             if os.path.exists(active) and len(open(active).read().split()) >= 2:
@@ -228,12 +260,11 @@ class DevTools:
 
     def close(self):
         self.ws.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        reap(self.proc)
 
 
 def test_the_page_follows_a_change_and_an_upload(server):
-    with tempfile.TemporaryDirectory() as profile:
+    with profile_dir() as profile:
         page = DevTools(profile)
         try:
             page.call("Page.navigate", url=server + "?model=gpt2-xl&stage=2&dp=8")
