@@ -163,8 +163,9 @@ AdamCoeffs coeffs(const AdamConfig& cfg, const AdamStepArgs& s) {
   c.eps = static_cast<float>(cfg.eps);
   c.decay = cfg.adamw ? static_cast<float>(1.0 - cfg.lr * cfg.weight_decay) : 1.0f;
   // The decoupled form's coefficients (adam_element with l2 = 0), the gradient scale folded in
-  // in double: (1 - beta2) * scale^2 stays a normal fp32 for any scale above ~1e-17 (a loss
-  // scale below 2^56 with clip_coef >= 1e-1).
+  // in double. (1 - beta2) * scale^2 is a normal fp32 while scale > 1.1e-19 / sqrt(1 - beta2):
+  // 3.4e-18 at beta2 = 0.999, i.e. a loss scale up to 2^54 with clip_coef >= 0.1 (DeepSpeed's
+  // dynamic loss scale stays at or below 2^32); below that it keeps fewer bits.
   const double scale = s.inv_loss_scale * s.clip_coef;
   c.m_scale = static_cast<float>((1.0 - cfg.beta1) * scale);
   c.v_scale = static_cast<float>((1.0 - cfg.beta2) * scale * scale);

@@ -27,9 +27,9 @@ ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
   if constexpr (T == DType::fp32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + i);
   } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);                    // exact
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);  // exact
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: << 16
   }
 }
@@ -56,10 +56,8 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
       h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     }
     __m128i* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i);
-    if constexpr (kStream)
-      _mm_stream_si128(dst, h);
-    else
-      _mm_storeu_si128(dst, h);
+    if constexpr (kStream) _mm_stream_si128(dst, h);
+    else _mm_storeu_si128(dst, h);
   }
 }
 
@@ -96,12 +94,12 @@ struct Coeffs8 {
 };
 
 ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
-  return {_mm256_set1_ps(c.grad_scale),    _mm256_set1_ps(c.l2),
-          _mm256_set1_ps(c.beta1),         _mm256_set1_ps(c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),         _mm256_set1_ps(c.one_minus_beta2),
+  return {_mm256_set1_ps(c.grad_scale),   _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2),
           _mm256_set1_ps(c.neg_step_size), _mm256_set1_ps(c.inv_sqrt_bc2),
-          _mm256_set1_ps(c.eps),           _mm256_set1_ps(c.decay),
-          _mm256_set1_ps(c.m_scale),       _mm256_set1_ps(c.v_scale)};
+          _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.decay),
+          _mm256_set1_ps(c.m_scale),      _mm256_set1_ps(c.v_scale)};
 }
 
 // adam_element() on one block of kUnroll vectors, operation for operation: every load of the
@@ -128,15 +126,13 @@ ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::siz
     if constexpr (kL2) {
       const __m256 gs = _mm256_fmadd_ps(c.l2, p[u], _mm256_mul_ps(g[u], c.grad_scale));
       m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.one_minus_beta1, gs));
-      v[u] =
-          _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, gs), gs));
+      v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, gs), gs));
     } else {
       m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.m_scale, g[u]));
       v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.v_scale, g[u]), g[u]));
     }
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps);
-    p[u] =
-        _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
+    p[u] = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
   }
   store_block<DType::fp32, kStream>(t.master, i, p);
   store_block<M, kStream>(t.exp_avg, i, m);

@@ -15,16 +15,16 @@ namespace zp::runtime::detail {
 
 // Per-step constants, derived in double from AdamConfig/AdamStepArgs, rounded to fp32 once.
 struct AdamCoeffs {
-  float grad_scale;  // inv_loss_scale * clip_coef
-  float l2;          // Adam: weight_decay (g += wd*p); AdamW: 0
+  float grad_scale;     // inv_loss_scale * clip_coef
+  float l2;             // Adam: weight_decay (g += wd*p); AdamW: 0
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float neg_step_size;  // -lr / (1 - beta1^t)      (-lr without bias correction)
   float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)    (1 without bias correction)
   float eps;
-  float decay;    // AdamW: 1 - lr*wd; Adam: 1
-  float m_scale;  // l2 = 0: (1 - beta1) * grad_scale
-  float v_scale;  // l2 = 0: (1 - beta2) * grad_scale^2
+  float decay;          // AdamW: 1 - lr*wd; Adam: 1
+  float m_scale;        // l2 = 0: (1 - beta1) * grad_scale
+  float v_scale;        // l2 = 0: (1 - beta2) * grad_scale^2
 };
 
 // The fused update of one element, in fp32. Every vector body performs exactly these
@@ -68,9 +68,7 @@ inline void store_elem(void* base, std::size_t i, float x) {
 
 // The 16-bit output, or none.
 enum class ParamOut : uint8_t { none, fp16, bf16 };
-constexpr DType param_out_dtype(ParamOut p) {
-  return p == ParamOut::bf16 ? DType::bf16 : DType::fp16;
-}
+constexpr DType param_out_dtype(ParamOut p) { return p == ParamOut::bf16 ? DType::bf16 : DType::fp16; }
 
 // The scalar tail every vector kernel ends with: the scalar reference, element by element.
 template <DType G, DType M, ParamOut P>
@@ -153,15 +151,11 @@ struct KernelTable {
 };
 
 // Fill a KernelTable from kernel templates K<G, M, P> and S<G>.
-#define ZP_ADAM_ROW(K, G)                                                   \
-  {                                                                         \
-    {K<G, DType::fp32, ParamOut::none>, K<G, DType::fp32, ParamOut::fp16>,  \
-     K<G, DType::fp32, ParamOut::bf16>},                                    \
-    {                                                                       \
-      K<G, DType::bf16, ParamOut::none>, K<G, DType::bf16, ParamOut::fp16>, \
-          K<G, DType::bf16, ParamOut::bf16>                                 \
-    }                                                                       \
-  }
+#define ZP_ADAM_ROW(K, G)                                                                    \
+  {{K<G, DType::fp32, ParamOut::none>, K<G, DType::fp32, ParamOut::fp16>,                    \
+    K<G, DType::fp32, ParamOut::bf16>},                                                      \
+   {K<G, DType::bf16, ParamOut::none>, K<G, DType::bf16, ParamOut::fp16>,                    \
+    K<G, DType::bf16, ParamOut::bf16>}}
 #define ZP_KERNEL_TABLE(K, S, BLOCK)                                                         \
   KernelTable {                                                                              \
     {ZP_ADAM_ROW(K, DType::fp32), ZP_ADAM_ROW(K, DType::fp16), ZP_ADAM_ROW(K, DType::bf16)}, \

@@ -453,8 +453,8 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
 TEST_CASE("cpu_adam: AdamW's moments never see the parameter, as in torch (an inf or NaN one too)") {
   // torch.optim.AdamW decays p on its own (p *= 1 - lr*wd) and updates m and v from the
   // gradient alone, so an inf or NaN parameter leaves its moments what they would be for any
-  // other value; Adam's L2 term (g += wd*p) carries it into them. Every ISA, a full vector block
-  // and a tail, both store kinds.
+  // other value; Adam's L2 term (g += wd*p) carries it into them. Every ISA, two vector blocks
+  // and a scalar tail.
   const std::size_t n = 67;
   for (CpuIsa isa : supported_isas())
     for (bool adamw : {true, false}) {
