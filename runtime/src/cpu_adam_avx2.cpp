@@ -9,6 +9,7 @@
 
 #include "bf16_avx2.hpp"
 #include "cpu_adam_kernels.hpp"
+#include "cpu_adam_prefetch.hpp"
 
 #define ZP_AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define ZP_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -140,19 +141,6 @@ ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::siz
   if constexpr (P != ParamOut::none) store_block<param_out_dtype(P), kStream>(t.param_out, i, p);
 }
 
-// Every line of the arrays read and written, kPrefetchElems ahead of block i (a prefetch never
-// faults, also past the end).
-template <DType M>
-ZP_AVX2_INLINE void prefetch_ahead(const AdamTensors& t, std::size_t i) {
-  const std::size_t ahead = i + kPrefetchElems, mb = dtype_bytes(M);
-  for (std::size_t off = 0; off < kBlock * 4; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead) + off, _MM_HINT_T0);
-  for (std::size_t off = 0; off < kBlock * mb; off += 64) {
-    _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb + off, _MM_HINT_T0);
-    _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb + off, _MM_HINT_T0);
-  }
-}
-
 // The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
 // is on a vector boundary of every written array (streaming_aligned); non-temporal stores and
 // a store fence so that the stores are visible before the caller's OpenMP barrier.
@@ -163,7 +151,7 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    if constexpr (kPrefetch<G, M>) prefetch_ahead<M>(local, i);
+    prefetch_block_ahead<G, M, kBlock>(local, i);
     adam8_block<G, M, P, kStream, kL2>(c8, local, i);
   }
   adam_scalar_range<G, M, P>(c, t, i, end);

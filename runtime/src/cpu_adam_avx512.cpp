@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "cpu_adam_kernels.hpp"
+#include "cpu_adam_prefetch.hpp"
 
 namespace zp::runtime::detail {
 

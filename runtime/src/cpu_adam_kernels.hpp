@@ -105,19 +105,26 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 // differs, never the value: both kinds give bit-identical results.
 enum class Stores : uint8_t { cached, streaming };
 
-// The vector bodies prefetch master and both moments this many elements ahead (4 KiB of fp32
-// per array): 1.04-1.22x over the hardware prefetchers alone for the 16-bit variants on a
-// Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B; fp32 on AVX2 was 0.85x there, AVX-512
-// the same within noise), and with non-temporal stores 512 to 2048 measured alike, 256 worse.
-constexpr std::size_t kPrefetchElems = 1024;
-
-// Whether the vector bodies prefetch at all: not for fp32 gradients and moments, where the
-// hardware prefetchers alone were faster (AVX2 1.21x, bench_cpu_adam at 2^25, four interleaved
-// old/new rounds on the Zen 4 VM; 1.2-1.5x in a two-thread harness at 2^25; and beside
-// DeepSpeed's Step_8 at 2^26 our AVX2 step went from 0.59-0.81x its speed to 1.02x). The
-// offload steps measured either way within the VM's noise and keep it; bf16 moments gain.
+// The vector bodies prefetch every line of master and both moments ahead of the block they
+// step (cpu_adam_prefetch.hpp; the gradient is left to the hardware prefetchers). Where to and
+// how far, per variant:
+// - 16-bit gradients or moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over
+//   the hardware prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run
+//   A/B; with non-temporal stores 512 to 2048 measured alike, 256 worse), and for bf16
+//   moments on a 16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a
+//   harness timing the AVX-512 bodies alone at 2^25, 9 interleaved rounds).
+// - fp32 gradients and moments: into L2 (prefetcht2), 2048 elements ahead. Into L1 1024 ahead
+//   cost our fp32 AdamW 1.14x on the Zen 4 VM (0.876x, that harness at 2 threads; found as
+//   0.59-0.81x DeepSpeed's Step_8 speed beside it) while the Xeon gained 1.07-1.15x at 2-8
+//   threads; into L2 2048 ahead: Zen 4 1.01x, Xeon 1.09x, 1.15x, 1.09x at 2, 4, 8 threads
+//   (the same runs). The runtime's kernels with and without it, in one process: Xeon
+//   1.02-1.11x at 2-16 threads on every ISA, Zen 4 0.95-0.99x (README, Benchmarks, item 7).
+//   A likely reason, not measured: four fp32 streams fetched 4 KiB ahead into an L1 of
+//   32-48 KiB evict lines before they are used; L2 (1-2 MiB a core) holds them.
 template <DType G, DType M>
-inline constexpr bool kPrefetch = !(G == DType::fp32 && M == DType::fp32);
+inline constexpr bool kPrefetchToL2 = G == DType::fp32 && M == DType::fp32;
+template <DType G, DType M>
+inline constexpr std::size_t kPrefetchElems = kPrefetchToL2<G, M> ? 2048 : 1024;
 
 // Elements from p to the next multiple of align_bytes (p must be element-aligned).
 template <typename T>
