@@ -118,7 +118,7 @@ enum class Stores : uint8_t { cached, streaming };
 //   0.59-0.81x DeepSpeed's Step_8 speed beside it) while the Xeon gained 1.07-1.15x at 2-8
 //   threads; into L2 2048 ahead: Zen 4 1.01x, Xeon 1.09x, 1.15x, 1.09x at 2, 4, 8 threads
 //   (the same runs). The runtime's kernels with and without it, in one process: Xeon
-//   1.02-1.11x at 2-16 threads on every ISA, Zen 4 0.95-0.99x (README, Benchmarks, item 7).
+//   1.02-1.11x at 2-16 threads on every ISA, Zen 4 0.93-0.99x (README, Benchmarks, item 7).
 //   A likely reason, not measured: four fp32 streams fetched 4 KiB ahead into an L1 of
 //   32-48 KiB evict lines before they are used; L2 (1-2 MiB a core) holds them.
 template <DType G, DType M>
