@@ -1,7 +1,7 @@
 // bench_cpu_adam: the fused CPU Adam step at 2^26 parameters against, in the same run, (1) the
 // memory's roofline: the fastest of a family of plain streams that make exactly the step's
 // loads and stores (adam_streams.hpp: two vector widths, loads-first or interleaved blocks,
-// non-temporal or cached stores, three prefetch distances), and (2) the same offload work done
+// non-temporal or cached stores, prefetches into L1 or L2), and (2) the same offload work done
 // as separate passes (convert, unscale, clip, Adam, cast). Four step variants: fp32 AdamW,
 // the ZeRO-Offload step with fp16 or bf16 gradients in and a 16-bit copy out, and bf16 moments.
 // Each fused kernel runs on every ISA this CPU has (avx2, avx512). Prints, at the end, each
@@ -16,6 +16,9 @@
 // on a shared machine:
 //   build/bin/bench_cpu_adam --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
 // One variant: --benchmark_filter=_fp32/ (or offload_fp16/, offload_bf16/, bf16_moments/).
+// paired_<variant>/rounds measures every stream shape and fused kernel of a variant back to back
+// in rounds (ZP_BENCH_ADAM_ROUNDS, default 9) and reports each kernel's share of its own round's
+// best stream: the steadier figure where the memory's bandwidth drifts within minutes.
 #include <benchmark/benchmark.h>
 // GCC 12 bug 105593: its AVX-512 conversion intrinsics warn "may be used uninitialized" about
 // their own undefined merge source (as in runtime/src/cpu_adam_avx512.cpp): silence only that.
@@ -27,10 +30,12 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,11 +53,22 @@ namespace streams = zp::bench::streams;
 
 // ---- buffers ------------------------------------------------------------------------------
 
-std::size_t n_params() {
-  const char* env = std::getenv("ZP_BENCH_ADAM_LOG2");
-  const int log2 = env ? std::atoi(env) : 26;
-  return std::size_t{1} << std::clamp(log2, 10, 32);
+// An integer setting from the environment: its default when unset; a value that is not an
+// integer in [lo, hi] ends the run with an error naming the variable.
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || errno != 0 || v < lo || v > hi) {
+    fmt::print(stderr, "error: {}='{}' is not an integer from {} to {}\n", name, env, lo, hi);
+    std::exit(2);
+  }
+  return static_cast<int>(v);
 }
+
+std::size_t n_params() { return std::size_t{1} << env_int("ZP_BENCH_ADAM_LOG2", 26, 10, 32); }
 
 // n elements in 2 MiB-aligned anonymous memory with transparent huge pages requested (as the
 // runtime's arena will be); pages are first touched by the OpenMP threads in fill().
@@ -127,7 +143,9 @@ void fill(Data& d) {
   });
 }
 
-Data& data() {
+// One set of buffers per kWhich, allocated and filled on first use.
+template <int kWhich>
+Data& buffers() {
   static Data& d = [] () -> Data& {
     static Data fresh(n_params());
     fill(fresh);
@@ -135,6 +153,10 @@ Data& data() {
   }();
   return d;
 }
+Data& data() { return buffers<0>(); }
+// The paired rounds' streams run on arrays of their own (allocated only if they run): a stream
+// adds g to every array, which would hand the Adam step negative second moments.
+Data& stream_data() { return buffers<1>(); }
 
 // ---- the step under test and its configurations -------------------------------------------
 
@@ -275,10 +297,22 @@ void in_cache_step(CpuIsa use, const Data& d, const Variant& var, int64_t t, std
   }
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Empty if one step of var on `use` (with the store kind in force), from fresh data, gives the
+// scalar reference's answer on every sampled element; else what is wrong.
+std::string fused_check(Data& d, const Variant& var, CpuIsa use) {
+  fill(d);
+  const Expected want = scalar_reference(d, var, 1);
+  cpu_adam_step(use, kCfg, step_args(var, 1), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
+  if (const std::size_t wrong = count_wrong(d, var, want))
+    return fmt::format("{} of {} sampled elements differ from the scalar reference", wrong, want.idx.size());
+  return {};
+}
+
 // The fused step (one pass) on one ISA.
 void BM_Fused(benchmark::State& state, Variant var, CpuIsa use, Mode mode) {
   Data& d = data();
-  fill(d);
   if (!cpu_supports(use)) {
     state.SkipWithError("this CPU cannot run the requested ISA");
     return;
@@ -288,15 +322,11 @@ void BM_Fused(benchmark::State& state, Variant var, CpuIsa use, Mode mode) {
   struct Reset {
     ~Reset() { force_cpu_adam_stores(CpuAdamStores::automatic); }
   } reset;
-  const Expected want = scalar_reference(d, var, 1);
-  cpu_adam_step(use, kCfg, step_args(var, 1), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
-  if (const std::size_t wrong = count_wrong(d, var, want)) {
-    state.SkipWithError(fmt::format("{} of {} sampled elements differ from the scalar reference",
-                                    wrong, want.idx.size()).c_str());
+  if (const std::string wrong = fused_check(d, var, use); !wrong.empty()) {
+    state.SkipWithError(wrong.c_str());
     return;
   }
   int64_t t = 2;
-  using Clock = std::chrono::steady_clock;
   for (auto _ : state) {
     if (mode == Mode::in_cache) {
       const Clock::time_point t0 = Clock::now();
@@ -335,24 +365,18 @@ std::vector<streams::Shape> stream_shapes() {
     if (width == 16 && !cpu_supports(CpuIsa::avx512)) continue;
     for (const streams::Order order : {streams::Order::loads_first, streams::Order::interleaved})
       for (const bool nt : {true, false})
-        for (const int pf : streams::kPrefetches) shapes.push_back({width, order, nt, pf});
+        for (const streams::Prefetch pf : streams::kPrefetches)
+          shapes.push_back({width, order, nt, pf.elems, pf.l2});
   }
   return shapes;
 }
 
-// One stream kernel over all n elements: the same thread split as the fused step.
-void BM_Stream(benchmark::State& state, Variant var, streams::Shape shape) {
-  Data& d = data();
-  const streams::RangeFn kernel = streams::kernel(stream_types(var), shape);
-  if (!cpu_supports(CpuIsa::avx2) || kernel == nullptr) {
-    state.SkipWithError("the stream kernels need AVX2+F16C");
-    return;
-  }
-  state.SetLabel(shape.width == 16 ? "avx512" : "avx2");
+// Empty if one pass of a stream kernel over d gives, on every sampled element of every array,
+// what its scalar meaning gives; else what is wrong (the elements are copied aside and passed
+// through the scalar meaning first, then the full pass runs, then all are compared bit for bit).
+std::string stream_check(const Data& d, const Variant& var, streams::RangeFn kernel) {
   const streams::Arrays a = stream_arrays(d, var);
   const streams::Types types = stream_types(var);
-  // The check: sampled elements copied aside and passed through the scalar meaning, then one
-  // full pass, then every sampled element of every array compared bit for bit.
   const std::vector<std::size_t> idx = sample_indices(d.n);
   const std::size_t k = idx.size(), gb = dtype_bytes(var.grads), mb = dtype_bytes(var.moments);
   std::vector<float> p(k);
@@ -372,16 +396,122 @@ void BM_Stream(benchmark::State& state, Variant var, streams::Shape shape) {
                       std::memcmp(&m[j * mb], static_cast<const char*>(a.m) + i * mb, mb) == 0 &&
                       std::memcmp(&v[j * mb], static_cast<const char*>(a.v) + i * mb, mb) == 0 &&
                       (!var.out16 || std::memcmp(&out[j * 2], d.p16.data() + i, 2) == 0);
-    if (!same) {
-      state.SkipWithError(fmt::format("the stream kernel gives a wrong answer at element {}", i).c_str());
-      return;
-    }
+    if (!same) return fmt::format("the stream kernel gives a wrong answer at element {}", i);
   }
+  return {};
+}
+
+// One stream kernel over all n elements: the same thread split as the fused step.
+void BM_Stream(benchmark::State& state, Variant var, streams::Shape shape) {
+  Data& d = data();
+  const streams::RangeFn kernel = streams::kernel(stream_types(var), shape);
+  if (!cpu_supports(CpuIsa::avx2) || kernel == nullptr) {
+    state.SkipWithError("the stream kernels need AVX2+F16C");
+    return;
+  }
+  state.SetLabel(shape.width == 16 ? "avx512" : "avx2");
+  if (const std::string wrong = stream_check(d, var, kernel); !wrong.empty()) {
+    state.SkipWithError(wrong.c_str());
+    return;
+  }
+  const streams::Arrays a = stream_arrays(d, var);
   for (auto _ : state) {
     parallel_ranges(d.n, [&](std::size_t b, std::size_t e) { kernel(a, b, e); });
     benchmark::ClobberMemory();
   }
   set_counters(state, d.n, bytes_per_param(var));
+}
+
+// The ISAs the fused step is measured on here (the dispatch picks the last one).
+std::vector<CpuIsa> fused_isas() {
+  std::vector<CpuIsa> isas;
+  for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
+    if (cpu_supports(isa)) isas.push_back(isa);
+  return isas;
+}
+
+// ---- paired rounds: a variant's streams and fused kernels back to back ----------------------
+
+// The shares from separate benchmarks pair medians taken minutes apart; where the memory's
+// bandwidth drifts within minutes (the Zen 4 VM: one stream shape at 9.0, 16.2 and 16.6 ms in
+// three runs minutes apart), the best of 32 such medians is a lucky draw and every share reads
+// low. A paired round runs every stream shape and every fused kernel (the runtime's stores)
+// once, best of two calls each, within a second or two, in an order rotated from round to
+// round; a kernel's share is of its own round's best stream, reported as the median and range
+// over the rounds (as compare_adam.sh pairs ours with torch's).
+std::size_t paired_rounds() { return static_cast<std::size_t>(env_int("ZP_BENCH_ADAM_ROUNDS", 9, 1, 1000)); }
+
+struct Paired {
+  std::vector<CpuIsa> isas;
+  std::vector<std::vector<double>> shares;  // [isa][round]: that round's best stream / kernel
+  std::vector<double> best;                 // [round]: seconds of that round's best stream
+};
+std::map<std::string, Paired>& paired_results() {
+  static std::map<std::string, Paired> results;
+  return results;
+}
+
+template <typename F>
+double best_of_two(F&& run) {
+  double best = INFINITY;
+  for (int c = 0; c < 2; ++c) {
+    const Clock::time_point t0 = Clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Each iteration is one round (its own time, the step's arrays refilled first, is not a figure).
+void BM_Paired(benchmark::State& state, Variant var) {
+  if (!cpu_supports(CpuIsa::avx2)) {
+    state.SkipWithError("the stream kernels need AVX2+F16C");
+    return;
+  }
+  Data& d = data();
+  const Data& sd = stream_data();
+  const std::vector<CpuIsa> isas = fused_isas();
+  for (const CpuIsa isa : isas)
+    if (const std::string wrong = fused_check(d, var, isa); !wrong.empty()) {
+      state.SkipWithError(wrong.c_str());
+      return;
+    }
+  std::vector<streams::RangeFn> kernels;
+  for (const streams::Shape& shape : stream_shapes()) {
+    const streams::RangeFn k = streams::kernel(stream_types(var), shape);
+    if (k == nullptr) continue;
+    if (const std::string wrong = stream_check(sd, var, k); !wrong.empty()) {
+      state.SkipWithError(wrong.c_str());
+      return;
+    }
+    kernels.push_back(k);
+  }
+  const streams::Arrays a = stream_arrays(sd, var);
+  Paired& out = paired_results()[var.name];  // repetitions add rounds
+  out.isas = isas;
+  out.shares.resize(isas.size());
+  const std::size_t items = kernels.size() + isas.size();
+  std::vector<double> secs(items);
+  int64_t t = 2;
+  std::size_t round = 0;
+  for (auto _ : state) {
+    fill(d);
+    for (std::size_t j = 0; j < items; ++j) {
+      const std::size_t item = (j + round) % items;
+      if (item < kernels.size())
+        secs[item] = best_of_two([&] { parallel_ranges(sd.n, [&](std::size_t b, std::size_t e) { kernels[item](a, b, e); }); });
+      else
+        secs[item] = best_of_two([&] {
+          cpu_adam_step(isas[item - kernels.size()], kCfg, step_args(var, t++),
+                        tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
+        });
+    }
+    const double best = *std::min_element(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(kernels.size()));
+    out.best.push_back(best);
+    for (std::size_t i = 0; i < isas.size(); ++i) out.shares[i].push_back(best / secs[kernels.size() + i]);
+    ++round;
+  }
+  state.SetLabel(fmt::format("{} rounds", round));
 }
 
 // ---- the same offload work as separate passes ---------------------------------------------
@@ -467,14 +597,6 @@ void BM_GradSumSquares(benchmark::State& state) {
 
 // ---- ratios from this run -----------------------------------------------------------------
 
-// The ISAs the fused step is measured on here (the dispatch picks the last one).
-std::vector<CpuIsa> fused_isas() {
-  std::vector<CpuIsa> isas;
-  for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
-    if (cpu_supports(isa)) isas.push_back(isa);
-  return isas;
-}
-
 std::string stream_name(const Variant& v, const streams::Shape& s) {
   return fmt::format("stream_{}/{}", v.name, streams::to_string(s));
 }
@@ -483,11 +605,45 @@ std::string fused_name(const Variant& v, CpuIsa isa, Mode mode = Mode::automatic
   return fmt::format("fused_{}/{}{}", v.name, to_string(isa), suffix[static_cast<int>(mode)]);
 }
 
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
+// The paired rounds (BM_Paired): per variant, the median round's best stream, and each fused
+// kernel's share of its own round's best stream, median and range over the rounds.
+void print_paired() {
+  bool any = false;
+  for (const Variant& v : kVariants) {
+    const auto it = paired_results().find(v.name);
+    if (it == paired_results().end() || it->second.best.empty()) continue;
+    const Paired& p = it->second;
+    if (!any)
+      fmt::print("\npaired rounds ({} params, {} threads; each round: every stream shape and fused kernel "
+                 "once, best of 2 calls, back to back; a kernel's share is of its own round's best "
+                 "stream, median and range over the rounds):\n",
+                 n_params(), omp_get_max_threads());
+    any = true;
+    const double best = median(p.best);
+    fmt::print("  {:<13} {} rounds, best stream median {:.2f} ms ({:.1f} GB/s at {} B/param)\n", v.name,
+               p.best.size(), best * 1e3,
+               static_cast<double>(n_params() * bytes_per_param(v)) / best / 1e9, bytes_per_param(v));
+    for (std::size_t i = 0; i < p.isas.size(); ++i) {
+      const double share = 100 * median(p.shares[i]);
+      const auto [lo, hi] = std::minmax_element(p.shares[i].begin(), p.shares[i].end());
+      fmt::print("  {:<13}   fused {:<10} {:.1f}% ({:.1f}-{:.1f}%) (goal >= 90%: {})\n", "",
+                 to_string(p.isas[i]), share, 100 * *lo, 100 * *hi,
+                 std::round(share * 10) >= 900 ? "met" : "NOT met");  // as printed
+    }
+  }
+}
+
 // From the median real time per iteration of each benchmark over its repetitions in this run
 // (both sides of a share move the same bytes, so a bandwidth share is a time ratio): per
 // variant, the roofline (the fastest stream's median), each fused kernel's share of it (goal
 // >= 90%), then every stream's share. One repetition each, the roofline is the luckiest of
-// 24 single runs and the shares read low on a noisy machine; the header's interleaved
+// 32 single runs and the shares read low on a noisy machine; the header's interleaved
 // repetitions steady both sides.
 void print_ratios(const zp::bench::RatioReporter& r) {
   const std::vector<streams::Shape> shapes = stream_shapes();
@@ -540,6 +696,7 @@ void print_ratios(const zp::bench::RatioReporter& r) {
       fmt::print("\n");
     }
   }
+  print_paired();
   const std::string fused = fused_name(kOffloadFp16, cpu_adam_isa());
   const double separate = r.time("separate_offload_fp16") / r.time(fused);
   const double scalar = r.time("fused_offload_fp16/scalar") / r.time(fused);
@@ -553,6 +710,8 @@ void print_ratios(const zp::bench::RatioReporter& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  n_params();  // the settings checked before anything runs
+  paired_rounds();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   auto reg = [](const char* name, auto fn) {
@@ -574,6 +733,12 @@ int main(int argc, char** argv) {
           ->UseManualTime();
     }
   }
+  for (const Variant& v : kVariants)
+    benchmark::RegisterBenchmark(fmt::format("paired_{}/rounds", v.name).c_str(),
+                                 [v](benchmark::State& st) { BM_Paired(st, v); })
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(static_cast<benchmark::IterationCount>(paired_rounds()));
   reg("separate_offload_fp16", BM_Separate);
   reg("fused_offload_fp16/scalar",
       [](benchmark::State& s) { BM_Fused(s, kOffloadFp16, CpuIsa::scalar, Mode::automatic); });
