@@ -625,12 +625,6 @@ std::string fused_name(const Variant& v, CpuIsa isa, Mode mode = Mode::automatic
   return fmt::format("fused_{}/{}{}", v.name, to_string(isa), suffix[static_cast<int>(mode)]);
 }
 
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n % 2 == 1 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
-}
-
 // The paired rounds (BM_Paired): per variant, the roofline's shape (the lowest median over the
 // rounds) and each fused kernel's share of it, that shape's time over the kernel's in each
 // round, median and range over the rounds.
@@ -649,8 +643,8 @@ void print_paired() {
     any = true;
     std::size_t b = 0;
     for (std::size_t k = 1; k < p.shapes.size(); ++k)
-      if (median(p.stream_secs[k]) < median(p.stream_secs[b])) b = k;
-    const double best = median(p.stream_secs[b]);
+      if (zp::bench::median(p.stream_secs[k]) < zp::bench::median(p.stream_secs[b])) b = k;
+    const double best = zp::bench::median(p.stream_secs[b]);
     fmt::print("  {:<13} {} rounds, roofline {:.2f} ms ({:.1f} GB/s at {} B/param): stream {}\n", v.name,
                p.stream_secs[b].size(), best * 1e3,
                static_cast<double>(n_params() * bytes_per_param(v)) / best / 1e9, bytes_per_param(v),
@@ -658,7 +652,7 @@ void print_paired() {
     for (std::size_t i = 0; i < p.isas.size(); ++i) {
       std::vector<double> shares(p.fused_secs[i].size());
       for (std::size_t r = 0; r < shares.size(); ++r) shares[r] = p.stream_secs[b][r] / p.fused_secs[i][r];
-      const double share = 100 * median(shares);
+      const double share = 100 * zp::bench::median(shares);
       const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
       fmt::print("  {:<13}   fused {:<10} {:.1f}% ({:.1f}-{:.1f}%) (goal >= 90%: {})\n", "",
                  to_string(p.isas[i]), share, 100 * *lo, 100 * *hi,

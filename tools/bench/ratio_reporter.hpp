@@ -25,6 +25,14 @@
 
 namespace zp::bench {
 
+// The median of x (the mean of the middle two for an even count); NaN if x is empty.
+inline double median(std::vector<double> x) {
+  if (x.empty()) return NAN;
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   explicit RatioReporter(std::function<void(const RatioReporter&)> finish)
@@ -44,11 +52,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   // two for an even count); NaN if it did not run (filtered out, or it failed its own check).
   double time(const std::string& name) const {
     const auto it = seconds_.find(name);
-    if (it == seconds_.end() || it->second.empty()) return NAN;
-    std::vector<double> t = it->second;
-    std::sort(t.begin(), t.end());
-    const std::size_t n = t.size();
-    return n % 2 == 1 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    return it == seconds_.end() ? NAN : median(it->second);
   }
   // How many repetitions time() has for a benchmark.
   std::size_t repetitions(const std::string& name) const {
