@@ -68,7 +68,9 @@ bool detect(CpuIsa isa) {
     case CpuIsa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
-    case CpuIsa::avx512: return detect(CpuIsa::avx2) && __builtin_cpu_supports("avx512f");
+    case CpuIsa::avx512:
+      return detect(CpuIsa::avx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw");
     case CpuIsa::avx512bf16:
       return detect(CpuIsa::avx512) && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512bf16");

@@ -15,11 +15,13 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "bf16_avx2.hpp"  // runtime/src: the AVX2 kernel's bf16 rounding, checked exhaustively
+#include "bf16_avx2.hpp"    // runtime/src: the vector kernels' bf16 roundings, checked exhaustively
+#include "bf16_avx512.hpp"
 #include "zp/error.hpp"
 #include "zp/runtime/cpu_adam.hpp"
 #include "zp/runtime/dtype.hpp"
@@ -546,33 +548,71 @@ TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the 
   }
 }
 
-// bf16_pack16 on 16 consecutive bit patterns from `first` (wrapping), into out.
-__attribute__((target("avx2"))) void pack16_from(uint32_t first, uint16_t (&out)[16]) {
+// The vector bf16 packings on consecutive bit patterns from `first` (wrapping), into out:
+// AVX2's bf16_pack16 (16 values), AVX-512's bf16_pack32_avx512 and bf16_pack32_avx512bf16 (32).
+__attribute__((target("avx2"))) void pack16_from(uint32_t first, uint16_t* out) {
   alignas(32) uint32_t in[16];
   for (uint32_t k = 0; k < 16; ++k) in[k] = first + k;
   const __m256 x0 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(in)));
   const __m256 x1 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(in + 8)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), zp::runtime::detail::bf16_pack16(x0, x1));
 }
+// GCC 12's AVX-512 intrinsics warn "may be used uninitialized" of their own undefined merge
+// sources (GCC bug 105593; cpu_adam_avx512.cpp silences it too).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <bool kHw>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) void pack32_from(uint32_t first, uint16_t* out) {
+  alignas(64) uint32_t in[32];
+  for (uint32_t k = 0; k < 32; ++k) in[k] = first + k;
+  const __m512 x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
+  const __m512 x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
+  if constexpr (kHw) _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512bf16(x0, x1));
+  else _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512(x0, x1));
+}
+#pragma GCC diagnostic pop
 
-TEST_CASE("cpu_adam: the AVX2 bf16 rounding equals fp32_to_bf16 on all 2^32 fp32 bit patterns") {
-  if (!cpu_supports(CpuIsa::avx2)) return;  // nothing runs these instructions on this CPU
-  // Every pattern once, sixteen at a time (NaNs among them: a group with a NaN takes the
-  // per-lane path, the others the packed one); the expected value is dtype.hpp's scalar.
+// Every fp32 bit pattern once, `width` at a time through pack (NaNs and denormals among them:
+// a group with one takes the per-lane path, the others the packed one); the expected value is
+// dtype.hpp's scalar. The number of patterns that differ, and the first.
+template <uint32_t kWidth>
+std::pair<uint64_t, uint32_t> bf16_exhaustive(void (*pack)(uint32_t, uint16_t*)) {
   uint64_t differ = 0;
   uint32_t first_bad = 0;
-  uint16_t out[16];
-  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += 16) {
-    pack16_from(static_cast<uint32_t>(base), out);
-    for (uint32_t k = 0; k < 16; ++k) {
+  uint16_t out[kWidth];
+  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += kWidth) {
+    pack(static_cast<uint32_t>(base), out);
+    for (uint32_t k = 0; k < kWidth; ++k) {
       const uint32_t u = static_cast<uint32_t>(base) + k;
       if (out[k] != fp32_to_bf16(std::bit_cast<float>(u)) && differ++ == 0) first_bad = u;
     }
   }
+  return {differ, first_bad};
+}
+
+std::string hex32(uint32_t u) {
   char hex[16];
-  std::snprintf(hex, sizeof hex, "0x%08x", first_bad);
-  INFO("first differing pattern: " << hex);
-  CHECK(differ == 0);
+  std::snprintf(hex, sizeof hex, "0x%08x", u);
+  return hex;
+}
+
+TEST_CASE("cpu_adam: the vector bf16 roundings equal fp32_to_bf16 on all 2^32 fp32 bit patterns") {
+  // Each ISA's packing runs only where this CPU has its instructions (this VM has all three).
+  if (cpu_supports(CpuIsa::avx2)) {
+    const auto [differ, first_bad] = bf16_exhaustive<16>(pack16_from);
+    INFO("AVX2: first differing pattern: " << hex32(first_bad));
+    CHECK(differ == 0);
+  }
+  if (cpu_supports(CpuIsa::avx512)) {
+    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_from<false>);
+    INFO("AVX-512BW: first differing pattern: " << hex32(first_bad));
+    CHECK(differ == 0);
+  }
+  if (cpu_supports(CpuIsa::avx512bf16)) {
+    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_from<true>);
+    INFO("AVX-512 BF16: first differing pattern: " << hex32(first_bad));
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("cpu_adam: streaming and cached stores equal the scalar reference on any alignment") {

@@ -93,7 +93,7 @@ bool cpu_supports(CpuIsa isa);
 
 // The ISA cpu_adam_step and grad_sum_squares use: the forced one if any, else the best the
 // CPU supports (avx512bf16 > avx512 > avx2 > scalar; avx2 means AVX2+FMA+F16C, avx512 adds
-// AVX-512F, avx512bf16 adds AVX512_BF16 and AVX512DQ).
+// AVX-512F and AVX-512BW, avx512bf16 adds AVX512_BF16 and AVX512DQ).
 // The first automatic choice is logged once to stderr.
 CpuIsa cpu_adam_isa();
 // Force an ISA (tests, benchmarks), or std::nullopt to go back to automatic. Throws
