@@ -108,21 +108,25 @@ enum class Stores : uint8_t { cached, streaming };
 // The vector bodies prefetch every line of master and both moments ahead of the block they
 // step (cpu_adam_prefetch.hpp; the gradient is left to the hardware prefetchers). Where to and
 // how far, per variant:
-// - 16-bit gradients or moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over
-//   the hardware prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run
-//   A/B; with non-temporal stores 512 to 2048 measured alike, 256 worse), and for bf16
-//   moments on a 16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a
-//   harness timing the AVX-512 bodies alone at 2^25, 9 interleaved rounds).
-// - fp32 gradients and moments: into L2 (prefetcht2), 2048 elements ahead. Into L1 1024 ahead
-//   cost our fp32 AdamW 1.14x on the Zen 4 VM (0.876x, that harness at 2 threads; found as
-//   0.59-0.81x DeepSpeed's Step_8 speed beside it) while the Xeon gained 1.07-1.15x at 2-8
-//   threads; into L2 2048 ahead: Zen 4 1.01x, Xeon 1.09x, 1.15x, 1.09x at 2, 4, 8 threads
-//   (the same runs). The runtime's kernels with and without it, in one process: Xeon
-//   1.02-1.11x at 2-16 threads on every ISA, Zen 4 0.93-0.99x (README, Benchmarks, item 7).
-//   A likely reason, not measured: four fp32 streams fetched 4 KiB ahead into an L1 of
-//   32-48 KiB evict lines before they are used; L2 (1-2 MiB a core) holds them.
+// - bf16 moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over the hardware
+//   prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B), and on a
+//   16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a harness timing the
+//   AVX-512 bodies alone at 2^25, 9 interleaved rounds); into L2 2048 ahead instead ran the
+//   Zen 4 VM's bf16-moment step 0.86x (AVX-512F) and 0.96x (AVX-512 BF16).
+// - fp32 moments, whatever the gradient: into L2 (prefetcht2), 2048 elements ahead. For fp32
+//   gradients, into L1 1024 ahead cost our fp32 AdamW 1.14x on the Zen 4 VM (0.876x, that
+//   harness at 2 threads; found as 0.59-0.81x DeepSpeed's Step_8 speed beside it) while the
+//   Xeon gained 1.07-1.15x at 2-8 threads; into L2 2048 ahead: Zen 4 1.01x, Xeon 1.09x, 1.15x,
+//   1.09x at 2, 4, 8 threads (the same runs). The runtime's kernels with and without it, in one
+//   process: Xeon 1.02-1.11x at 2-16 threads on every ISA, Zen 4 0.93-0.99x (README,
+//   Benchmarks, item 7). For 16-bit gradients (the offload steps), L2 2048 ahead against L1
+//   1024 ahead on the Zen 4 VM, both in one process, 2^25, 2 threads, per-round ratios of 15
+//   interleaved rounds, two runs: fp16 gradients 1.06x/1.10x (AVX2), 1.05x/1.04x (AVX-512F),
+//   1.14x/1.09x (AVX-512 BF16); bf16 gradients 1.11x/1.09x, 1.08x/1.06x, 1.02x/1.11x (README,
+//   Benchmarks, item 11). A likely reason, not measured: three fp32 streams fetched 4 KiB ahead
+//   into an L1 of 32-48 KiB evict lines before they are used; L2 (1-2 MiB a core) holds them.
 template <DType G, DType M>
-inline constexpr bool kPrefetchToL2 = G == DType::fp32 && M == DType::fp32;
+inline constexpr bool kPrefetchToL2 = M == DType::fp32;
 template <DType G, DType M>
 inline constexpr std::size_t kPrefetchElems = kPrefetchToL2<G, M> ? 2048 : 1024;
 
