@@ -4,8 +4,8 @@
 // only these functions carry target("avx512f,..."), so the file compiles on any x86-64 host;
 // cpu_adam.cpp dispatches here only when cpuid reports AVX-512F and BW (every AVX-512 CPU but
 // the Xeon Phi, which takes the AVX2 kernels). Two tables from one body
-// (cpu_adam_avx512.inc): AVX-512F+BW (bf16 rounded in integer arithmetic on packed 16-bit
-// halves), and the same with the BF16 and DQ extensions (CpuIsa::avx512bf16: bf16 stores by
+// (cpu_adam_avx512.inc): AVX-512F+BW (bf16 rounded in integer arithmetic, bf16_avx512.hpp),
+// and the same with the BF16 and DQ extensions (CpuIsa::avx512bf16: bf16 stores by
 // VCVTNE2PS2BF16, one instruction for 32 values, which made the bf16-moment step
 // compute-bound; bench_cpu_adam).
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source and then

@@ -549,7 +549,9 @@ TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the 
 }
 
 // The vector bf16 packings on consecutive bit patterns from `first` (wrapping), into out:
-// AVX2's bf16_pack16 (16 values), AVX-512's bf16_pack32_avx512 and bf16_pack32_avx512bf16 (32).
+// AVX2's bf16_pack16 (16 values), AVX-512's bf16_pack32_avx512 and bf16_pack32_avx512bf16 (32),
+// each function with exactly its ISA's target (the packing without BF16 is checked with nothing
+// a CPU with AVX-512F and BW alone lacks).
 __attribute__((target("avx2"))) void pack16_from(uint32_t first, uint16_t* out) {
   alignas(32) uint32_t in[16];
   for (uint32_t k = 0; k < 16; ++k) in[k] = first + k;
@@ -561,14 +563,20 @@ __attribute__((target("avx2"))) void pack16_from(uint32_t first, uint16_t* out) 
 // sources (GCC bug 105593; cpu_adam_avx512.cpp silences it too).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-template <bool kHw>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) void pack32_from(uint32_t first, uint16_t* out) {
+__attribute__((target("avx512f,avx512bw"))) void pack32_from(uint32_t first, uint16_t* out) {
   alignas(64) uint32_t in[32];
   for (uint32_t k = 0; k < 32; ++k) in[k] = first + k;
   const __m512 x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
   const __m512 x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
-  if constexpr (kHw) _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512bf16(x0, x1));
-  else _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512(x0, x1));
+  _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512(x0, x1));
+}
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) void pack32_bf16_from(uint32_t first,
+                                                                                      uint16_t* out) {
+  alignas(64) uint32_t in[32];
+  for (uint32_t k = 0; k < 32; ++k) in[k] = first + k;
+  const __m512 x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
+  const __m512 x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
+  _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512bf16(x0, x1));
 }
 #pragma GCC diagnostic pop
 
@@ -604,12 +612,12 @@ TEST_CASE("cpu_adam: the vector bf16 roundings equal fp32_to_bf16 on all 2^32 fp
     CHECK(differ == 0);
   }
   if (cpu_supports(CpuIsa::avx512)) {
-    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_from<false>);
+    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_from);
     INFO("AVX-512BW: first differing pattern: " << hex32(first_bad));
     CHECK(differ == 0);
   }
   if (cpu_supports(CpuIsa::avx512bf16)) {
-    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_from<true>);
+    const auto [differ, first_bad] = bf16_exhaustive<32>(pack32_bf16_from);
     INFO("AVX-512 BF16: first differing pattern: " << hex32(first_bad));
     CHECK(differ == 0);
   }
