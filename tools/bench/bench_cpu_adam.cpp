@@ -76,9 +76,10 @@ std::size_t n_params() { return std::size_t{1} << env_int("ZP_BENCH_ADAM_LOG2", 
 // multiples of 128 MiB apart when each starts on a 2 MiB boundary, and on the Zen 4 VM loads and
 // stores of lines that far apart collide (the fp32 step in cache 2.6x slower, in memory 1.33x
 // slower than with the buffers 4 KiB apart; 2^24 elements, 64 MiB apart, unaffected: most
-// likely the L1's way predictor, whose tags hash address bits below 2^27). Each buffer its own
-// skew keeps every array's base distinct in those bits, as arbitrary tensor sizes would, while
-// every block stays line-aligned.
+// likely the L1's way predictor, whose tags hash address bits below 2^27; a recheck the next
+// day found at most ~1.1x here, and none with the runtime's kernels on arena-like layouts:
+// README, Benchmarks, item 12). Each buffer its own skew keeps every array's base distinct in
+// those bits, as arbitrary tensor sizes would, while every block stays line-aligned.
 template <typename T>
 class Big {
  public:
