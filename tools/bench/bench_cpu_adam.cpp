@@ -18,7 +18,8 @@
 // One variant: --benchmark_filter=_fp32/ (or offload_fp16/, offload_bf16/, bf16_moments/).
 // paired_<variant>/rounds measures every stream shape and fused kernel of a variant back to back
 // in rounds (ZP_BENCH_ADAM_ROUNDS, default 9) and reports each kernel's share of its own round's
-// best stream: the steadier figure where the memory's bandwidth drifts within minutes.
+// best stream (the steadier figure where the memory's bandwidth drifts within minutes), and its
+// arithmetic alone as a share of that roofline (near 100%: compute-bound on this machine).
 #include <benchmark/benchmark.h>
 // GCC 12 bug 105593: its AVX-512 conversion intrinsics warn "may be used uninitialized" about
 // their own undefined merge source (as in runtime/src/cpu_adam_avx512.cpp): silence only that.
@@ -313,6 +314,17 @@ void in_cache_step(CpuIsa use, const Data& d, const Variant& var, int64_t t, std
 
 using Clock = std::chrono::steady_clock;
 
+// The arithmetic alone of one step on `use` (in_cache_step's time less as many calls on 32
+// elements: their fixed cost), in seconds; t is the step counter, advanced.
+double arithmetic_alone(CpuIsa use, const Data& d, const Variant& var, int64_t& t) {
+  const Clock::time_point t0 = Clock::now();
+  in_cache_step(use, d, var, t, kInCacheElems);
+  const Clock::time_point t1 = Clock::now();
+  in_cache_step(use, d, var, t++, kCallCostElems);
+  const std::chrono::duration<double> work = t1 - t0, calls = Clock::now() - t1;
+  return std::max(0.0, work.count() - calls.count());
+}
+
 // Empty if one step of var on `use` (with the store kind in force), from fresh data, gives the
 // scalar reference's answer on every sampled element; else what is wrong.
 std::string fused_check(Data& d, const Variant& var, CpuIsa use) {
@@ -343,12 +355,7 @@ void BM_Fused(benchmark::State& state, Variant var, CpuIsa use, Mode mode) {
   int64_t t = 2;
   for (auto _ : state) {
     if (mode == Mode::in_cache) {
-      const Clock::time_point t0 = Clock::now();
-      in_cache_step(use, d, var, t, kInCacheElems);
-      const Clock::time_point t1 = Clock::now();
-      in_cache_step(use, d, var, t++, kCallCostElems);
-      const std::chrono::duration<double> work = t1 - t0, calls = Clock::now() - t1;
-      state.SetIterationTime(std::max(0.0, work.count() - calls.count()));
+      state.SetIterationTime(arithmetic_alone(use, d, var, t));
     } else {
       cpu_adam_step(use, kCfg, step_args(var, t++), tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
     }
@@ -455,7 +462,9 @@ std::vector<CpuIsa> fused_isas() {
 // round's fastest: the least of 32 noisy times is itself a lucky draw, ~15% below the typical
 // one here), and a kernel's share in a round is that shape's time in the round over the
 // kernel's; the median and range over the rounds are reported (as compare_adam.sh pairs ours
-// with torch's).
+// with torch's). Each round also times each kernel's arithmetic alone (arithmetic_alone, best
+// of two), reported as a share of the same round's roofline: where it nears 100%, no order of
+// loads and stores can bring that kernel to the roofline on this machine (compute-bound).
 std::size_t paired_rounds() { return static_cast<std::size_t>(env_int("ZP_BENCH_ADAM_ROUNDS", 9, 1, 1000)); }
 
 struct Paired {
@@ -463,6 +472,7 @@ struct Paired {
   std::vector<streams::Shape> shapes;
   std::vector<std::vector<double>> stream_secs;  // [shape][round]
   std::vector<std::vector<double>> fused_secs;   // [isa][round]
+  std::vector<std::vector<double>> alone_secs;   // [isa][round]: the arithmetic alone
 };
 std::map<std::string, Paired>& paired_results() {
   static std::map<std::string, Paired> results;
@@ -512,7 +522,8 @@ void BM_Paired(benchmark::State& state, Variant var) {
   out.shapes = shapes;
   out.stream_secs.resize(shapes.size());
   out.fused_secs.resize(isas.size());
-  const std::size_t items = kernels.size() + isas.size();
+  out.alone_secs.resize(isas.size());
+  const std::size_t items = kernels.size() + 2 * isas.size();
   std::vector<double> secs(items);
   int64_t t = 2;
   std::size_t round = 0;
@@ -522,14 +533,20 @@ void BM_Paired(benchmark::State& state, Variant var) {
       const std::size_t item = (j + round) % items;
       if (item < kernels.size())
         secs[item] = best_of_two([&] { parallel_ranges(sd.n, [&](std::size_t b, std::size_t e) { kernels[item](a, b, e); }); });
-      else
+      else if (item < kernels.size() + isas.size())
         secs[item] = best_of_two([&] {
           cpu_adam_step(isas[item - kernels.size()], kCfg, step_args(var, t++),
                         tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
         });
+      else
+        secs[item] = std::min(arithmetic_alone(isas[item - kernels.size() - isas.size()], d, var, t),
+                              arithmetic_alone(isas[item - kernels.size() - isas.size()], d, var, t));
     }
     for (std::size_t k = 0; k < kernels.size(); ++k) out.stream_secs[k].push_back(secs[k]);
-    for (std::size_t i = 0; i < isas.size(); ++i) out.fused_secs[i].push_back(secs[kernels.size() + i]);
+    for (std::size_t i = 0; i < isas.size(); ++i) {
+      out.fused_secs[i].push_back(secs[kernels.size() + i]);
+      out.alone_secs[i].push_back(secs[kernels.size() + isas.size() + i]);
+    }
     ++round;
   }
   state.SetLabel(fmt::format("{} rounds", round));
@@ -655,9 +672,14 @@ void print_paired() {
       for (std::size_t r = 0; r < shares.size(); ++r) shares[r] = p.stream_secs[b][r] / p.fused_secs[i][r];
       const double share = 100 * zp::bench::median(shares);
       const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
-      fmt::print("  {:<13}   fused {:<10} {:.1f}% ({:.1f}-{:.1f}%) (goal >= 90%: {})\n", "",
-                 to_string(p.isas[i]), share, 100 * *lo, 100 * *hi,
-                 std::round(share * 10) >= 900 ? "met" : "NOT met");  // as printed
+      std::vector<double> alone(p.alone_secs[i].size());
+      for (std::size_t r = 0; r < alone.size(); ++r) alone[r] = p.alone_secs[i][r] / p.stream_secs[b][r];
+      const double alone_share = 100 * zp::bench::median(alone);
+      fmt::print("  {:<13}   fused {:<10} {:.1f}% ({:.1f}-{:.1f}%) (goal >= 90%: {}); arithmetic alone "
+                 "{:.0f}% of the roofline{}\n",
+                 "", to_string(p.isas[i]), share, 100 * *lo, 100 * *hi,
+                 std::round(share * 10) >= 900 ? "met" : "NOT met",  // as printed
+                 alone_share, alone_share >= 90 ? " (compute-bound here)" : "");
     }
   }
 }
