@@ -563,19 +563,23 @@ __attribute__((target("avx2"))) void pack16_from(uint32_t first, uint16_t* out) 
 // sources (GCC bug 105593; cpu_adam_avx512.cpp silences it too).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f,avx512bw"))) void pack32_from(uint32_t first, uint16_t* out) {
+// The 32 bit patterns from `first` on, as two vectors of fp32 lanes.
+__attribute__((target("avx512f"), always_inline)) inline void patterns32(uint32_t first, __m512& x0,
+                                                                         __m512& x1) {
   alignas(64) uint32_t in[32];
   for (uint32_t k = 0; k < 32; ++k) in[k] = first + k;
-  const __m512 x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
-  const __m512 x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
+  x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
+  x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
+}
+__attribute__((target("avx512f,avx512bw"))) void pack32_from(uint32_t first, uint16_t* out) {
+  __m512 x0, x1;
+  patterns32(first, x0, x1);
   _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512(x0, x1));
 }
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) void pack32_bf16_from(uint32_t first,
                                                                                       uint16_t* out) {
-  alignas(64) uint32_t in[32];
-  for (uint32_t k = 0; k < 32; ++k) in[k] = first + k;
-  const __m512 x0 = _mm512_castsi512_ps(_mm512_load_si512(in));
-  const __m512 x1 = _mm512_castsi512_ps(_mm512_load_si512(in + 16));
+  __m512 x0, x1;
+  patterns32(first, x0, x1);
   _mm512_storeu_si512(out, zp::runtime::detail::bf16_pack32_avx512bf16(x0, x1));
 }
 #pragma GCC diagnostic pop

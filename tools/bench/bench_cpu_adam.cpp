@@ -538,9 +538,10 @@ void BM_Paired(benchmark::State& state, Variant var) {
           cpu_adam_step(isas[item - kernels.size()], kCfg, step_args(var, t++),
                         tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
         });
-      else
-        secs[item] = std::min(arithmetic_alone(isas[item - kernels.size() - isas.size()], d, var, t),
-                              arithmetic_alone(isas[item - kernels.size() - isas.size()], d, var, t));
+      else {
+        const CpuIsa isa = isas[item - kernels.size() - isas.size()];
+        secs[item] = std::min(arithmetic_alone(isa, d, var, t), arithmetic_alone(isa, d, var, t));
+      }
     }
     for (std::size_t k = 0; k < kernels.size(); ++k) out.stream_secs[k].push_back(secs[k]);
     for (std::size_t i = 0; i < isas.size(); ++i) {
