@@ -11,6 +11,15 @@
 
 namespace zp::runtime::detail {
 
+// Eight bf16 values (h) widened to fp32 exactly, in order: each into the upper half of its
+// 32-bit lane. One byte shuffle of h in both 128-bit halves (a broadcast load, where h comes
+// from memory, costs no shuffle), where a zero extension and a shift take two.
+ZP_BF16_AVX2_INLINE __m256 bf16_widen8(__m128i h) {
+  const __m256i place = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
+                                         -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+  return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), place));
+}
+
 // Eight values in 32-bit lanes as fp32_to_bf16 rounds a non-NaN:
 // (u + 0x7fff + ((u >> 16) & 1)) >> 16.
 ZP_BF16_AVX2_INLINE __m256i bf16_round8(__m256 x) {

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "bf16_avx2.hpp"
 #include "cpu_adam_kernels.hpp"
@@ -31,7 +32,7 @@ ZP_AVX2_INLINE __m256 load8(const void* base, std::size_t i) {
     const __m128i h = _mm_loadu_si128(
         reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
     if constexpr (T == DType::fp16) return _mm256_cvtph_ps(h);  // exact
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: << 16
+    return bf16_widen8(h);
   }
 }
 
@@ -62,12 +63,9 @@ ZP_AVX2_INLINE void store8(void* base, std::size_t i, __m256 x) {
   }
 }
 
-// Sixteen fp32 values (x0 at i, x1 at i + 8) stored as bf16, bit for bit as two store8 calls
-// would (bf16_avx2.hpp: the rounding on packed 16-bit halves, the NaN fix only when a lane is
-// NaN), with one 32-byte store.
+// Sixteen bf16 values (h: x0's eight, then x1's) stored from element i on, one 32-byte store.
 template <bool kStream>
-ZP_AVX2_INLINE void store16_bf16(void* base, std::size_t i, __m256 x0, __m256 x1) {
-  const __m256i h = bf16_pack16(x0, x1);
+ZP_AVX2_INLINE void store16_bf16(void* base, std::size_t i, __m256i h) {
   uint16_t* dst = static_cast<uint16_t*>(base) + i;
   if constexpr (kStream) {  // streaming_aligned promises 16 bytes: two halves
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(h));
@@ -77,15 +75,28 @@ ZP_AVX2_INLINE void store16_bf16(void* base, std::size_t i, __m256 x0, __m256 x1
   }
 }
 
-// A block's kUnroll vectors stored as T from element i on (bf16 two vectors at a time).
-template <DType T, bool kStream>
+// A block's kUnroll vectors stored as T from element i on, bit for bit as store8 would; bf16
+// two vectors at a time (bf16_avx2.hpp), rounded on packed halves: kNoNan, the caller knows no
+// lane is NaN (bf16_round16), else bf16_pack16 looks for NaNs itself.
+template <DType T, bool kStream, bool kNoNan>
 ZP_AVX2_INLINE void store_block(void* base, std::size_t i, const __m256 (&x)[kUnroll]) {
   if constexpr (T == DType::bf16) {
     for (std::size_t u = 0; u < kUnroll; u += 2)
-      store16_bf16<kStream>(base, i + u * kWidth, x[u], x[u + 1]);
+      store16_bf16<kStream>(base, i + u * kWidth,
+                            kNoNan ? bf16_round16(x[u], x[u + 1]) : bf16_pack16(x[u], x[u + 1]));
   } else {
     for (std::size_t u = 0; u < kUnroll; ++u) store8<T, kStream>(base, i + u * kWidth, x[u]);
   }
+}
+
+// True if no lane of the vectors is NaN: one unordered compare per two vectors (true where
+// either is NaN), the results OR-ed, one movemask.
+template <std::size_t N>
+ZP_AVX2_INLINE bool none_nan(const __m256 (&x)[N]) {
+  static_assert(N % 2 == 0);
+  __m256 nan = _mm256_cmp_ps(x[0], x[1], _CMP_UNORD_Q);
+  for (std::size_t k = 2; k < N; k += 2) nan = _mm256_or_ps(nan, _mm256_cmp_ps(x[k], x[k + 1], _CMP_UNORD_Q));
+  return _mm256_movemask_ps(nan) == 0;
 }
 
 // The per-step constants, broadcast.
@@ -103,22 +114,26 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
           _mm256_set1_ps(c.m_scale),      _mm256_set1_ps(c.v_scale)};
 }
 
-// adam_element() on one block of kUnroll vectors, operation for operation: every load of the
-// block first, then the arithmetic, then every store, one array after another (bf16 two
-// vectors per store; with non-temporal stores the array-by-array order ran the bf16-moment step
-// 1.9x faster than vector by vector on the Zen 4 VM, bench_cpu_adam A/B, 2^24 parameters, six
-// interleaved rounds; the in-cache floor 1.17x). A block covers whole 64-byte lines of
-// every array (kBlock elements: 2 lines of fp32, one of a 16-bit array), so no load of a
-// block reads a line whose earlier part this thread just wrote: with non-temporal stores such
-// a load finds the line half-gathered in a write-combining buffer and forces it out as a
-// partial write (the AVX2 bf16-moment step, where four vectors share each 16-bit line, ran
-// 6-11x slower that way on a Xeon; bench_cpu_adam).
-template <DType G, DType M, ParamOut P, bool kStream, bool kL2>
-ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::size_t i) {
-  __m256 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
+// adam_element() on a block of kUnroll vectors, operation for operation, in two halves:
+// moments_block updates the block's moments, stores them and leaves the quotient m / denom in
+// q; param_block applies q to the block's master and stores master and the copy. Within each
+// half every load comes first, then the arithmetic, then the stores, one array after another
+// (bf16 two vectors per store; with non-temporal stores the array-by-array order ran the
+// bf16-moment step 1.9x faster than vector by vector on the Zen 4 VM, bench_cpu_adam A/B, 2^24
+// parameters, six interleaved rounds). A block covers whole 64-byte lines of every array
+// (kBlock elements: 2 lines of fp32, one of a 16-bit array) and each half loads and stores
+// whole lines of its own arrays, so no load reads a line whose earlier part this thread just
+// wrote: with non-temporal stores such a load finds the line half-gathered in a write-combining
+// buffer and forces it out as a partial write (the AVX2 bf16-moment step, where four vectors
+// share each 16-bit line, ran 6-11x slower that way on a Xeon; bench_cpu_adam). qmem: where
+// the staggered body keeps the quotients (stored before the moments' stores), or nullptr.
+template <DType G, DType M, bool kStream, bool kL2>
+ZP_AVX2_INLINE void moments_block(const Coeffs8& c, const AdamTensors& t, std::size_t i,
+                                  __m256 (&q)[kUnroll], float* qmem = nullptr) {
+  __m256 m[kUnroll], v[kUnroll], g[kUnroll], p[kUnroll];
   for (std::size_t u = 0; u < kUnroll; ++u) {
     const std::size_t j = i + u * kWidth;
-    p[u] = _mm256_loadu_ps(t.master + j);
+    if constexpr (kL2) p[u] = _mm256_loadu_ps(t.master + j);
     m[u] = load8<M>(t.exp_avg, j);
     v[u] = load8<M>(t.exp_avg_sq, j);
     g[u] = load8<G>(t.grads, j);
@@ -132,13 +147,66 @@ ZP_AVX2_INLINE void adam8_block(const Coeffs8& c, const AdamTensors& t, std::siz
       m[u] = _mm256_fmadd_ps(c.beta1, m[u], _mm256_mul_ps(c.m_scale, g[u]));
       v[u] = _mm256_fmadd_ps(c.beta2, v[u], _mm256_mul_ps(_mm256_mul_ps(c.v_scale, g[u]), g[u]));
     }
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps);
-    p[u] = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m[u], denom), _mm256_mul_ps(p[u], c.decay));
+    q[u] = _mm256_div_ps(m[u], _mm256_fmadd_ps(_mm256_sqrt_ps(v[u]), c.inv_sqrt_bc2, c.eps));
   }
-  store_block<DType::fp32, kStream>(t.master, i, p);
-  store_block<M, kStream>(t.exp_avg, i, m);
-  store_block<M, kStream>(t.exp_avg_sq, i, v);
-  if constexpr (P != ParamOut::none) store_block<param_out_dtype(P), kStream>(t.param_out, i, p);
+  if (qmem != nullptr)
+    for (std::size_t u = 0; u < kUnroll; ++u) _mm256_store_ps(qmem + u * kWidth, q[u]);
+  // bf16 moments: one NaN test for both arrays; without a NaN every value rounds as a number.
+  if constexpr (M == DType::bf16) {
+    const __m256 mv[] = {m[0], m[1], m[2], m[3], v[0], v[1], v[2], v[3]};
+    if (none_nan(mv)) [[likely]] {
+      store_block<M, kStream, true>(t.exp_avg, i, m);
+      return store_block<M, kStream, true>(t.exp_avg_sq, i, v);
+    }
+  }
+  store_block<M, kStream, false>(t.exp_avg, i, m);
+  store_block<M, kStream, false>(t.exp_avg_sq, i, v);
+}
+
+template <ParamOut P, bool kStream>
+ZP_AVX2_INLINE void param_block(const Coeffs8& c, const AdamTensors& t, std::size_t i,
+                                const __m256 (&q)[kUnroll]) {
+  __m256 p[kUnroll];
+  for (std::size_t u = 0; u < kUnroll; ++u) p[u] = _mm256_loadu_ps(t.master + i + u * kWidth);
+  for (std::size_t u = 0; u < kUnroll; ++u)
+    p[u] = _mm256_fmadd_ps(c.neg_step_size, q[u], _mm256_mul_ps(p[u], c.decay));
+  store_block<DType::fp32, kStream, false>(t.master, i, p);
+  if constexpr (P == ParamOut::bf16) {  // one NaN test for the block's bf16 copy
+    if (none_nan(p)) [[likely]]
+      return store_block<DType::bf16, kStream, true>(t.param_out, i, p);
+  }
+  if constexpr (P != ParamOut::none) store_block<param_out_dtype(P), kStream, false>(t.param_out, i, p);
+}
+
+// Whether the body staggers the two halves by a block (software pipelining: block b's moments,
+// then block b - 1's parameters): for bf16 moments, whose block is the longest (six bf16
+// roundings besides the four sqrt and four divisions, which alone take the divider ~32 cycles
+// a block on Zen 4). In the plain order everything after the division waits on it, and the
+// next block's loads and moments, which would feed the divider, queue behind that; staggered,
+// the quotients a block uses are a block old. They wait in a small buffer, stored before the
+// moments' roundings (in registers they pushed the loop past the 16 ymm registers and GCC
+// copied them through the stack; stored after the roundings the gain was gone). Measured on the
+// Zen 4 VM, old and new kernels in one process, per-round ratios of 11-15 interleaved rounds,
+// two runs each: one thread in L1 (1K elements) 1.08-1.09x faster, in L2 (16K) 1.12-1.15x;
+// two threads on 2^19-2^20 elements (L3, where the kernel is compute-bound at ~55 GB/s and the
+// best stream runs ~100 GB/s) 1.09-1.12x. Staggering the other variants too lost 8-14% in L1
+// (fp32 AdamW stores 12 vectors a block, and the quotients' 4 more share the one store port)
+// and gained nothing in L2, so they keep the plain order.
+template <DType M>
+constexpr bool kStagger = M == DType::bf16;
+
+// The two halves with the quotients in memory (the staggered body).
+template <DType G, DType M, bool kStream, bool kL2>
+ZP_AVX2_INLINE void moments_to(const Coeffs8& c, const AdamTensors& t, std::size_t i, float* out) {
+  __m256 q[kUnroll];
+  moments_block<G, M, kStream, kL2>(c, t, i, q, out);
+}
+template <ParamOut P, bool kStream>
+ZP_AVX2_INLINE void params_from(const Coeffs8& c, const AdamTensors& t, std::size_t i,
+                                const float* in) {
+  __m256 q[kUnroll];
+  for (std::size_t u = 0; u < kUnroll; ++u) q[u] = _mm256_load_ps(in + u * kWidth);
+  param_block<P, kStream>(c, t, i, q);
 }
 
 // The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
@@ -150,9 +218,29 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   const Coeffs8 c8 = broadcast(c);
   const AdamTensors local = t;  // a copy the stores cannot alias: pointers stay in registers
   std::size_t i = begin;
-  for (; i + kBlock <= end; i += kBlock) {
-    prefetch_block_ahead<G, M, kBlock>(local, i);
-    adam8_block<G, M, P, kStream, kL2>(c8, local, i);
+  if constexpr (kStagger<M>) {
+    alignas(32) float quot[2][kBlock];  // two blocks' quotients, taking turns
+    float* cur = quot[0];    // block i's quotients
+    float* ahead = quot[1];  // block i + 1's
+    if (i + kBlock <= end) {
+      prefetch_block_ahead<G, M, kBlock>(local, i);
+      moments_to<G, M, kStream, kL2>(c8, local, i, cur);
+      for (; i + 2 * kBlock <= end; i += kBlock) {
+        prefetch_block_ahead<G, M, kBlock>(local, i + kBlock);
+        moments_to<G, M, kStream, kL2>(c8, local, i + kBlock, ahead);
+        params_from<P, kStream>(c8, local, i, cur);
+        std::swap(cur, ahead);
+      }
+      params_from<P, kStream>(c8, local, i, cur);
+      i += kBlock;
+    }
+  } else {
+    for (; i + kBlock <= end; i += kBlock) {
+      __m256 q[kUnroll];
+      prefetch_block_ahead<G, M, kBlock>(local, i);
+      moments_block<G, M, kStream, kL2>(c8, local, i, q);
+      param_block<P, kStream>(c8, local, i, q);
+    }
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
   if constexpr (kStream) _mm_sfence();

@@ -386,15 +386,16 @@ TEST_CASE("cpu_adam: bias correction off and bf16 moments follow the formula in 
 }
 
 TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") {
-  // Sizes: tiny, around one vector block (width x unroll), and large enough to be threaded;
-  // every (grad, moment, param-out) dtype combination, one step from a state with nonzero
-  // moments, alternating AdamW with bias correction and Adam (L2) without (the same kernel
-  // with other constants) so that each combination meets both at some sizes.
+  // Sizes: tiny, around one vector block (width x unroll), two and three blocks (the AVX2
+  // bf16-moment body staggers its blocks: first, middle and last differ), and large enough to
+  // be threaded; every (grad, moment, param-out) dtype combination, one step from a state with
+  // nonzero moments, alternating AdamW with bias correction and Adam (L2) without (the same
+  // kernel with other constants) so that each combination meets both at some sizes.
   for (CpuIsa isa : supported_isas()) {
     if (isa == CpuIsa::scalar) continue;
     const std::size_t b = block_elems(isa);
     for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{22}, b - 1, b, b + 1,
-                          std::size_t{100'003}, std::size_t{1} << 20}) {
+                          2 * b, 3 * b + 5, std::size_t{100'003}, std::size_t{1} << 20}) {
       const State s = random_state(n, static_cast<uint32_t>(n));
       for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
         const Buffer g(gd, s.grads);
