@@ -186,12 +186,12 @@ ZP_AVX2_INLINE void param_block(const Coeffs8& c, const AdamTensors& t, std::siz
 // the quotients a block uses are a block old. They wait in a small buffer, stored before the
 // moments' roundings (in registers they pushed the loop past the 16 ymm registers and GCC
 // copied them through the stack; stored after the roundings the gain was gone). Measured on the
-// Zen 4 VM, old and new kernels in one process, per-round ratios of 11-15 interleaved rounds,
-// two runs each: one thread in L1 (1K elements) 1.08-1.09x faster, in L2 (16K) 1.12-1.15x;
-// two threads on 2^19-2^20 elements (L3, where the kernel is compute-bound at ~55 GB/s and the
-// best stream runs ~100 GB/s) 1.09-1.12x. Staggering the other variants too lost 8-14% in L1
-// (fp32 AdamW stores 12 vectors a block, and the quotients' 4 more share the one store port)
-// and gained nothing in L2, so they keep the plain order.
+// Zen 4 VM, old and new kernels in one process, per-round ratios of 11-15 interleaved rounds:
+// one thread in L1 (1K elements) 1.07-1.09x faster, in L2 (16K) 1.11-1.15x; two threads on
+// 2^19-2^20 elements (in L3) 1.09-1.12x, on 2^25 1.04-1.06x (README, bench_cpu_adam item 13).
+// Staggering the other variants too lost 8-14% in L1 (fp32 AdamW stores 12 vectors a block,
+// and the quotients' 4 more share the one store port) and gained nothing in L2, so they keep
+// the plain order.
 template <DType M>
 constexpr bool kStagger = M == DType::bf16;
 
