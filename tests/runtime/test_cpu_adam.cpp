@@ -518,9 +518,11 @@ TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the 
   }
   for (CpuIsa isa : supported_isas()) {
     if (isa == CpuIsa::scalar) continue;
+    for (bool adamw : {true, false})  // Adam's L2 term brings master's NaNs into the moments
     for (DType gd : {DType::fp32, DType::bf16})
       for (DType md : {DType::fp32, DType::bf16}) {
         CAPTURE(to_string(isa));
+        CAPTURE(adamw);
         CAPTURE(to_string(gd));
         CAPTURE(to_string(md));
         const Buffer g(gd, grads);
@@ -528,7 +530,7 @@ TEST_CASE("cpu_adam: denormals, zeros, infinities and NaNs round to bf16 as the 
         Buffer mm[2] = {Buffer(md, m), Buffer(md, m)}, vv[2] = {Buffer(md, v), Buffer(md, v)};
         Buffer out[2] = {Buffer(DType::bf16, master), Buffer(DType::bf16, master)};
         for (int r = 0; r < 2; ++r)
-          cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, {.lr = 1e-3, .weight_decay = 0.01},
+          cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, {.lr = 1e-3, .weight_decay = 0.01, .adamw = adamw},
                         {.step = 2, .inv_loss_scale = 1.0, .clip_coef = 1.0},
                         {.n = n, .master = p[r].data(), .exp_avg = mm[r].data(), .exp_avg_sq = vv[r].data(),
                          .moment_dtype = md, .grads = g.data(), .grad_dtype = gd, .param_out = out[r].data(),
