@@ -1,7 +1,8 @@
 // cpu_adam_avx512.cpp: the AVX-512 kernels of the CPU Adam (16 floats per vector, blocks
-// of 2 vectors) and of the gradient sum of squares; the line-for-line twin of
-// cpu_adam_avx2.cpp. Not dispatch or threading (cpu_adam.cpp). Built with the baseline flags:
-// only these functions carry target("avx512f,..."), so the file compiles on any x86-64 host;
+// of 2 vectors) and of the gradient sum of squares; the twin of cpu_adam_avx2.cpp, whose
+// blocks alone come in two halves (staggered for bf16 moments). Not dispatch or threading
+// (cpu_adam.cpp). Built with the baseline flags: only these functions carry
+// target("avx512f,..."), so the file compiles on any x86-64 host;
 // cpu_adam.cpp dispatches here only when cpuid reports AVX-512F and BW (every AVX-512 CPU but
 // the Xeon Phi, which takes the AVX2 kernels). Two tables from one body
 // (cpu_adam_avx512.inc): AVX-512F+BW (bf16 rounded in integer arithmetic, bf16_avx512.hpp),
