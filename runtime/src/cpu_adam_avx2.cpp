@@ -153,7 +153,8 @@ ZP_AVX2_INLINE void moments_block(const Coeffs8& c, const AdamTensors& t, std::s
     for (std::size_t u = 0; u < kUnroll; ++u) _mm256_store_ps(qmem + u * kWidth, q[u]);
   // bf16 moments: one NaN test for both arrays; without a NaN every value rounds as a number.
   if constexpr (M == DType::bf16) {
-    const __m256 mv[] = {m[0], m[1], m[2], m[3], v[0], v[1], v[2], v[3]};
+    __m256 mv[2 * kUnroll];  // both arrays for one test (copies the compiler drops)
+    for (std::size_t u = 0; u < kUnroll; ++u) mv[u] = m[u], mv[kUnroll + u] = v[u];
     if (none_nan(mv)) [[likely]] {
       store_block<M, kStream, true>(t.exp_avg, i, m);
       return store_block<M, kStream, true>(t.exp_avg_sq, i, v);
