@@ -296,17 +296,26 @@ void set_counters(benchmark::State& state, std::size_t n, std::size_t bytes_per)
 // those calls has a fixed cost (the argument checks, the coefficients' pow(), a one-thread
 // OpenMP region: a few microseconds, as much as the slice's arithmetic), so the floor is the
 // time of those calls minus the time of as many calls on 32 elements (a manual time).
+// The slices lie 32K elements apart (a 16K-element gap). Adjacent, each thread's prefetches
+// (the kernel's own, up to 4 KiB ahead, and the hardware's) ran into the next thread's slice
+// and pulled lines that thread was writing over to its own core, every pass: on the Zen 4 VM
+// two threads' AVX2 bf16-moment floor took 11.3-11.5 ms where one thread took 7.7 ms for as
+// many elements a thread, and the paired rounds read it as slower than the step from memory
+// (139-157% of the roofline while the step ran at 80-84%). Apart: 7.68 ms against 7.64 ms. A
+// probe with the runtime's AVX2 kernel: 39.5 TSC cycles a block on one or two threads with
+// arrays of their own, 38.5 and 44.2 with adjacent slices of shared arrays.
 enum class Mode : uint8_t { automatic, streaming, in_cache };
-constexpr std::size_t kInCacheElems = std::size_t{1} << 14, kCallCostElems = 32;
+constexpr std::size_t kInCacheElems = std::size_t{1} << 14, kInCacheStride = 2 * kInCacheElems,
+                      kCallCostElems = 32;
 
-// Thread k steps len elements at k * 16K, n / (16K x threads) times.
+// Thread k steps len elements at k * 32K, n / (16K x threads) times.
 void in_cache_step(CpuIsa use, const Data& d, const Variant& var, int64_t t, std::size_t len) {
 #pragma omp parallel
   {
     const std::size_t threads = omp_get_num_threads(), me = omp_get_thread_num();
     const std::size_t reps = std::max<std::size_t>(1, d.n / (kInCacheElems * threads));
     const std::size_t slice = std::min(d.n, len);
-    const std::size_t offset = std::min(d.n - slice, me * kInCacheElems);
+    const std::size_t offset = std::min(d.n - slice, me * kInCacheStride);
     for (std::size_t r = 0; r < reps; ++r)
       cpu_adam_step(use, kCfg, step_args(var, t), tensors(d, var, offset, slice, nullptr, nullptr, nullptr, nullptr));
   }
