@@ -106,13 +106,20 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 enum class Stores : uint8_t { cached, streaming };
 
 // The vector bodies prefetch every line of master and both moments ahead of the block they
-// step (cpu_adam_prefetch.hpp; the gradient is left to the hardware prefetchers). Where to and
-// how far, per variant:
+// step, and with bf16 moments the gradient's and the 16-bit copy's lines too
+// (cpu_adam_prefetch.hpp; otherwise the gradient and the copy are left to the hardware
+// prefetchers). Where to and how far, per variant:
 // - bf16 moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over the hardware
 //   prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B), and on a
 //   16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a harness timing the
 //   AVX-512 bodies alone at 2^25, 9 interleaved rounds); into L2 2048 ahead instead ran the
-//   Zen 4 VM's bf16-moment step 0.86x (AVX-512F) and 0.96x (AVX-512 BF16).
+//   Zen 4 VM's bf16-moment step 0.86x (AVX-512F) and 0.96x (AVX-512 BF16). The gradient's and
+//   the copy's lines as well (the step nearest its compute floor, where the hardware's
+//   prefetchers fall behind): 1.01-1.08x with AVX2 (ten runs of 11 rounds, median 1.04x),
+//   1.00-1.03x with AVX-512F, 1.00-1.02x with AVX-512 BF16 on the Zen 4 VM (old and new in one
+//   process, 2^25, two threads, per-round ratios); in cache (one thread, 16K elements) 0.996x,
+//   0.976x, 1.02x. With all five streams 512 ahead the AVX2 step ran as at 1024 (0.99-1.01x),
+//   2048 ahead 0.93x, 2048 ahead into L2 0.90-0.95x (README, Benchmarks, item 14).
 // - fp32 moments, whatever the gradient: into L2 (prefetcht2), 2048 elements ahead. For fp32
 //   gradients, into L1 1024 ahead cost our fp32 AdamW 1.14x on the Zen 4 VM (0.876x, that
 //   harness at 2 threads; found as 0.59-0.81x DeepSpeed's Step_8 speed beside it) while the

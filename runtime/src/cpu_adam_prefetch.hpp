@@ -13,7 +13,8 @@
 namespace zp::runtime::detail {
 
 // Every line of master and both moments that the block of kBlock elements at i + ahead reads
-// and writes (a prefetch never faults, also past the end of an array).
+// and writes, and with bf16 moments the gradient's and the copy's lines too (a prefetch never
+// faults, also past the end of an array).
 template <DType G, DType M, std::size_t kBlock>
 __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensors& t,
                                                                 std::size_t i) {
@@ -25,6 +26,14 @@ __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensor
   for (std::size_t off = 0; off < kBlock * mb; off += 64) {
     _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb + off, hint);
     _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb + off, hint);
+  }
+  if constexpr (M == DType::bf16) {
+    constexpr std::size_t gb = dtype_bytes(G);
+    for (std::size_t off = 0; off < kBlock * gb; off += 64)
+      _mm_prefetch(static_cast<const char*>(t.grads) + ahead * gb + off, hint);
+    if (t.param_out != nullptr)
+      for (std::size_t off = 0; off < kBlock * 2; off += 64)
+        _mm_prefetch(static_cast<const char*>(t.param_out) + ahead * 2 + off, hint);
   }
 }
 
