@@ -224,10 +224,10 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
     float* cur = quot[0];    // block i's quotients
     float* ahead = quot[1];  // block i + 1's
     if (i + kBlock <= end) {
-      prefetch_block_ahead<G, M, kBlock>(local, i);
+      prefetch_block_ahead<G, M, P, kBlock>(local, i);
       moments_to<G, M, kStream, kL2>(c8, local, i, cur);
       for (; i + 2 * kBlock <= end; i += kBlock) {
-        prefetch_block_ahead<G, M, kBlock>(local, i + kBlock);
+        prefetch_block_ahead<G, M, P, kBlock>(local, i + kBlock);
         moments_to<G, M, kStream, kL2>(c8, local, i + kBlock, ahead);
         params_from<P, kStream>(c8, local, i, cur);
         std::swap(cur, ahead);
@@ -238,7 +238,7 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   } else {
     for (; i + kBlock <= end; i += kBlock) {
       __m256 q[kUnroll];
-      prefetch_block_ahead<G, M, kBlock>(local, i);
+      prefetch_block_ahead<G, M, P, kBlock>(local, i);
       moments_block<G, M, kStream, kL2>(c8, local, i, q);
       param_block<P, kStream>(c8, local, i, q);
     }

@@ -15,7 +15,7 @@ namespace zp::runtime::detail {
 // Every line of master and both moments that the block of kBlock elements at i + ahead reads
 // and writes, and with bf16 moments the gradient's and the copy's lines too (a prefetch never
 // faults, also past the end of an array).
-template <DType G, DType M, std::size_t kBlock>
+template <DType G, DType M, ParamOut P, std::size_t kBlock>
 __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensors& t,
                                                                 std::size_t i) {
   constexpr auto hint = kPrefetchToL2<G, M> ? _MM_HINT_T2 : _MM_HINT_T0;
@@ -31,9 +31,11 @@ __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensor
     constexpr std::size_t gb = dtype_bytes(G);
     for (std::size_t off = 0; off < kBlock * gb; off += 64)
       _mm_prefetch(static_cast<const char*>(t.grads) + ahead * gb + off, hint);
-    if (t.param_out != nullptr)
-      for (std::size_t off = 0; off < kBlock * 2; off += 64)
-        _mm_prefetch(static_cast<const char*>(t.param_out) + ahead * 2 + off, hint);
+    if constexpr (P != ParamOut::none) {
+      constexpr std::size_t pb = dtype_bytes(param_out_dtype(P));
+      for (std::size_t off = 0; off < kBlock * pb; off += 64)
+        _mm_prefetch(static_cast<const char*>(t.param_out) + ahead * pb + off, hint);
+    }
   }
 }
 
