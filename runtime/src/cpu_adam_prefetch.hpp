@@ -12,6 +12,13 @@
 
 namespace zp::runtime::detail {
 
+// Every line of kBlock elements of kBytes bytes each, from element `at` of base on.
+template <std::size_t kBytes, std::size_t kBlock, auto kHint>
+__attribute__((always_inline)) inline void prefetch_lines(const void* base, std::size_t at) {
+  const char* first = static_cast<const char*>(base) + at * kBytes;
+  for (std::size_t off = 0; off < kBlock * kBytes; off += 64) _mm_prefetch(first + off, kHint);
+}
+
 // Every line of master and both moments that the block of kBlock elements at i + ahead reads
 // and writes, and with bf16 moments the gradient's and the copy's lines too (a prefetch never
 // faults, also past the end of an array).
@@ -21,21 +28,13 @@ __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensor
   constexpr auto hint = kPrefetchToL2<G, M> ? _MM_HINT_T2 : _MM_HINT_T0;
   constexpr std::size_t mb = dtype_bytes(M);
   const std::size_t ahead = i + kPrefetchElems<G, M>;
-  for (std::size_t off = 0; off < kBlock * sizeof(float); off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(t.master + ahead) + off, hint);
-  for (std::size_t off = 0; off < kBlock * mb; off += 64) {
-    _mm_prefetch(static_cast<const char*>(t.exp_avg) + ahead * mb + off, hint);
-    _mm_prefetch(static_cast<const char*>(t.exp_avg_sq) + ahead * mb + off, hint);
-  }
+  prefetch_lines<sizeof(float), kBlock, hint>(t.master, ahead);
+  prefetch_lines<mb, kBlock, hint>(t.exp_avg, ahead);
+  prefetch_lines<mb, kBlock, hint>(t.exp_avg_sq, ahead);
   if constexpr (M == DType::bf16) {
-    constexpr std::size_t gb = dtype_bytes(G);
-    for (std::size_t off = 0; off < kBlock * gb; off += 64)
-      _mm_prefetch(static_cast<const char*>(t.grads) + ahead * gb + off, hint);
-    if constexpr (P != ParamOut::none) {
-      constexpr std::size_t pb = dtype_bytes(param_out_dtype(P));
-      for (std::size_t off = 0; off < kBlock * pb; off += 64)
-        _mm_prefetch(static_cast<const char*>(t.param_out) + ahead * pb + off, hint);
-    }
+    prefetch_lines<dtype_bytes(G), kBlock, hint>(t.grads, ahead);
+    if constexpr (P != ParamOut::none)
+      prefetch_lines<dtype_bytes(param_out_dtype(P)), kBlock, hint>(t.param_out, ahead);
   }
 }
 
