@@ -115,11 +115,12 @@ enum class Stores : uint8_t { cached, streaming };
 //   AVX-512 bodies alone at 2^25, 9 interleaved rounds); into L2 2048 ahead instead ran the
 //   Zen 4 VM's bf16-moment step 0.86x (AVX-512F) and 0.96x (AVX-512 BF16). The gradient's and
 //   the copy's lines as well (the step nearest its compute floor; a likely reason, not
-//   measured: the hardware's prefetchers fall behind there): 1.01-1.08x with AVX2 (ten runs
-//   of 11 rounds, median 1.04x), 1.00-1.03x with AVX-512F, 1.00-1.02x with AVX-512 BF16 on the Zen 4 VM (old and new in one
-//   process, 2^25, two threads, per-round ratios); in cache (one thread, 16K elements) 0.996x,
-//   0.976x, 1.02x. With all five streams 512 ahead the AVX2 step ran as at 1024 (0.99-1.01x),
-//   2048 ahead 0.93x, 2048 ahead into L2 0.90-0.95x (README, Benchmarks, item 14).
+//   measured: the hardware's prefetchers fall behind there): 1.01-1.08x with AVX2 (ten runs of
+//   11 rounds, median 1.04x), 1.00-1.03x with AVX-512F, 1.00-1.02x with AVX-512 BF16 on the
+//   Zen 4 VM (old and new in one process, 2^25, two threads, per-round ratios); in cache (one
+//   thread, 16K elements) 0.996x, 0.976x, 1.02x. With all five streams 512 ahead the AVX2 step
+//   ran as at 1024 (0.99-1.01x), 2048 ahead 0.93x, 2048 ahead into L2 0.90-0.95x (README,
+//   Benchmarks, item 14).
 // - fp32 moments, whatever the gradient: into L2 (prefetcht2), 2048 elements ahead. For fp32
 //   gradients, into L1 1024 ahead cost our fp32 AdamW 1.14x on the Zen 4 VM (0.876x, that
 //   harness at 2 threads; found as 0.59-0.81x DeepSpeed's Step_8 speed beside it) while the
