@@ -23,7 +23,7 @@ namespace {
 // The reference stores element by element through the cache whatever the store kind.
 template <DType G, DType M, ParamOut P>
 void adam_scalar(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin, std::size_t end,
-                 Stores) {
+                 Stores, Prefetch) {
   adam_scalar_range<G, M, P>(c, t, begin, end);
 }
 
@@ -78,14 +78,44 @@ bool detect(CpuIsa isa) {
   return false;
 }
 
+// The automatic prefetch (CpuAdamPrefetch::automatic): on AMD CPUs the fp32-moment steps
+// leave every array to the hardware prefetchers; every other step, and every step elsewhere,
+// prefetches master and the moments itself (kPrefetchToL2 and kPrefetchElems in
+// cpu_adam_kernels.hpp: where to and how far). Measured on the Zen 4 VM (AVX-512 BF16 kernels,
+// old and new in one process, per-round ratios of 9 interleaved rounds, 2^25 elements, arrays
+// in separate 2 MiB-page mappings as bench_cpu_adam allocates them): without the prefetches,
+// one thread (memory at ~50 GB/s a core) 1.25x faster for fp32 AdamW, 1.12x and 1.09x for the
+// fp16 and bf16 offload steps, the step then at 98-101% of the best stream against 79-89% with
+// them; two threads (~55 GB/s) 1.02-1.03x. AVX-512F and AVX2 alike (1.28x and 1.24x for fp32 at
+// one thread). With bf16 moments the prefetches stay: without them AVX2 ran 0.89x (one thread)
+// and 0.97x (two), AVX-512F 0.97x and 1.01x, AVX-512 BF16 1.04x and 1.01x. On a Xeon the
+// fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's comment), so
+// other CPUs keep it. README, Benchmarks, item 15.
+bool prefers_hardware_prefetch() {
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+}
+
+std::atomic<CpuAdamPrefetch> g_prefetch{CpuAdamPrefetch::automatic};
+
+CpuAdamPrefetch prefetch_for(DType moments) {
+  const CpuAdamPrefetch forced = g_prefetch.load(std::memory_order_relaxed);
+  if (forced != CpuAdamPrefetch::automatic) return forced;
+  return moments == DType::fp32 && prefers_hardware_prefetch() ? CpuAdamPrefetch::hardware
+                                                               : CpuAdamPrefetch::software;
+}
+
 CpuIsa best_isa_logged() {
   static const CpuIsa best = [] {
     const CpuIsa isa = detect(CpuIsa::avx512bf16) ? CpuIsa::avx512bf16
                        : detect(CpuIsa::avx512)   ? CpuIsa::avx512
                        : detect(CpuIsa::avx2)     ? CpuIsa::avx2
                                                   : CpuIsa::scalar;
-    fmt::print(stderr, "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads)\n",
-               to_string(isa), omp_get_max_threads());
+    fmt::print(stderr,
+               "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads; fp32 moments "
+               "prefetched by {}, bf16 moments by software)\n",
+               to_string(isa), omp_get_max_threads(),
+               prefers_hardware_prefetch() ? "the hardware alone (an AMD CPU)" : "software");
     return isa;
   }();
   return best;
@@ -216,6 +246,20 @@ void force_cpu_adam_isa(std::optional<CpuIsa> isa) {
 
 void force_cpu_adam_stores(CpuAdamStores stores) { g_stores.store(stores, std::memory_order_relaxed); }
 
+void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch) {
+  g_prefetch.store(prefetch, std::memory_order_relaxed);
+}
+
+CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype) { return prefetch_for(moment_dtype); }
+
+std::string_view to_string(CpuAdamPrefetch prefetch) {
+  switch (prefetch) {
+    case CpuAdamPrefetch::software: return "software";
+    case CpuAdamPrefetch::hardware: return "hardware";
+    default: return "automatic";
+  }
+}
+
 void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
                    const AdamTensors& ts) {
   require_supported(isa);
@@ -232,12 +276,15 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
   const detail::Stores stores = g_stores.load(std::memory_order_relaxed) == CpuAdamStores::streaming
                                     ? detail::Stores::streaming
                                     : detail::Stores::cached;
+  const detail::Prefetch prefetch = prefetch_for(ts.moment_dtype) == CpuAdamPrefetch::hardware
+                                        ? detail::Prefetch::hardware
+                                        : detail::Prefetch::software;
   // One contiguous range per thread: the hardware prefetchers see long streams (chunks
   // interleaved between threads measured no faster).
 #pragma omp parallel if (ts.n >= kParallelMinElems)
   {
     const Range r = thread_range(ts.n, omp_get_num_threads(), omp_get_thread_num());
-    if (r.begin < r.end) kernel(c, ts, r.begin, r.end, stores);
+    if (r.begin < r.end) kernel(c, ts, r.begin, r.end, stores, prefetch);
   }
 }
 

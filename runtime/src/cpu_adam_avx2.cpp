@@ -210,10 +210,11 @@ ZP_AVX2_INLINE void params_from(const Coeffs8& c, const AdamTensors& t, std::siz
   param_block<P, kStream>(c, t, i, q);
 }
 
-// The vector body on [begin, end), its loads prefetched, then the scalar tail. kStream: begin
-// is on a vector boundary of every written array (streaming_aligned); non-temporal stores and
-// a store fence so that the stores are visible before the caller's OpenMP barrier.
-template <DType G, DType M, ParamOut P, bool kStream, bool kL2>
+// The vector body on [begin, end), its loads prefetched ahead (kSoftwarePrefetch) or left to
+// the hardware, then the scalar tail. kStream: begin is on a vector boundary of every written
+// array (streaming_aligned); non-temporal stores and a store fence so that the stores are
+// visible before the caller's OpenMP barrier.
+template <DType G, DType M, ParamOut P, bool kStream, bool kL2, bool kSoftwarePrefetch>
 ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                std::size_t end) {
   const Coeffs8 c8 = broadcast(c);
@@ -224,10 +225,10 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
     float* cur = quot[0];    // block i's quotients
     float* ahead = quot[1];  // block i + 1's
     if (i + kBlock <= end) {
-      prefetch_block_ahead<G, M, P, kBlock>(local, i);
+      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i);
       moments_to<G, M, kStream, kL2>(c8, local, i, cur);
       for (; i + 2 * kBlock <= end; i += kBlock) {
-        prefetch_block_ahead<G, M, P, kBlock>(local, i + kBlock);
+        if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i + kBlock);
         moments_to<G, M, kStream, kL2>(c8, local, i + kBlock, ahead);
         params_from<P, kStream>(c8, local, i, cur);
         std::swap(cur, ahead);
@@ -238,7 +239,7 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   } else {
     for (; i + kBlock <= end; i += kBlock) {
       __m256 q[kUnroll];
-      prefetch_block_ahead<G, M, P, kBlock>(local, i);
+      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i);
       moments_block<G, M, kStream, kL2>(c8, local, i, q);
       param_block<P, kStream>(c8, local, i, q);
     }
@@ -247,14 +248,18 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
   if constexpr (kStream) _mm_sfence();
 }
 
-// The body for this step's form: decoupled (l2 = 0) or with Adam's L2 term (adam_element).
+// The body for this step's form, decoupled (l2 = 0) or with Adam's L2 term (adam_element),
+// and prefetch.
 template <DType G, DType M, ParamOut P, bool kStream>
 ZP_AVX2_FN void adam_avx2_run(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
-                              std::size_t end) {
+                              std::size_t end, Prefetch pf) {
+  const bool sw = pf == Prefetch::software;
   if (c.l2 == 0.0f)
-    adam_avx2_body<G, M, P, kStream, false>(c, t, begin, end);
+    sw ? adam_avx2_body<G, M, P, kStream, false, true>(c, t, begin, end)
+       : adam_avx2_body<G, M, P, kStream, false, false>(c, t, begin, end);
   else
-    adam_avx2_body<G, M, P, kStream, true>(c, t, begin, end);
+    sw ? adam_avx2_body<G, M, P, kStream, true, true>(c, t, begin, end)
+       : adam_avx2_body<G, M, P, kStream, true, false>(c, t, begin, end);
 }
 
 // Streaming: a scalar head up to master's block boundary (128 bytes), then the streaming body
@@ -262,16 +267,16 @@ ZP_AVX2_FN void adam_avx2_run(const AdamCoeffs& c, const AdamTensors& t, std::si
 // not streamed).
 template <DType G, DType M, ParamOut P>
 ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
-                          std::size_t end, Stores stores) {
+                          std::size_t end, Stores stores, Prefetch pf) {
   if (stores == Stores::streaming) {
     const std::size_t head =
         std::min(end, begin + elems_to_alignment(t.master + begin, kBlock * sizeof(float)));
     adam_scalar_range<G, M, P>(c, t, begin, head);
     if (streaming_aligned<M, P>(t, head, kWidth))
-      return adam_avx2_run<G, M, P, true>(c, t, head, end);
+      return adam_avx2_run<G, M, P, true>(c, t, head, end, pf);
     begin = head;
   }
-  adam_avx2_run<G, M, P, false>(c, t, begin, end);
+  adam_avx2_run<G, M, P, false>(c, t, begin, end, pf);
 }
 
 // Sum of squares: each fp32 lane widened to double (exact), squared and accumulated with an

@@ -105,10 +105,19 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 // differs, never the value: both kinds give bit-identical results.
 enum class Stores : uint8_t { cached, streaming };
 
-// The vector bodies prefetch every line of master and both moments ahead of the block they
-// step, and with bf16 moments the gradient's and the 16-bit copy's lines too
-// (cpu_adam_prefetch.hpp; otherwise the gradient and the copy are left to the hardware
-// prefetchers). Where to and how far, per variant:
+// Whether a vector body issues its own prefetches (software: prefetch_block_ahead, below) or
+// leaves every array to the hardware prefetchers (hardware). Only the prefetch instructions
+// differ, never the value. cpu_adam_step picks per CPU and moment dtype (prefetch_for there).
+enum class Prefetch : uint8_t { software, hardware };
+
+// With Prefetch::software the vector bodies prefetch every line of master and both moments
+// ahead of the block they step, and with bf16 moments the gradient's and the 16-bit copy's
+// lines too (cpu_adam_prefetch.hpp; otherwise the gradient and the copy are left to the
+// hardware prefetchers); with Prefetch::hardware none (cpu_adam.cpp picks: on AMD CPUs the
+// fp32-moment steps run without: 1.08-1.25x faster on the Zen 4 VM; its fp32-moment figures
+// below came from a harness whose arrays sat (128 MiB + 4,160 bytes) x k apart, a layout that
+// held one thread's streams at ~28 GB/s against ~52 in separate mappings: README, Benchmarks,
+// item 15). Where to and how far, per variant:
 // - bf16 moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over the hardware
 //   prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B), and on a
 //   16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a harness timing the
@@ -159,7 +168,7 @@ inline bool streaming_aligned(const AdamTensors& t, std::size_t i, std::size_t w
 }
 
 using AdamKernel = void (*)(const AdamCoeffs&, const AdamTensors&, std::size_t, std::size_t,
-                            Stores);
+                            Stores, Prefetch);
 using SumSquaresKernel = double (*)(const void*, std::size_t, std::size_t);
 
 // Index order: [grad dtype: fp32, fp16, bf16][moments: fp32, bf16][param out: none, fp16, bf16].

@@ -390,67 +390,90 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
   // bf16-moment body staggers its blocks: first, middle and last differ), and large enough to
   // be threaded; every (grad, moment, param-out) dtype combination, one step from a state with
   // nonzero moments, alternating AdamW with bias correction and Adam (L2) without (the same
-  // kernel with other constants) so that each combination meets both at some sizes.
-  for (CpuIsa isa : supported_isas()) {
-    if (isa == CpuIsa::scalar) continue;
-    const std::size_t b = block_elems(isa);
-    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{22}, b - 1, b, b + 1,
-                          2 * b, 3 * b + 5, std::size_t{100'003}, std::size_t{1} << 20}) {
-      const State s = random_state(n, static_cast<uint32_t>(n));
-      for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
-        const Buffer g(gd, s.grads);
-        for (DType md : {DType::fp32, DType::bf16}) {
-          const Buffer m0(md, s.m), v0(md, s.v);
-          for (int out = 0; out < 3; ++out) {  // none, fp16, bf16
-            {
-              const bool adamw = (n + static_cast<std::size_t>(gd) + static_cast<std::size_t>(md) + out) % 2 == 0;
-              CAPTURE(to_string(isa));
-              CAPTURE(n);
-              CAPTURE(to_string(gd));
-              CAPTURE(to_string(md));
-              CAPTURE(out);
-              CAPTURE(adamw);
-              const AdamConfig cfg{.lr = 1e-2, .weight_decay = 0.1, .adamw = adamw,
-                                   .bias_correction = adamw};
-              const DType od = out == 1 ? DType::fp16 : DType::bf16;
-              struct Run {
-                std::vector<float> master;
-                Buffer m, v, out;
-              };
-              Run runs[2];
-              for (int r = 0; r < 2; ++r) {
-                Run& run = runs[r];
-                run = {s.master, m0, v0, Buffer(od, {})};
-                run.out.bytes.assign(n * 2, 0);
-                cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, cfg,
-                              {.step = 3, .inv_loss_scale = 1.0 / 100, .clip_coef = 0.6},
-                              {.n = n, .master = run.master.data(), .exp_avg = run.m.data(),
-                               .exp_avg_sq = run.v.data(), .moment_dtype = md,
-                               .grads = g.data(), .grad_dtype = gd,
-                               .param_out = out ? run.out.data() : nullptr,
-                               .param_out_dtype = od});
+  // kernel with other constants) so that each combination meets both at some sizes. Each
+  // vector body with its software prefetches and without (they change no value).
+  for (CpuIsa isa : supported_isas())
+    for (const CpuAdamPrefetch prefetch : {CpuAdamPrefetch::software, CpuAdamPrefetch::hardware}) {
+      if (isa == CpuIsa::scalar) continue;
+      force_cpu_adam_prefetch(prefetch);
+      const std::size_t b = block_elems(isa);
+      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{22}, b - 1, b, b + 1,
+                            2 * b, 3 * b + 5, std::size_t{100'003}, std::size_t{1} << 20}) {
+        const State s = random_state(n, static_cast<uint32_t>(n));
+        for (DType gd : {DType::fp32, DType::fp16, DType::bf16}) {
+          const Buffer g(gd, s.grads);
+          for (DType md : {DType::fp32, DType::bf16}) {
+            const Buffer m0(md, s.m), v0(md, s.v);
+            for (int out = 0; out < 3; ++out) {  // none, fp16, bf16
+              {
+                const bool adamw = (n + static_cast<std::size_t>(gd) + static_cast<std::size_t>(md) + out) % 2 == 0;
+                CAPTURE(to_string(isa));
+                CAPTURE(to_string(prefetch));
+                CAPTURE(n);
+                CAPTURE(to_string(gd));
+                CAPTURE(to_string(md));
+                CAPTURE(out);
+                CAPTURE(adamw);
+                const AdamConfig cfg{.lr = 1e-2, .weight_decay = 0.1, .adamw = adamw,
+                                     .bias_correction = adamw};
+                const DType od = out == 1 ? DType::fp16 : DType::bf16;
+                struct Run {
+                  std::vector<float> master;
+                  Buffer m, v, out;
+                };
+                Run runs[2];
+                for (int r = 0; r < 2; ++r) {
+                  Run& run = runs[r];
+                  run = {s.master, m0, v0, Buffer(od, {})};
+                  run.out.bytes.assign(n * 2, 0);
+                  cpu_adam_step(r == 0 ? CpuIsa::scalar : isa, cfg,
+                                {.step = 3, .inv_loss_scale = 1.0 / 100, .clip_coef = 0.6},
+                                {.n = n, .master = run.master.data(), .exp_avg = run.m.data(),
+                                 .exp_avg_sq = run.v.data(), .moment_dtype = md,
+                                 .grads = g.data(), .grad_dtype = gd,
+                                 .param_out = out ? run.out.data() : nullptr,
+                                 .param_out_dtype = od});
+                }
+                const bool same_master =
+                    std::memcmp(runs[0].master.data(), runs[1].master.data(), n * 4) == 0;
+                CHECK(same_master);
+                CHECK(runs[0].m.bytes == runs[1].m.bytes);
+                CHECK(runs[0].v.bytes == runs[1].v.bytes);
+                CHECK(runs[0].out.bytes == runs[1].out.bytes);
+                if (!same_master)
+                  for (std::size_t i = 0; i < n; ++i)
+                    if (runs[0].master[i] != runs[1].master[i]) {
+                      FAIL_CHECK("first difference at " << i << ": scalar " << runs[0].master[i]
+                                                         << " vs " << runs[1].master[i]);
+                      break;
+                    }
+                // The step did something: the master moved (no silent no-op passes this).
+                CHECK(std::memcmp(runs[0].master.data(), s.master.data(), n * 4) != 0);
               }
-              const bool same_master =
-                  std::memcmp(runs[0].master.data(), runs[1].master.data(), n * 4) == 0;
-              CHECK(same_master);
-              CHECK(runs[0].m.bytes == runs[1].m.bytes);
-              CHECK(runs[0].v.bytes == runs[1].v.bytes);
-              CHECK(runs[0].out.bytes == runs[1].out.bytes);
-              if (!same_master)
-                for (std::size_t i = 0; i < n; ++i)
-                  if (runs[0].master[i] != runs[1].master[i]) {
-                    FAIL_CHECK("first difference at " << i << ": scalar " << runs[0].master[i]
-                                                       << " vs " << runs[1].master[i]);
-                    break;
-                  }
-              // The step did something: the master moved (no silent no-op passes this).
-              CHECK(std::memcmp(runs[0].master.data(), s.master.data(), n * 4) != 0);
             }
           }
         }
       }
     }
+  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+}
+
+TEST_CASE("cpu_adam: the automatic prefetch is the hardware's for fp32 moments on AMD CPUs only") {
+  // What cpu_adam.cpp's dispatch promises (its comment has the measurements): on an AMD CPU
+  // the fp32-moment steps leave the arrays to the hardware prefetchers; bf16 moments, and
+  // every step on other CPUs, prefetch in software; a forced kind applies to both.
+  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  const bool amd = __builtin_cpu_is("amd");
+  CHECK(cpu_adam_prefetch(DType::fp32) ==
+        (amd ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software));
+  CHECK(cpu_adam_prefetch(DType::bf16) == CpuAdamPrefetch::software);
+  for (const CpuAdamPrefetch forced : {CpuAdamPrefetch::software, CpuAdamPrefetch::hardware}) {
+    force_cpu_adam_prefetch(forced);
+    CHECK(cpu_adam_prefetch(DType::fp32) == forced);
+    CHECK(cpu_adam_prefetch(DType::bf16) == forced);
   }
+  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  CHECK(to_string(CpuAdamPrefetch::hardware) == "hardware");
 }
 
 TEST_CASE("cpu_adam: AdamW's moments never see the parameter, as in torch (an inf or NaN one too)") {

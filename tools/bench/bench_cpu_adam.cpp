@@ -19,7 +19,10 @@
 // paired_<variant>/rounds measures every stream shape and fused kernel of a variant back to back
 // in rounds (ZP_BENCH_ADAM_ROUNDS, default 9) and reports each kernel's share of its own round's
 // best stream (the steadier figure where the memory's bandwidth drifts within minutes), and its
-// arithmetic alone as a share of that roofline (near 100%: compute-bound on this machine).
+// arithmetic alone as a share of that roofline (near 100%: compute-bound on this machine), and
+// the dispatch's kernel once more with the other prefetch kind (CpuAdamPrefetch: its own
+// prefetch instructions or the hardware's alone), so every run shows what the automatic choice
+// gains here.
 #include <benchmark/benchmark.h>
 // GCC 12 bug 105593: its AVX-512 conversion intrinsics warn "may be used uninitialized" about
 // their own undefined merge source (as in runtime/src/cpu_adam_avx512.cpp): silence only that.
@@ -482,6 +485,9 @@ struct Paired {
   std::vector<std::vector<double>> stream_secs;  // [shape][round]
   std::vector<std::vector<double>> fused_secs;   // [isa][round]
   std::vector<std::vector<double>> alone_secs;   // [isa][round]: the arithmetic alone
+  CpuIsa top = CpuIsa::scalar;                    // the dispatch's ISA
+  CpuAdamPrefetch chosen{}, other{};              // its automatic prefetch and the other kind
+  std::vector<double> other_secs;                 // [round]: top with the other kind
 };
 std::map<std::string, Paired>& paired_results() {
   static std::map<std::string, Paired> results;
@@ -532,7 +538,13 @@ void BM_Paired(benchmark::State& state, Variant var) {
   out.stream_secs.resize(shapes.size());
   out.fused_secs.resize(isas.size());
   out.alone_secs.resize(isas.size());
-  const std::size_t items = kernels.size() + 2 * isas.size();
+  out.top = cpu_adam_isa();
+  out.chosen = cpu_adam_prefetch(var.moments);
+  out.other = out.chosen == CpuAdamPrefetch::hardware ? CpuAdamPrefetch::software : CpuAdamPrefetch::hardware;
+  struct Reset {
+    ~Reset() { force_cpu_adam_prefetch(CpuAdamPrefetch::automatic); }
+  } reset;
+  const std::size_t items = kernels.size() + 2 * isas.size() + 1;  // the last: top, other prefetch
   std::vector<double> secs(items);
   int64_t t = 2;
   std::size_t round = 0;
@@ -547,11 +559,19 @@ void BM_Paired(benchmark::State& state, Variant var) {
           cpu_adam_step(isas[item - kernels.size()], kCfg, step_args(var, t++),
                         tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
         });
-      else {
+      else if (item < kernels.size() + 2 * isas.size()) {
         const CpuIsa isa = isas[item - kernels.size() - isas.size()];
         secs[item] = std::min(arithmetic_alone(isa, d, var, t), arithmetic_alone(isa, d, var, t));
+      } else {
+        force_cpu_adam_prefetch(out.other);
+        secs[item] = best_of_two([&] {
+          cpu_adam_step(out.top, kCfg, step_args(var, t++),
+                        tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
+        });
+        force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
       }
     }
+    out.other_secs.push_back(secs[items - 1]);
     for (std::size_t k = 0; k < kernels.size(); ++k) out.stream_secs[k].push_back(secs[k]);
     for (std::size_t i = 0; i < isas.size(); ++i) {
       out.fused_secs[i].push_back(secs[kernels.size() + i]);
@@ -690,6 +710,22 @@ void print_paired() {
                  "", to_string(p.isas[i]), share, 100 * *lo, 100 * *hi,
                  std::round(share * 10) >= 900 ? "met" : "NOT met",  // as printed
                  alone_share, alone_share >= 90 ? " (compute-bound here)" : "");
+    }
+    // The dispatch's kernel with the other prefetch kind: its share, and per round how much
+    // faster the automatic choice ran (that kernel's time with the other kind over its own).
+    const auto top = std::find(p.isas.begin(), p.isas.end(), p.top);
+    if (top != p.isas.end() && p.other_secs.size() == p.stream_secs[b].size()) {
+      const std::size_t i = static_cast<std::size_t>(top - p.isas.begin());
+      std::vector<double> shares(p.other_secs.size()), gain(p.other_secs.size());
+      for (std::size_t r = 0; r < shares.size(); ++r) {
+        shares[r] = p.stream_secs[b][r] / p.other_secs[r];
+        gain[r] = p.other_secs[r] / p.fused_secs[i][r];
+      }
+      const auto [lo, hi] = std::minmax_element(gain.begin(), gain.end());
+      fmt::print("  {:<13}   {} with {} prefetch instead of {}: {:.1f}% of the roofline; the automatic "
+                 "choice ran {:.2f}x as fast ({:.2f}-{:.2f}x)\n",
+                 "", to_string(p.top), to_string(p.other), to_string(p.chosen),
+                 100 * zp::bench::median(shares), zp::bench::median(gain), *lo, *hi);
     }
   }
 }

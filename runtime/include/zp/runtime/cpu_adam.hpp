@@ -106,6 +106,16 @@ void force_cpu_adam_isa(std::optional<CpuIsa> isa);
 enum class CpuAdamStores : uint8_t { automatic, cached, streaming };
 void force_cpu_adam_stores(CpuAdamStores stores);
 
+// Whether the vector kernels prefetch ahead with instructions of their own (software) or leave
+// every array to the CPU's hardware prefetchers (hardware). automatic: hardware for fp32
+// moments on AMD CPUs, software otherwise (cpu_adam.cpp says what was measured); forced either
+// way for tests and benchmarks. The results are the same bits.
+enum class CpuAdamPrefetch : uint8_t { automatic, software, hardware };
+void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch);
+// What a step with moments of this dtype uses now (the forced kind, or the automatic choice).
+CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype);
+std::string_view to_string(CpuAdamPrefetch prefetch);
+
 // The same two kernels on an explicit ISA, ignoring the forced one (throws if unsupported).
 void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
                    const AdamTensors& ts);
