@@ -91,10 +91,28 @@ bool detect(CpuIsa isa) {
 // and 0.97x (two), AVX-512F 0.97x and 1.01x, AVX-512 BF16 1.04x and 1.01x. On a Xeon the
 // fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's comment), so
 // other CPUs keep it. README, Benchmarks, item 15.
-bool prefers_hardware_prefetch() {
+bool on_amd() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
 }
+bool prefers_hardware_prefetch() { return on_amd(); }
+
+// The automatic stores (CpuAdamStores::automatic): on AMD CPUs, for fp32 moments, non-temporal
+// ones for the 16-bit copy and ordinary ones for everything else; otherwise ordinary ones
+// throughout. Non-temporal stores for every array ran the fused step 1.4-3.0x slower at 2^26
+// elements on a quiet 16-core Xeon (its non-temporal streams at 26-86% of the best cached one;
+// bench_cpu_adam), and on the Zen 4 VM either kind won some runs. For the copy alone, which
+// the step writes without reading, they spare the read for ownership of its lines: on the
+// Zen 4 VM (2^25, arrays in separate 2 MiB-page mappings, per-round ratios of 3-9 interleaved
+// rounds, the runtime's AVX-512 BF16 kernels with either kind in one process) one thread ran
+// the fp16 and bf16 offload steps 1.07-1.13x faster, two threads 1.02-1.04x, and the engine's
+// step (fp32 gradients, fp16 copy) 1.09x and 1.10x. With bf16 moments they won 1.10-1.16x in
+// some layouts and lost up to 0.67x in others (the copy's offset modulo 4 KiB from the bf16
+// gradients' and moments': 64 or 96 bytes lost, 32 or 160 won), so bf16 moments keep ordinary
+// stores; for the offload steps only a copy not on the gradients' offset within a 64-byte line
+// lost (0.81x, body_start then keeps ordinary stores). Not measured on a Xeon, so other CPUs
+// keep ordinary stores. README, Benchmarks, item 15.
+bool prefers_streaming_copy() { return on_amd(); }
 
 std::atomic<CpuAdamPrefetch> g_prefetch{CpuAdamPrefetch::automatic};
 
@@ -113,9 +131,12 @@ CpuIsa best_isa_logged() {
                                                   : CpuIsa::scalar;
     fmt::print(stderr,
                "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads; fp32 moments "
-               "prefetched by {}, bf16 moments by software)\n",
+               "prefetched by {}, bf16 moments by software; {} stores for the 16-bit copy with fp32 "
+               "moments{})\n",
                to_string(isa), omp_get_max_threads(),
-               prefers_hardware_prefetch() ? "the hardware alone (an AMD CPU)" : "software");
+               prefers_hardware_prefetch() ? "the hardware alone" : "software",
+               prefers_streaming_copy() ? "non-temporal" : "ordinary",
+               on_amd() ? ": an AMD CPU" : "");
     return isa;
   }();
   return best;
@@ -123,6 +144,13 @@ CpuIsa best_isa_logged() {
 
 std::atomic<int> g_forced_isa{-1};  // -1: automatic, else a CpuIsa
 std::atomic<CpuAdamStores> g_stores{CpuAdamStores::automatic};
+
+CpuAdamStores stores_for(DType moments) {
+  const CpuAdamStores forced = g_stores.load(std::memory_order_relaxed);
+  if (forced != CpuAdamStores::automatic) return forced;
+  return moments == DType::fp32 && prefers_streaming_copy() ? CpuAdamStores::streaming_copy
+                                                            : CpuAdamStores::cached;
+}
 
 const KernelTable& table(CpuIsa isa) {
   switch (isa) {
@@ -252,6 +280,17 @@ void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch) {
 
 CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype) { return prefetch_for(moment_dtype); }
 
+CpuAdamStores cpu_adam_stores(DType moment_dtype) { return stores_for(moment_dtype); }
+
+std::string_view to_string(CpuAdamStores stores) {
+  switch (stores) {
+    case CpuAdamStores::cached: return "cached";
+    case CpuAdamStores::streaming: return "streaming";
+    case CpuAdamStores::streaming_copy: return "streaming_copy";
+    default: return "automatic";
+  }
+}
+
 std::string_view to_string(CpuAdamPrefetch prefetch) {
   switch (prefetch) {
     case CpuAdamPrefetch::software: return "software";
@@ -269,13 +308,10 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
   const detail::AdamKernel kernel = table(isa).adam[static_cast<std::size_t>(ts.grad_dtype)]
                                                    [moment_index(ts.moment_dtype)]
                                                    [param_out_index(ts)];
-  // Ordinary stores unless forced: with non-temporal ones the fused step ran 1.4-3.0x slower at
-  // 2^26 elements on a quiet 16-core Xeon (its non-temporal streams at 26-86% of the best
-  // cached one; bench_cpu_adam), and on a Zen 4 VM either kind won some runs. A machine where
-  // they win shows it in the bench's table; force_cpu_adam_stores picks them.
-  const detail::Stores stores = g_stores.load(std::memory_order_relaxed) == CpuAdamStores::streaming
-                                    ? detail::Stores::streaming
-                                    : detail::Stores::cached;
+  const CpuAdamStores kind = stores_for(ts.moment_dtype);
+  const detail::Stores stores = kind == CpuAdamStores::streaming        ? detail::Stores::streaming
+                                : kind == CpuAdamStores::streaming_copy ? detail::Stores::streaming_copy
+                                                                        : detail::Stores::cached;
   const detail::Prefetch prefetch = prefetch_for(ts.moment_dtype) == CpuAdamPrefetch::hardware
                                         ? detail::Prefetch::hardware
                                         : detail::Prefetch::software;

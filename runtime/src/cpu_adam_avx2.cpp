@@ -127,7 +127,7 @@ ZP_AVX2_INLINE Coeffs8 broadcast(const AdamCoeffs& c) {
 // buffer and forces it out as a partial write (the AVX2 bf16-moment step, where four vectors
 // share each 16-bit line, ran 6-11x slower that way on a Xeon; bench_cpu_adam). qmem: where
 // the staggered body keeps the quotients (stored before the moments' stores), or nullptr.
-template <DType G, DType M, bool kStream, bool kL2>
+template <DType G, DType M, Stores kS, bool kL2>
 ZP_AVX2_INLINE void moments_block(const Coeffs8& c, const AdamTensors& t, std::size_t i,
                                   __m256 (&q)[kUnroll], float* qmem = nullptr) {
   __m256 m[kUnroll], v[kUnroll], g[kUnroll], p[kUnroll];
@@ -156,27 +156,28 @@ ZP_AVX2_INLINE void moments_block(const Coeffs8& c, const AdamTensors& t, std::s
     __m256 mv[2 * kUnroll];  // both arrays for one test (copies the compiler drops)
     for (std::size_t u = 0; u < kUnroll; ++u) mv[u] = m[u], mv[kUnroll + u] = v[u];
     if (none_nan(mv)) [[likely]] {
-      store_block<M, kStream, true>(t.exp_avg, i, m);
-      return store_block<M, kStream, true>(t.exp_avg_sq, i, v);
+      store_block<M, streams_state(kS), true>(t.exp_avg, i, m);
+      return store_block<M, streams_state(kS), true>(t.exp_avg_sq, i, v);
     }
   }
-  store_block<M, kStream, false>(t.exp_avg, i, m);
-  store_block<M, kStream, false>(t.exp_avg_sq, i, v);
+  store_block<M, streams_state(kS), false>(t.exp_avg, i, m);
+  store_block<M, streams_state(kS), false>(t.exp_avg_sq, i, v);
 }
 
-template <ParamOut P, bool kStream>
+template <ParamOut P, Stores kS>
 ZP_AVX2_INLINE void param_block(const Coeffs8& c, const AdamTensors& t, std::size_t i,
                                 const __m256 (&q)[kUnroll]) {
   __m256 p[kUnroll];
   for (std::size_t u = 0; u < kUnroll; ++u) p[u] = _mm256_loadu_ps(t.master + i + u * kWidth);
   for (std::size_t u = 0; u < kUnroll; ++u)
     p[u] = _mm256_fmadd_ps(c.neg_step_size, q[u], _mm256_mul_ps(p[u], c.decay));
-  store_block<DType::fp32, kStream, false>(t.master, i, p);
+  store_block<DType::fp32, streams_state(kS), false>(t.master, i, p);
   if constexpr (P == ParamOut::bf16) {  // one NaN test for the block's bf16 copy
     if (none_nan(p)) [[likely]]
-      return store_block<DType::bf16, kStream, true>(t.param_out, i, p);
+      return store_block<DType::bf16, streams_copy(kS), true>(t.param_out, i, p);
   }
-  if constexpr (P != ParamOut::none) store_block<param_out_dtype(P), kStream, false>(t.param_out, i, p);
+  if constexpr (P != ParamOut::none)
+    store_block<param_out_dtype(P), streams_copy(kS), false>(t.param_out, i, p);
 }
 
 // Whether the body staggers the two halves by a block (software pipelining: block b's moments,
@@ -197,24 +198,24 @@ template <DType M>
 constexpr bool kStagger = M == DType::bf16;
 
 // The two halves with the quotients in memory (the staggered body).
-template <DType G, DType M, bool kStream, bool kL2>
+template <DType G, DType M, Stores kS, bool kL2>
 ZP_AVX2_INLINE void moments_to(const Coeffs8& c, const AdamTensors& t, std::size_t i, float* out) {
   __m256 q[kUnroll];
-  moments_block<G, M, kStream, kL2>(c, t, i, q, out);
+  moments_block<G, M, kS, kL2>(c, t, i, q, out);
 }
-template <ParamOut P, bool kStream>
+template <ParamOut P, Stores kS>
 ZP_AVX2_INLINE void params_from(const Coeffs8& c, const AdamTensors& t, std::size_t i,
                                 const float* in) {
   __m256 q[kUnroll];
   for (std::size_t u = 0; u < kUnroll; ++u) q[u] = _mm256_load_ps(in + u * kWidth);
-  param_block<P, kStream>(c, t, i, q);
+  param_block<P, kS>(c, t, i, q);
 }
 
 // The vector body on [begin, end), its loads prefetched ahead (kSoftwarePrefetch) or left to
 // the hardware, then the scalar tail. kStream: begin is on a vector boundary of every written
 // array (streaming_aligned); non-temporal stores and a store fence so that the stores are
 // visible before the caller's OpenMP barrier.
-template <DType G, DType M, ParamOut P, bool kStream, bool kL2, bool kSoftwarePrefetch>
+template <DType G, DType M, ParamOut P, Stores kS, bool kL2, bool kSoftwarePrefetch>
 ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                std::size_t end) {
   const Coeffs8 c8 = broadcast(c);
@@ -225,58 +226,56 @@ ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::s
     float* cur = quot[0];    // block i's quotients
     float* ahead = quot[1];  // block i + 1's
     if (i + kBlock <= end) {
-      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i);
-      moments_to<G, M, kStream, kL2>(c8, local, i, cur);
+      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kS, kBlock>(local, i);
+      moments_to<G, M, kS, kL2>(c8, local, i, cur);
       for (; i + 2 * kBlock <= end; i += kBlock) {
-        if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i + kBlock);
-        moments_to<G, M, kStream, kL2>(c8, local, i + kBlock, ahead);
-        params_from<P, kStream>(c8, local, i, cur);
+        if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kS, kBlock>(local, i + kBlock);
+        moments_to<G, M, kS, kL2>(c8, local, i + kBlock, ahead);
+        params_from<P, kS>(c8, local, i, cur);
         std::swap(cur, ahead);
       }
-      params_from<P, kStream>(c8, local, i, cur);
+      params_from<P, kS>(c8, local, i, cur);
       i += kBlock;
     }
   } else {
     for (; i + kBlock <= end; i += kBlock) {
       __m256 q[kUnroll];
-      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kBlock>(local, i);
-      moments_block<G, M, kStream, kL2>(c8, local, i, q);
-      param_block<P, kStream>(c8, local, i, q);
+      if constexpr (kSoftwarePrefetch) prefetch_block_ahead<G, M, P, kS, kBlock>(local, i);
+      moments_block<G, M, kS, kL2>(c8, local, i, q);
+      param_block<P, kS>(c8, local, i, q);
     }
   }
   adam_scalar_range<G, M, P>(c, t, i, end);
-  if constexpr (kStream) _mm_sfence();
+  if constexpr (kS != Stores::cached) _mm_sfence();
 }
 
 // The body for this step's form, decoupled (l2 = 0) or with Adam's L2 term (adam_element),
 // and prefetch.
-template <DType G, DType M, ParamOut P, bool kStream>
+template <DType G, DType M, ParamOut P, Stores kS>
 ZP_AVX2_FN void adam_avx2_run(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                               std::size_t end, Prefetch pf) {
   const bool sw = pf == Prefetch::software;
   if (c.l2 == 0.0f)
-    sw ? adam_avx2_body<G, M, P, kStream, false, true>(c, t, begin, end)
-       : adam_avx2_body<G, M, P, kStream, false, false>(c, t, begin, end);
+    sw ? adam_avx2_body<G, M, P, kS, false, true>(c, t, begin, end)
+       : adam_avx2_body<G, M, P, kS, false, false>(c, t, begin, end);
   else
-    sw ? adam_avx2_body<G, M, P, kStream, true, true>(c, t, begin, end)
-       : adam_avx2_body<G, M, P, kStream, true, false>(c, t, begin, end);
+    sw ? adam_avx2_body<G, M, P, kS, true, true>(c, t, begin, end)
+       : adam_avx2_body<G, M, P, kS, true, false>(c, t, begin, end);
 }
 
-// Streaming: a scalar head up to master's block boundary (128 bytes), then the streaming body
-// if every written array is on its vector boundary there (else the cached body: still correct,
-// not streamed).
+// The scalar head and the body for the kind of stores asked for (body_start: where the body
+// starts and which kind it can use there).
 template <DType G, DType M, ParamOut P>
 ZP_AVX2_FN void adam_avx2(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                           std::size_t end, Stores stores, Prefetch pf) {
-  if (stores == Stores::streaming) {
-    const std::size_t head =
-        std::min(end, begin + elems_to_alignment(t.master + begin, kBlock * sizeof(float)));
-    adam_scalar_range<G, M, P>(c, t, begin, head);
-    if (streaming_aligned<M, P>(t, head, kWidth))
-      return adam_avx2_run<G, M, P, true>(c, t, head, end, pf);
-    begin = head;
+  const BodyStart b = body_start<M, P>(t, begin, end, stores, kBlock, kWidth);
+  adam_scalar_range<G, M, P>(c, t, begin, b.start);
+  switch (b.stores) {
+    case Stores::streaming: return adam_avx2_run<G, M, P, Stores::streaming>(c, t, b.start, end, pf);
+    case Stores::streaming_copy:
+      return adam_avx2_run<G, M, P, Stores::streaming_copy>(c, t, b.start, end, pf);
+    default: return adam_avx2_run<G, M, P, Stores::cached>(c, t, b.start, end, pf);
   }
-  adam_avx2_run<G, M, P, false>(c, t, begin, end, pf);
 }
 
 // Sum of squares: each fp32 lane widened to double (exact), squared and accumulated with an

@@ -4,6 +4,7 @@
 // Not public API and not a place for threading: kernels run on [begin, end) of one thread.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -99,11 +100,16 @@ inline double sum_squares_scalar_range(const void* g, std::size_t begin, std::si
 
 // How a vector body writes master, moments and param_out. cached: ordinary stores (the line is
 // read for ownership first, if it is not already cached, and stays in cache for whoever reads
-// it next); the default. streaming: non-temporal stores, whole lines written to memory through
-// the write-combining buffers, bypassing the cache (only when forced: force_cpu_adam_stores;
-// see cpu_adam.cpp for what was measured). Only the store instruction
-// differs, never the value: both kinds give bit-identical results.
-enum class Stores : uint8_t { cached, streaming };
+// it next). streaming: non-temporal stores, whole lines written to memory through the
+// write-combining buffers, bypassing the cache (only when forced: force_cpu_adam_stores).
+// streaming_copy: ordinary stores for master and the moments, which the step has just read,
+// and non-temporal ones for the 16-bit copy, which it only writes: no read for ownership of
+// the copy's lines (2 of the step's 28 bytes a parameter would be 4). cpu_adam.cpp picks
+// (with what was measured). Only the store instruction differs, never the value: every kind
+// gives bit-identical results.
+enum class Stores : uint8_t { cached, streaming, streaming_copy };
+constexpr bool streams_state(Stores s) { return s == Stores::streaming; }  // master, moments
+constexpr bool streams_copy(Stores s) { return s != Stores::cached; }      // param_out
 
 // Whether a vector body issues its own prefetches (software: prefetch_block_ahead, below) or
 // leaves every array to the hardware prefetchers (hardware). Only the prefetch instructions
@@ -165,6 +171,37 @@ inline bool streaming_aligned(const AdamTensors& t, std::size_t i, std::size_t w
   return on(t.master, i * 4, width * 4) && on(t.exp_avg, i * mb, width * mb) &&
          on(t.exp_avg_sq, i * mb, width * mb) &&
          (P == ParamOut::none || on(t.param_out, i * 2, width * 2));
+}
+
+// Where a vector body of kBlock-element blocks and width-float vectors starts for stores of
+// kind `stores` on [begin, end), after a scalar head [begin, start), and the kind it can use
+// there. streaming: the head runs up to master's block boundary and the body streams if every
+// written array is on its vector boundary there; streaming_copy: up to the copy's 64-byte line
+// boundary (a block writes 64 bytes of it: whole lines), given a copy at all on 2-byte
+// alignment and, for 16-bit gradients, the copy at the gradients' offset within a 64-byte line
+// (else each block's gradient loads straddle a line whose low 12 address bits match the line
+// the block before streamed out: the offload steps ran 0.81x on the Zen 4 VM with the copy 2
+// bytes past the gradients modulo 4 KiB; cpu_adam.cpp). Otherwise, or where alignment cannot be
+// had: cached stores (still correct, not streamed).
+struct BodyStart {
+  std::size_t start;
+  Stores stores;
+};
+template <DType M, ParamOut P>
+inline BodyStart body_start(const AdamTensors& t, std::size_t begin, std::size_t end,
+                            Stores stores, std::size_t block, std::size_t width) {
+  if (stores == Stores::streaming) {
+    const std::size_t head =
+        std::min(end, begin + elems_to_alignment(t.master + begin, block * sizeof(float)));
+    return {head, streaming_aligned<M, P>(t, head, width) ? Stores::streaming : Stores::cached};
+  }
+  const auto copy = reinterpret_cast<uintptr_t>(t.param_out);
+  if (stores == Stores::streaming_copy && P != ParamOut::none && copy % 2 == 0 &&
+      (t.grad_dtype == DType::fp32 || (copy - reinterpret_cast<uintptr_t>(t.grads)) % 64 == 0)) {
+    const auto* out = static_cast<const uint16_t*>(t.param_out);
+    return {std::min(end, begin + elems_to_alignment(out + begin, 64)), Stores::streaming_copy};
+  }
+  return {begin, Stores::cached};
 }
 
 using AdamKernel = void (*)(const AdamCoeffs&, const AdamTensors&, std::size_t, std::size_t,

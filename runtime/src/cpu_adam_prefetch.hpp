@@ -20,9 +20,10 @@ __attribute__((always_inline)) inline void prefetch_lines(const void* base, std:
 }
 
 // Every line of master and both moments that the block of kBlock elements at i + ahead reads
-// and writes, and with bf16 moments the gradient's and the copy's lines too (a prefetch never
-// faults, also past the end of an array).
-template <DType G, DType M, ParamOut P, std::size_t kBlock>
+// and writes, and with bf16 moments the gradient's and, unless stores of kind kS write it
+// non-temporally (a prefetched line that a non-temporal store then takes out of the cache
+// again), the copy's lines too (a prefetch never faults, also past the end of an array).
+template <DType G, DType M, ParamOut P, Stores kS, std::size_t kBlock>
 __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensors& t,
                                                                 std::size_t i) {
   constexpr auto hint = kPrefetchToL2<G, M> ? _MM_HINT_T2 : _MM_HINT_T0;
@@ -33,7 +34,7 @@ __attribute__((always_inline)) inline void prefetch_block_ahead(const AdamTensor
   prefetch_lines<mb, kBlock, hint>(t.exp_avg_sq, ahead);
   if constexpr (M == DType::bf16) {
     prefetch_lines<dtype_bytes(G), kBlock, hint>(t.grads, ahead);
-    if constexpr (P != ParamOut::none)
+    if constexpr (P != ParamOut::none && !streams_copy(kS))
       prefetch_lines<dtype_bytes(param_out_dtype(P)), kBlock, hint>(t.param_out, ahead);
   }
 }

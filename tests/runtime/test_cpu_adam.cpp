@@ -391,11 +391,17 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
   // be threaded; every (grad, moment, param-out) dtype combination, one step from a state with
   // nonzero moments, alternating AdamW with bias correction and Adam (L2) without (the same
   // kernel with other constants) so that each combination meets both at some sizes. Each
-  // vector body with its software prefetches and without (they change no value).
+  // vector body with its software prefetches and without, with ordinary stores and with
+  // non-temporal ones for the 16-bit copy (neither changes a value).
   for (CpuIsa isa : supported_isas())
-    for (const CpuAdamPrefetch prefetch : {CpuAdamPrefetch::software, CpuAdamPrefetch::hardware}) {
+    for (const auto& [prefetch, stores] :
+         {std::pair{CpuAdamPrefetch::software, CpuAdamStores::cached},
+          std::pair{CpuAdamPrefetch::software, CpuAdamStores::streaming_copy},
+          std::pair{CpuAdamPrefetch::hardware, CpuAdamStores::cached},
+          std::pair{CpuAdamPrefetch::hardware, CpuAdamStores::streaming_copy}}) {
       if (isa == CpuIsa::scalar) continue;
       force_cpu_adam_prefetch(prefetch);
+      force_cpu_adam_stores(stores);
       const std::size_t b = block_elems(isa);
       for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{22}, b - 1, b, b + 1,
                             2 * b, 3 * b + 5, std::size_t{100'003}, std::size_t{1} << 20}) {
@@ -409,6 +415,7 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
                 const bool adamw = (n + static_cast<std::size_t>(gd) + static_cast<std::size_t>(md) + out) % 2 == 0;
                 CAPTURE(to_string(isa));
                 CAPTURE(to_string(prefetch));
+              CAPTURE(to_string(stores));
                 CAPTURE(n);
                 CAPTURE(to_string(gd));
                 CAPTURE(to_string(md));
@@ -456,14 +463,24 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
       }
     }
   force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  force_cpu_adam_stores(CpuAdamStores::automatic);
 }
 
-TEST_CASE("cpu_adam: the automatic prefetch is the hardware's for fp32 moments on AMD CPUs only") {
-  // What cpu_adam.cpp's dispatch promises (its comment has the measurements): on an AMD CPU
-  // the fp32-moment steps leave the arrays to the hardware prefetchers; bf16 moments, and
-  // every step on other CPUs, prefetch in software; a forced kind applies to both.
+TEST_CASE("cpu_adam: the automatic prefetch and stores are AMD's only on AMD CPUs") {
+  // What cpu_adam.cpp's dispatch promises (its comments have the measurements): on an AMD CPU
+  // the fp32-moment steps leave the arrays to the hardware prefetchers and write the 16-bit
+  // copy with non-temporal stores; bf16-moment steps, and every step on other CPUs, prefetch
+  // in software and use ordinary stores; a forced kind applies to every step.
   force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  force_cpu_adam_stores(CpuAdamStores::automatic);
   const bool amd = __builtin_cpu_is("amd");
+  CHECK(cpu_adam_stores(DType::fp32) == (amd ? CpuAdamStores::streaming_copy : CpuAdamStores::cached));
+  CHECK(cpu_adam_stores(DType::bf16) == CpuAdamStores::cached);
+  force_cpu_adam_stores(CpuAdamStores::streaming);
+  CHECK(cpu_adam_stores(DType::fp32) == CpuAdamStores::streaming);
+  CHECK(cpu_adam_stores(DType::bf16) == CpuAdamStores::streaming);
+  force_cpu_adam_stores(CpuAdamStores::automatic);
+  CHECK(to_string(CpuAdamStores::streaming_copy) == "streaming_copy");
   CHECK(cpu_adam_prefetch(DType::fp32) ==
         (amd ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software));
   CHECK(cpu_adam_prefetch(DType::bf16) == CpuAdamPrefetch::software);
@@ -654,10 +671,12 @@ TEST_CASE("cpu_adam: the vector bf16 roundings equal fp32_to_bf16 on all 2^32 fp
 }
 
 TEST_CASE("cpu_adam: streaming and cached stores equal the scalar reference on any alignment") {
-  // The vector kernels write with ordinary stores unless non-temporal ones are forced
-  // (force_cpu_adam_stores; bench_cpu_adam compares both). Streaming runs a scalar head up to
-  // master's block boundary (128 bytes), and falls back to ordinary stores when another written
-  // array is not on its vector boundary there. Each kind at 2^20 + 37 and at 4,133 elements;
+  // The vector kernels write with ordinary stores, non-temporal ones for every array
+  // (streaming), or for the 16-bit copy alone (streaming_copy; automatic on AMD CPUs); forced
+  // by force_cpu_adam_stores. Streaming runs a scalar head up to master's block boundary (128
+  // bytes), and falls back to ordinary stores when another written array is not on its vector
+  // boundary there; streaming_copy runs a head up to the copy's 64-byte line boundary. Each
+  // kind at 2^20 + 37 and at 4,133 elements;
   // each array at its own element offset inside a 64-byte-aligned allocation: all aligned (no
   // head), all shifted alike (a head, then streamed), and param_out or the moments shifted
   // apart (not streamable: the fallback).
@@ -666,7 +685,8 @@ TEST_CASE("cpu_adam: streaming and cached stores equal the scalar reference on a
   };
   for (const std::size_t n : {(std::size_t{1} << 20) + 37, std::size_t{4133}})
     for (const CpuAdamStores stores :
-         {CpuAdamStores::automatic, CpuAdamStores::cached, CpuAdamStores::streaming}) {
+         {CpuAdamStores::automatic, CpuAdamStores::cached, CpuAdamStores::streaming,
+          CpuAdamStores::streaming_copy}) {
       force_cpu_adam_stores(stores);
       const State s = random_state(n, 2024);
       // n elements of `bytes` each, starting `offset` elements past a 64-byte boundary.

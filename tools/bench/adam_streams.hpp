@@ -52,12 +52,13 @@ struct Shape {
   bool nt;       // non-temporal stores
   int prefetch;  // elements ahead that master and the moments are prefetched (0: none)
   bool prefetch_l2 = false;  // into L2 (prefetcht2) rather than L1 (prefetcht0)
+  bool nt_copy = false;      // with nt false: non-temporal stores for the 16-bit copy alone
 };
 
 inline std::string to_string(const Shape& s) {
   return fmt::format("{}/{}/{}/pf{}{}", s.width == 16 ? "avx512" : "avx2",
                      s.order == Order::loads_first ? "loads_first" : "interleaved",
-                     s.nt ? "nt" : "cached", s.prefetch, s.prefetch_l2 ? "l2" : "");
+                     s.nt ? "nt" : s.nt_copy ? "nt_copy" : "cached", s.prefetch, s.prefetch_l2 ? "l2" : "");
 }
 
 // The scalar meaning of a stream pass on one element (the check and every tail): fp16 stores
@@ -203,13 +204,17 @@ struct Prefetch {
 };
 constexpr Prefetch kPrefetches[] = {{0, false}, {1024, false}, {4096, false}, {2048, true}};
 
-template <DType G, DType M, DType O, bool kOut, Order kOrder, bool kNT, int kPF, bool kL2>
+template <DType G, DType M, DType O, bool kOut, Order kOrder, bool kNT, int kPF, bool kL2, bool kNTCopy = false>
 RangeFn pick_width(int width) {
-  return width == 16 ? w512::range<G, M, O, kOut, kOrder, kNT, kPF, kL2>
-                     : w256::range<G, M, O, kOut, kOrder, kNT, kPF, kL2>;
+  return width == 16 ? w512::range<G, M, O, kOut, kOrder, kNT, kPF, kL2, kNTCopy>
+                     : w256::range<G, M, O, kOut, kOrder, kNT, kPF, kL2, kNTCopy>;
 }
 template <DType G, DType M, DType O, bool kOut, Order kOrder, bool kNT>
 RangeFn pick_prefetch(const Shape& s) {
+  if (s.nt_copy)  // measured without prefetches only (the fastest streams here have none)
+    return !kNT && s.prefetch == 0 && !s.prefetch_l2
+               ? pick_width<G, M, O, kOut, kOrder, false, 0, false, true>(s.width)
+               : nullptr;
   if (s.prefetch == 0 && !s.prefetch_l2) return pick_width<G, M, O, kOut, kOrder, kNT, 0, false>(s.width);
   if (s.prefetch == 1024 && !s.prefetch_l2) return pick_width<G, M, O, kOut, kOrder, kNT, 1024, false>(s.width);
   if (s.prefetch == 4096 && !s.prefetch_l2) return pick_width<G, M, O, kOut, kOrder, kNT, 4096, false>(s.width);
@@ -230,6 +235,7 @@ RangeFn pick_shape(const Shape& s) {
 // copy or bf16 grads and a bf16 copy, and bf16 moments (bf16 grads, bf16 copy).
 inline RangeFn kernel(const Types& t, const Shape& s) {
   using enum DType;
+  if (s.nt_copy && (s.nt || !t.has_out)) return nullptr;  // a copy-only shape needs a copy
   if (t.grads == fp32 && t.moments == fp32 && !t.has_out) return pick_shape<fp32, fp32, fp16, false>(s);
   if (t.grads == fp16 && t.moments == fp32 && t.has_out && t.out == fp16) return pick_shape<fp16, fp32, fp16, true>(s);
   if (t.grads == bf16 && t.moments == fp32 && t.has_out && t.out == bf16) return pick_shape<bf16, fp32, bf16, true>(s);

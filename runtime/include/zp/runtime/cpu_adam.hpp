@@ -100,10 +100,12 @@ CpuIsa cpu_adam_isa();
 // zp::Error when this CPU cannot run it.
 void force_cpu_adam_isa(std::optional<CpuIsa> isa);
 
-// How the vector kernels write master, moments and the 16-bit copy: automatic (ordinary
-// stores, the faster kind wherever bench_cpu_adam has measured), or forced either way
-// (streaming: non-temporal; the bench measures both; the results are the same bits).
-enum class CpuAdamStores : uint8_t { automatic, cached, streaming };
+// How the vector kernels write master, moments and the 16-bit copy: cached (ordinary stores),
+// streaming (non-temporal ones for every array), streaming_copy (ordinary stores for master and
+// the moments, non-temporal ones for the 16-bit copy, which the step writes without reading),
+// or automatic: streaming_copy for fp32 moments on AMD CPUs, cached otherwise (cpu_adam.cpp
+// says what was measured). Forced for tests and benchmarks; the results are the same bits.
+enum class CpuAdamStores : uint8_t { automatic, cached, streaming, streaming_copy };
 void force_cpu_adam_stores(CpuAdamStores stores);
 
 // Whether the vector kernels prefetch ahead with instructions of their own (software) or leave
@@ -115,6 +117,10 @@ void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch);
 // What a step with moments of this dtype uses now (the forced kind, or the automatic choice).
 CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype);
 std::string_view to_string(CpuAdamPrefetch prefetch);
+// The stores a step with moments of this dtype uses now (the forced kind, or the automatic
+// choice); never automatic.
+CpuAdamStores cpu_adam_stores(DType moment_dtype);
+std::string_view to_string(CpuAdamStores stores);
 
 // The same two kernels on an explicit ISA, ignoring the forced one (throws if unsupported).
 void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
