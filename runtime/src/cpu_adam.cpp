@@ -84,13 +84,14 @@ bool detect(CpuIsa isa) {
 // cpu_adam_kernels.hpp: where to and how far). Measured on the Zen 4 VM (AVX-512 BF16 kernels,
 // old and new in one process, per-round ratios of 9 interleaved rounds, 2^25 elements, arrays
 // in separate 2 MiB-page mappings as bench_cpu_adam allocates them): without the prefetches,
-// one thread (memory at ~50 GB/s a core) 1.25x faster for fp32 AdamW, 1.12x and 1.09x for the
-// fp16 and bf16 offload steps, the step then at 98-101% of the best stream against 79-89% with
-// them; two threads (~55 GB/s) 1.02-1.03x. AVX-512F and AVX2 alike (1.28x and 1.24x for fp32 at
-// one thread). With bf16 moments the prefetches stay: without them AVX2 ran 0.89x (one thread)
-// and 0.97x (two), AVX-512F 0.97x and 1.01x, AVX-512 BF16 1.04x and 1.01x. On a Xeon the
-// fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's comment), so
-// other CPUs keep it. README, Benchmarks, item 15.
+// one thread (memory at ~50 GB/s a core) 1.22-1.30x faster for fp32 AdamW, 1.13x and 1.07-1.12x
+// for the fp16 and bf16 offload steps, the step then at 98-101% of the best stream against
+// 79-89% with them; two threads at ~55 GB/s 1.01-1.05x, at 93-102 GB/s 1.10-1.26x
+// (bench_cpu_adam's paired rounds). AVX-512F and AVX2 alike (1.28x and 1.24x for fp32 at one
+// thread). With bf16 moments the prefetches stay: without them AVX2 ran 0.89x (one thread) and
+// 0.97x (two), AVX-512F 0.97-0.98x and 1.00-1.01x, AVX-512 BF16 1.04-1.06x and 1.01-1.05x.
+// On a Xeon the fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's
+// comment), so other CPUs keep it. README, Benchmarks, item 15.
 bool on_amd() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
@@ -105,8 +106,9 @@ bool prefers_hardware_prefetch() { return on_amd(); }
 // the step writes without reading, they spare the read for ownership of its lines: on the
 // Zen 4 VM (2^25, arrays in separate 2 MiB-page mappings, per-round ratios of 3-9 interleaved
 // rounds, the runtime's AVX-512 BF16 kernels with either kind in one process) one thread ran
-// the fp16 and bf16 offload steps 1.07-1.13x faster, two threads 1.02-1.04x, and the engine's
-// step (fp32 gradients, fp16 copy) 1.09x and 1.10x. With bf16 moments they won 1.10-1.16x in
+// the fp16 and bf16 offload steps 1.03-1.13x faster, two threads 1.02-1.04x at ~55 GB/s and
+// 1.03-1.14x at 93-102 GB/s, and the engine's step (fp32 gradients, fp16 copy) 1.09x at one
+// thread and 1.10x at two. With bf16 moments they won 1.10-1.16x in
 // some layouts and lost up to 0.67x in others (the copy's offset modulo 4 KiB from the bf16
 // gradients' and moments': 64 or 96 bytes lost, 32 or 160 won), so bf16 moments keep ordinary
 // stores; for the offload steps only a copy not on the gradients' offset within a 64-byte line
@@ -131,8 +133,8 @@ CpuIsa best_isa_logged() {
                                                   : CpuIsa::scalar;
     fmt::print(stderr,
                "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads; fp32 moments "
-               "prefetched by {}, bf16 moments by software; {} stores for the 16-bit copy with fp32 "
-               "moments{})\n",
+               "prefetched by {}, bf16 moments by software; {} stores for the 16-bit copy "
+               "with fp32 moments{})\n",
                to_string(isa), omp_get_max_threads(),
                prefers_hardware_prefetch() ? "the hardware alone" : "software",
                prefers_streaming_copy() ? "non-temporal" : "ordinary",
@@ -309,9 +311,10 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
                                                    [moment_index(ts.moment_dtype)]
                                                    [param_out_index(ts)];
   const CpuAdamStores kind = stores_for(ts.moment_dtype);
-  const detail::Stores stores = kind == CpuAdamStores::streaming        ? detail::Stores::streaming
-                                : kind == CpuAdamStores::streaming_copy ? detail::Stores::streaming_copy
-                                                                        : detail::Stores::cached;
+  using detail::Stores;
+  const Stores stores = kind == CpuAdamStores::streaming        ? Stores::streaming
+                        : kind == CpuAdamStores::streaming_copy ? Stores::streaming_copy
+                                                                : Stores::cached;
   const detail::Prefetch prefetch = prefetch_for(ts.moment_dtype) == CpuAdamPrefetch::hardware
                                         ? detail::Prefetch::hardware
                                         : detail::Prefetch::software;

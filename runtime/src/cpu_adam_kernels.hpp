@@ -120,7 +120,7 @@ enum class Prefetch : uint8_t { software, hardware };
 // ahead of the block they step, and with bf16 moments the gradient's and the 16-bit copy's
 // lines too (cpu_adam_prefetch.hpp; otherwise the gradient and the copy are left to the
 // hardware prefetchers); with Prefetch::hardware none (cpu_adam.cpp picks: on AMD CPUs the
-// fp32-moment steps run without: 1.08-1.25x faster on the Zen 4 VM; its fp32-moment figures
+// fp32-moment steps run without, up to 1.30x faster on the Zen 4 VM; its fp32-moment figures
 // below came from a harness whose arrays sat (128 MiB + 4,160 bytes) x k apart, a layout that
 // held one thread's streams at ~28 GB/s against ~52 in separate mappings: README, Benchmarks,
 // item 15). Where to and how far, per variant:
