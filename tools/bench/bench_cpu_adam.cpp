@@ -576,6 +576,16 @@ void BM_Paired(benchmark::State& state, Variant var) {
       force_cpu_adam_stores(CpuAdamStores::automatic);
     }
   } reset;
+  for (const Paired::Alternative& alt : out.alternatives) {  // checked like every kernel here
+    force_cpu_adam_prefetch(alt.prefetch);
+    force_cpu_adam_stores(alt.stores);
+    if (const std::string wrong = fused_check(d, var, out.top); !wrong.empty()) {
+      state.SkipWithError(fmt::format("with {}: {}", alt.what, wrong).c_str());
+      return;
+    }
+  }
+  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  force_cpu_adam_stores(CpuAdamStores::automatic);
   const std::size_t fixed = kernels.size() + 2 * isas.size();  // then the alternatives
   const std::size_t items = fixed + out.alternatives.size();
   std::vector<double> secs(items);
