@@ -78,9 +78,10 @@ bool detect(CpuIsa isa) {
   return false;
 }
 
-// The automatic prefetch (CpuAdamPrefetch::automatic): on AMD CPUs the fp32-moment steps
-// leave every array to the hardware prefetchers; every other step, and every step elsewhere,
-// prefetches master and the moments itself (kPrefetchToL2 and kPrefetchElems in
+// The automatic prefetch (CpuAdamPrefetch::automatic): on AMD CPUs the fp32-moment steps, and
+// the bf16-moment steps of the AVX-512 BF16 kernels, leave every array to the hardware
+// prefetchers; every other step, and every step elsewhere, prefetches master and the moments
+// itself (kPrefetchToL2 and kPrefetchElems in
 // cpu_adam_kernels.hpp: where to and how far). Measured on the Zen 4 VM (AVX-512 BF16 kernels,
 // old and new in one process, per-round ratios of 9 interleaved rounds, 2^25 elements, arrays
 // in separate 2 MiB-page mappings as bench_cpu_adam allocates them): without the prefetches,
@@ -88,8 +89,11 @@ bool detect(CpuIsa isa) {
 // for the fp16 and bf16 offload steps, the step then at 98-101% of the best stream against
 // 79-89% with them; two threads at ~55 GB/s 1.01-1.05x, at 93-102 GB/s 1.10-1.26x
 // (bench_cpu_adam's paired rounds). AVX-512F and AVX2 alike (1.28x and 1.24x for fp32 at one
-// thread). With bf16 moments the prefetches stay: without them AVX2 ran 0.89x (one thread) and
-// 0.97x (two), AVX-512F 0.97-0.98x and 1.00-1.01x, AVX-512 BF16 1.04-1.06x and 1.01-1.05x.
+// thread). With bf16 moments, without them AVX2 ran 0.89x (one thread) and 0.97x (two) and
+// AVX-512F 0.97-0.98x and 1.00-1.01x, so those keep theirs; AVX-512 BF16 ran 1.04-1.06x and
+// 1.01-1.05x in the harness and 1.01-1.04x in all seven of bench_cpu_adam's paired runs that
+// timed it (the step nearest its compute floor keeps needing them; the AVX-512 BF16 one, with
+// a single instruction for its bf16 stores, does not).
 // On a Xeon the fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's
 // comment), so other CPUs keep it. README, Benchmarks, item 15.
 bool on_amd() {
@@ -118,11 +122,11 @@ bool prefers_streaming_copy() { return on_amd(); }
 
 std::atomic<CpuAdamPrefetch> g_prefetch{CpuAdamPrefetch::automatic};
 
-CpuAdamPrefetch prefetch_for(DType moments) {
+CpuAdamPrefetch prefetch_for(CpuIsa isa, DType moments) {
   const CpuAdamPrefetch forced = g_prefetch.load(std::memory_order_relaxed);
   if (forced != CpuAdamPrefetch::automatic) return forced;
-  return moments == DType::fp32 && prefers_hardware_prefetch() ? CpuAdamPrefetch::hardware
-                                                               : CpuAdamPrefetch::software;
+  const bool hw = moments == DType::fp32 || isa == CpuIsa::avx512bf16;
+  return hw && prefers_hardware_prefetch() ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software;
 }
 
 CpuIsa best_isa_logged() {
@@ -133,10 +137,10 @@ CpuIsa best_isa_logged() {
                                                   : CpuIsa::scalar;
     fmt::print(stderr,
                "zp::runtime: CPU Adam uses {} kernels ({} OpenMP threads; fp32 moments "
-               "prefetched by {}, bf16 moments by software; {} stores for the 16-bit copy "
+               "prefetched by {}, bf16 moments by {}; {} stores for the 16-bit copy "
                "with fp32 moments{})\n",
                to_string(isa), omp_get_max_threads(),
-               prefers_hardware_prefetch() ? "the hardware alone" : "software",
+               to_string(prefetch_for(isa, DType::fp32)), to_string(prefetch_for(isa, DType::bf16)),
                prefers_streaming_copy() ? "non-temporal" : "ordinary",
                on_amd() ? ": an AMD CPU" : "");
     return isa;
@@ -280,7 +284,9 @@ void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch) {
   g_prefetch.store(prefetch, std::memory_order_relaxed);
 }
 
-CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype) { return prefetch_for(moment_dtype); }
+CpuAdamPrefetch cpu_adam_prefetch(CpuIsa isa, DType moment_dtype) {
+  return prefetch_for(isa, moment_dtype);
+}
 
 CpuAdamStores cpu_adam_stores(DType moment_dtype) { return stores_for(moment_dtype); }
 
@@ -315,7 +321,7 @@ void cpu_adam_step(CpuIsa isa, const AdamConfig& cfg, const AdamStepArgs& step,
   const Stores stores = kind == CpuAdamStores::streaming        ? Stores::streaming
                         : kind == CpuAdamStores::streaming_copy ? Stores::streaming_copy
                                                                 : Stores::cached;
-  const detail::Prefetch prefetch = prefetch_for(ts.moment_dtype) == CpuAdamPrefetch::hardware
+  const detail::Prefetch prefetch = prefetch_for(isa, ts.moment_dtype) == CpuAdamPrefetch::hardware
                                         ? detail::Prefetch::hardware
                                         : detail::Prefetch::software;
   // One contiguous range per thread: the hardware prefetchers see long streams (chunks

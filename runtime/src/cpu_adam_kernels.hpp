@@ -120,10 +120,10 @@ enum class Prefetch : uint8_t { software, hardware };
 // ahead of the block they step, and with bf16 moments the gradient's and the 16-bit copy's
 // lines too (cpu_adam_prefetch.hpp; otherwise the gradient and the copy are left to the
 // hardware prefetchers); with Prefetch::hardware none (cpu_adam.cpp picks: on AMD CPUs the
-// fp32-moment steps run without, up to 1.30x faster on the Zen 4 VM; its fp32-moment figures
-// below came from a harness whose arrays sat (128 MiB + 4,160 bytes) x k apart, a layout that
-// held one thread's streams at ~28 GB/s against ~52 in separate mappings: README, Benchmarks,
-// item 15). Where to and how far, per variant:
+// fp32-moment steps, and the AVX-512 BF16 bf16-moment ones, run without, up to 1.30x faster on
+// the Zen 4 VM; its fp32-moment figures below came from a harness whose arrays sat (128 MiB +
+// 4,160 bytes) x k apart, a layout that held one thread's streams at ~28 GB/s against ~52 in
+// separate mappings: README, Benchmarks, item 15). Where to and how far, per variant:
 // - bf16 moments: into L1 (prefetcht0), 1024 elements ahead: 1.04-1.22x over the hardware
 //   prefetchers alone on a Zen 4 VM (bench_cpu_adam, cached stores, same-run A/B), and on a
 //   16-core Xeon with AVX-512 BF16 and FP16 1.14-1.35x at 2-16 threads (a harness timing the

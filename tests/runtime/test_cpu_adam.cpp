@@ -469,8 +469,9 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
 TEST_CASE("cpu_adam: the automatic prefetch and stores are AMD's only on AMD CPUs") {
   // What cpu_adam.cpp's dispatch promises (its comments have the measurements): on an AMD CPU
   // the fp32-moment steps leave the arrays to the hardware prefetchers and write the 16-bit
-  // copy with non-temporal stores; bf16-moment steps, and every step on other CPUs, prefetch
-  // in software and use ordinary stores; a forced kind applies to every step.
+  // copy with non-temporal stores, and the avx512bf16 kernels' bf16-moment steps leave them to
+  // the hardware too; the other bf16-moment steps, and every step on other CPUs, prefetch in
+  // software, and they use ordinary stores; a forced kind applies to every step.
   force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
   force_cpu_adam_stores(CpuAdamStores::automatic);
   const bool amd = __builtin_cpu_is("amd");
@@ -481,13 +482,17 @@ TEST_CASE("cpu_adam: the automatic prefetch and stores are AMD's only on AMD CPU
   CHECK(cpu_adam_stores(DType::bf16) == CpuAdamStores::streaming);
   force_cpu_adam_stores(CpuAdamStores::automatic);
   CHECK(to_string(CpuAdamStores::streaming_copy) == "streaming_copy");
-  CHECK(cpu_adam_prefetch(DType::fp32) ==
-        (amd ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software));
-  CHECK(cpu_adam_prefetch(DType::bf16) == CpuAdamPrefetch::software);
+  const CpuAdamPrefetch on_amd = amd ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software;
+  for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16}) {
+    CAPTURE(to_string(isa));
+    CHECK(cpu_adam_prefetch(isa, DType::fp32) == on_amd);
+    CHECK(cpu_adam_prefetch(isa, DType::bf16) ==
+          (isa == CpuIsa::avx512bf16 ? on_amd : CpuAdamPrefetch::software));
+  }
   for (const CpuAdamPrefetch forced : {CpuAdamPrefetch::software, CpuAdamPrefetch::hardware}) {
     force_cpu_adam_prefetch(forced);
-    CHECK(cpu_adam_prefetch(DType::fp32) == forced);
-    CHECK(cpu_adam_prefetch(DType::bf16) == forced);
+    CHECK(cpu_adam_prefetch(CpuIsa::avx2, DType::fp32) == forced);
+    CHECK(cpu_adam_prefetch(CpuIsa::avx512bf16, DType::bf16) == forced);
   }
   force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
   CHECK(to_string(CpuAdamPrefetch::hardware) == "hardware");

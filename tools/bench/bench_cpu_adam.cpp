@@ -559,7 +559,7 @@ void BM_Paired(benchmark::State& state, Variant var) {
   out.alone_secs.resize(isas.size());
   out.top = cpu_adam_isa();
   if (out.alternatives.empty()) {
-    const CpuAdamPrefetch pf = cpu_adam_prefetch(var.moments);
+    const CpuAdamPrefetch pf = cpu_adam_prefetch(out.top, var.moments);
     const CpuAdamStores st = cpu_adam_stores(var.moments);
     const CpuAdamPrefetch other_pf = pf == CpuAdamPrefetch::hardware ? CpuAdamPrefetch::software : CpuAdamPrefetch::hardware;
     out.alternatives.push_back({fmt::format("{} prefetch instead of {}", to_string(other_pf), to_string(pf)), other_pf, st, {}});

@@ -109,13 +109,15 @@ enum class CpuAdamStores : uint8_t { automatic, cached, streaming, streaming_cop
 void force_cpu_adam_stores(CpuAdamStores stores);
 
 // Whether the vector kernels prefetch ahead with instructions of their own (software) or leave
-// every array to the CPU's hardware prefetchers (hardware). automatic: hardware for fp32
-// moments on AMD CPUs, software otherwise (cpu_adam.cpp says what was measured); forced either
-// way for tests and benchmarks. The results are the same bits.
+// every array to the CPU's hardware prefetchers (hardware). automatic: on AMD CPUs hardware for
+// fp32 moments and for the avx512bf16 kernels' bf16 moments, software otherwise (cpu_adam.cpp
+// says what was measured); forced either way for tests and benchmarks. The results are the
+// same bits.
 enum class CpuAdamPrefetch : uint8_t { automatic, software, hardware };
 void force_cpu_adam_prefetch(CpuAdamPrefetch prefetch);
-// What a step with moments of this dtype uses now (the forced kind, or the automatic choice).
-CpuAdamPrefetch cpu_adam_prefetch(DType moment_dtype);
+// What a step on these kernels with moments of this dtype uses now (the forced kind, or the
+// automatic choice); never automatic.
+CpuAdamPrefetch cpu_adam_prefetch(CpuIsa isa, DType moment_dtype);
 std::string_view to_string(CpuAdamPrefetch prefetch);
 // The stores a step with moments of this dtype uses now (the forced kind, or the automatic
 // choice); never automatic.
