@@ -78,55 +78,65 @@ bool detect(CpuIsa isa) {
   return false;
 }
 
-// The automatic prefetch (CpuAdamPrefetch::automatic): on AMD CPUs the fp32-moment steps, and
-// the bf16-moment steps of the AVX-512 BF16 kernels, leave every array to the hardware
-// prefetchers; every other step, and every step elsewhere, prefetches master and the moments
-// itself (kPrefetchToL2 and kPrefetchElems in
-// cpu_adam_kernels.hpp: where to and how far). Measured on the Zen 4 VM (AVX-512 BF16 kernels,
-// old and new in one process, per-round ratios of 9 interleaved rounds, 2^25 elements, arrays
-// in separate 2 MiB-page mappings as bench_cpu_adam allocates them): without the prefetches,
-// one thread (memory at ~50 GB/s a core) 1.22-1.30x faster for fp32 AdamW, 1.13x and 1.07-1.12x
-// for the fp16 and bf16 offload steps, the step then at 98-101% of the best stream against
-// 79-89% with them; two threads at ~55 GB/s 1.01-1.05x, at 93-102 GB/s 1.10-1.26x
-// (bench_cpu_adam's paired rounds). AVX-512F and AVX2 alike (1.28x and 1.24x for fp32 at one
-// thread). With bf16 moments, without them AVX2 ran 0.89x (one thread) and 0.97x (two) and
-// AVX-512F 0.97-0.98x and 1.00-1.01x, so those keep theirs; AVX-512 BF16 ran 1.04-1.06x and
-// 1.01-1.05x in the harness and 1.01-1.04x in all seven of bench_cpu_adam's paired runs that
-// timed it (the step nearest its compute floor keeps needing them; the AVX-512 BF16 one, with
-// a single instruction for its bf16 stores, does not).
-// On a Xeon the fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's
-// comment), so other CPUs keep it. README, Benchmarks, item 15.
 bool on_amd() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
 }
-bool prefers_hardware_prefetch() { return on_amd(); }
+
+// The automatic prefetch (CpuAdamPrefetch::automatic): on AMD CPUs the fp32-moment steps, and
+// the bf16-moment steps of the AVX-512 BF16 kernels, leave every array to the hardware
+// prefetchers; every other step, and every step elsewhere, prefetches master and the moments
+// itself (kPrefetchToL2 and kPrefetchElems in cpu_adam_kernels.hpp: where to and how far).
+// Measured on the Zen 4 VM (AVX-512 BF16 kernels, old and new in one process, per-round ratios
+// of 9 interleaved rounds, 2^25 elements, arrays in separate 2 MiB-page mappings as
+// bench_cpu_adam allocates them): without the prefetches, one thread (memory at ~50 GB/s a
+// core) 1.22-1.30x faster for fp32 AdamW, 1.13x and 1.07-1.12x for the fp16 and bf16 offload
+// steps, the step then at 98-101% of the best stream against 79-89% with them; two threads at
+// ~55 GB/s 1.01-1.05x, at 93-102 GB/s 1.10-1.26x (bench_cpu_adam's paired rounds). AVX-512F and
+// AVX2 alike (1.28x and 1.24x for fp32 at one thread). With bf16 moments, without them AVX2 ran
+// 0.89x (one thread) and 0.97x (two) and AVX-512F 0.97-0.98x and 1.00-1.01x, so those keep
+// theirs; AVX-512 BF16 ran 1.04-1.06x and 1.01-1.05x in the harness and 1.01-1.04x in all seven
+// of bench_cpu_adam's paired runs that timed it (the step nearest its compute floor keeps
+// needing them; the AVX-512 BF16 one, with a single instruction for its bf16 stores, does not).
+// On a Xeon the fp32-moment prefetch into L2 gained 1.02-1.11x at 2-16 threads (kPrefetchToL2's
+// comment), so other CPUs keep it. README, Benchmarks, item 15.
+CpuAdamPrefetch automatic_prefetch(CpuIsa isa, DType moments) {
+  const bool hw = on_amd() && (moments == DType::fp32 || isa == CpuIsa::avx512bf16);
+  return hw ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software;
+}
 
 // The automatic stores (CpuAdamStores::automatic): on AMD CPUs, for fp32 moments, non-temporal
 // ones for the 16-bit copy and ordinary ones for everything else; otherwise ordinary ones
 // throughout. Non-temporal stores for every array ran the fused step 1.4-3.0x slower at 2^26
 // elements on a quiet 16-core Xeon (its non-temporal streams at 26-86% of the best cached one;
-// bench_cpu_adam), and on the Zen 4 VM either kind won some runs. For the copy alone, which
-// the step writes without reading, they spare the read for ownership of its lines: on the
-// Zen 4 VM (2^25, arrays in separate 2 MiB-page mappings, per-round ratios of 3-9 interleaved
-// rounds, the runtime's AVX-512 BF16 kernels with either kind in one process) one thread ran
-// the fp16 and bf16 offload steps 1.03-1.13x faster, two threads 1.02-1.04x at ~55 GB/s and
-// 1.03-1.14x at 93-102 GB/s, and the engine's step (fp32 gradients, fp16 copy) 1.09x at one
-// thread and 1.10x at two. With bf16 moments they won 1.10-1.16x in
-// some layouts and lost up to 0.67x in others (the copy's offset modulo 4 KiB from the bf16
-// gradients' and moments': 64 or 96 bytes lost, 32 or 160 won), so bf16 moments keep ordinary
-// stores; for the offload steps only a copy not on the gradients' offset within a 64-byte line
-// lost (0.81x, body_start then keeps ordinary stores). Not measured on a Xeon, so other CPUs
-// keep ordinary stores. README, Benchmarks, item 15.
-bool prefers_streaming_copy() { return on_amd(); }
+// bench_cpu_adam), and on the Zen 4 VM either kind won some runs. For the copy alone, which the
+// step writes without reading, they spare the read for ownership of its lines: on the Zen 4 VM
+// (2^25, arrays in separate 2 MiB-page mappings, per-round ratios of 3-9 interleaved rounds,
+// the runtime's AVX-512 BF16 kernels with either kind in one process) one thread ran the fp16
+// and bf16 offload steps 1.03-1.13x faster, two threads 1.02-1.04x at ~55 GB/s and 1.03-1.14x
+// at 93-102 GB/s, and the engine's step (fp32 gradients, fp16 copy) 1.09x at one thread and
+// 1.10x at two. With bf16 moments they won 1.10-1.16x in some layouts and lost up to 0.67x in
+// others (the copy's offset modulo 4 KiB from the bf16 gradients' and moments': 64 or 96 bytes
+// lost, 32 or 160 won), so bf16 moments keep ordinary stores; for the offload steps only a copy
+// not on the gradients' offset within a 64-byte line lost (0.81x, body_start then keeps
+// ordinary stores). Not measured on a Xeon, so other CPUs keep ordinary stores. README,
+// Benchmarks, item 15.
+CpuAdamStores automatic_stores(DType moments) {
+  return on_amd() && moments == DType::fp32 ? CpuAdamStores::streaming_copy : CpuAdamStores::cached;
+}
 
+std::atomic<int> g_forced_isa{-1};  // -1: automatic, else a CpuIsa
+std::atomic<CpuAdamStores> g_stores{CpuAdamStores::automatic};
 std::atomic<CpuAdamPrefetch> g_prefetch{CpuAdamPrefetch::automatic};
 
+// The forced kind, or the automatic one.
 CpuAdamPrefetch prefetch_for(CpuIsa isa, DType moments) {
   const CpuAdamPrefetch forced = g_prefetch.load(std::memory_order_relaxed);
-  if (forced != CpuAdamPrefetch::automatic) return forced;
-  const bool hw = moments == DType::fp32 || isa == CpuIsa::avx512bf16;
-  return hw && prefers_hardware_prefetch() ? CpuAdamPrefetch::hardware : CpuAdamPrefetch::software;
+  return forced != CpuAdamPrefetch::automatic ? forced : automatic_prefetch(isa, moments);
+}
+CpuAdamStores stores_for(DType moments) {
+  const CpuAdamStores forced = g_stores.load(std::memory_order_relaxed);
+  return forced != CpuAdamStores::automatic ? forced : automatic_stores(moments);
 }
 
 CpuIsa best_isa_logged() {
@@ -140,22 +150,14 @@ CpuIsa best_isa_logged() {
                "prefetched by {}, bf16 moments by {}; {} stores for the 16-bit copy "
                "with fp32 moments{})\n",
                to_string(isa), omp_get_max_threads(),
-               to_string(prefetch_for(isa, DType::fp32)), to_string(prefetch_for(isa, DType::bf16)),
-               prefers_streaming_copy() ? "non-temporal" : "ordinary",
+               to_string(automatic_prefetch(isa, DType::fp32)),
+               to_string(automatic_prefetch(isa, DType::bf16)),
+               automatic_stores(DType::fp32) == CpuAdamStores::streaming_copy ? "non-temporal"
+                                                                              : "ordinary",
                on_amd() ? ": an AMD CPU" : "");
     return isa;
   }();
   return best;
-}
-
-std::atomic<int> g_forced_isa{-1};  // -1: automatic, else a CpuIsa
-std::atomic<CpuAdamStores> g_stores{CpuAdamStores::automatic};
-
-CpuAdamStores stores_for(DType moments) {
-  const CpuAdamStores forced = g_stores.load(std::memory_order_relaxed);
-  if (forced != CpuAdamStores::automatic) return forced;
-  return moments == DType::fp32 && prefers_streaming_copy() ? CpuAdamStores::streaming_copy
-                                                            : CpuAdamStores::cached;
 }
 
 const KernelTable& table(CpuIsa isa) {

@@ -508,6 +508,16 @@ struct Paired {
   };
   std::vector<Alternative> alternatives;
 };
+// The runtime's own choices again, or an alternative's forced.
+void automatic_choices() {
+  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
+  force_cpu_adam_stores(CpuAdamStores::automatic);
+}
+void force_choices(const Paired::Alternative& alt) {
+  force_cpu_adam_prefetch(alt.prefetch);
+  force_cpu_adam_stores(alt.stores);
+}
+
 std::map<std::string, Paired>& paired_results() {
   static std::map<std::string, Paired> results;
   return results;
@@ -571,21 +581,16 @@ void BM_Paired(benchmark::State& state, Variant var) {
     }
   }
   struct Reset {
-    ~Reset() {
-      force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
-      force_cpu_adam_stores(CpuAdamStores::automatic);
-    }
+    ~Reset() { automatic_choices(); }
   } reset;
   for (const Paired::Alternative& alt : out.alternatives) {  // checked like every kernel here
-    force_cpu_adam_prefetch(alt.prefetch);
-    force_cpu_adam_stores(alt.stores);
+    force_choices(alt);
     if (const std::string wrong = fused_check(d, var, out.top); !wrong.empty()) {
       state.SkipWithError(fmt::format("with {}: {}", alt.what, wrong).c_str());
       return;
     }
   }
-  force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
-  force_cpu_adam_stores(CpuAdamStores::automatic);
+  automatic_choices();
   const std::size_t fixed = kernels.size() + 2 * isas.size();  // then the alternatives
   const std::size_t items = fixed + out.alternatives.size();
   std::vector<double> secs(items);
@@ -606,15 +611,12 @@ void BM_Paired(benchmark::State& state, Variant var) {
         const CpuIsa isa = isas[item - kernels.size() - isas.size()];
         secs[item] = std::min(arithmetic_alone(isa, d, var, t), arithmetic_alone(isa, d, var, t));
       } else {
-        const Paired::Alternative& alt = out.alternatives[item - fixed];
-        force_cpu_adam_prefetch(alt.prefetch);
-        force_cpu_adam_stores(alt.stores);
+        force_choices(out.alternatives[item - fixed]);
         secs[item] = best_of_two([&] {
           cpu_adam_step(out.top, kCfg, step_args(var, t++),
                         tensors(d, var, 0, d.n, nullptr, nullptr, nullptr, nullptr));
         });
-        force_cpu_adam_prefetch(CpuAdamPrefetch::automatic);
-        force_cpu_adam_stores(CpuAdamStores::automatic);
+        automatic_choices();
       }
     }
     for (std::size_t k = 0; k < out.alternatives.size(); ++k) out.alternatives[k].secs.push_back(secs[fixed + k]);
