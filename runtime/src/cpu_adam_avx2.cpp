@@ -212,9 +212,9 @@ ZP_AVX2_INLINE void params_from(const Coeffs8& c, const AdamTensors& t, std::siz
 }
 
 // The vector body on [begin, end), its loads prefetched ahead (kSoftwarePrefetch) or left to
-// the hardware, then the scalar tail. kStream: begin is on a vector boundary of every written
-// array (streaming_aligned); non-temporal stores and a store fence so that the stores are
-// visible before the caller's OpenMP barrier.
+// the hardware, then the scalar tail. kS: the stores, which body_start found usable from begin
+// (every array they stream on its boundary there); with non-temporal ones a store fence at the
+// end, so that the stores are visible before the caller's OpenMP barrier.
 template <DType G, DType M, ParamOut P, Stores kS, bool kL2, bool kSoftwarePrefetch>
 ZP_AVX2_FN void adam_avx2_body(const AdamCoeffs& c, const AdamTensors& t, std::size_t begin,
                                std::size_t end) {

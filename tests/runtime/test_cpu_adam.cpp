@@ -415,7 +415,7 @@ TEST_CASE("cpu_adam: every vector ISA equals the scalar reference bit for bit") 
                 const bool adamw = (n + static_cast<std::size_t>(gd) + static_cast<std::size_t>(md) + out) % 2 == 0;
                 CAPTURE(to_string(isa));
                 CAPTURE(to_string(prefetch));
-              CAPTURE(to_string(stores));
+                CAPTURE(to_string(stores));
                 CAPTURE(n);
                 CAPTURE(to_string(gd));
                 CAPTURE(to_string(md));
